@@ -1,0 +1,97 @@
+"""The storage contract of a store host: a set of extent replicas, each an ordered,
+append-only map from storage key to record bytes (see ``keys``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from cherami.wire.store import ExtentInfo
+
+
+@dataclass(frozen=True, slots=True)
+class AppendOp:
+    extent: str
+    first_seq: int
+    records: list[bytes]
+    delivery_ms: list[int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBatch:
+    keys: list[bytes]
+    records: list[bytes]
+    end: bool  # sealed and nothing after the last key
+
+
+class StorageError(Exception):
+    """A refused storage operation; ``code`` is the wire error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ExtentStore(Protocol):
+    def create_extent(self, extent: str, kind: str) -> None:
+        """Create an empty open extent; creating an existing one changes nothing."""
+
+    def append(self, ops: list[AppendOp]) -> list[int | StorageError]:
+        """Apply every op with one synced write (group commit).
+
+        Returns, per op, the extent's last sequence number after it, or the error that
+        refused it (unknown extent, sealed extent, a gap in sequence numbers). Ops that
+        repeat sequence numbers already stored are acknowledged without writing again.
+        """
+
+    def read(
+        self, extent: str, after: bytes, max_count: int, until_ms: int = 0, max_bytes: int = 1 << 20
+    ) -> ReadBatch: ...
+
+    def seal(self, extent: str, at_seq: int = -1) -> int:
+        """Refuse further appends; keep records up to ``at_seq`` (< 0: all). Returns the
+        sealed last sequence number."""
+
+    def info(self, extent: str) -> ExtentInfo: ...
+
+    def extents(self) -> list[str]: ...
+
+    def drop(self, extent: str) -> None:
+        """Delete the extent and all its records."""
+
+    def close(self) -> None: ...
+
+
+@dataclass(slots=True)
+class ExtentMeta:
+    """What a store keeps about one replica besides its records."""
+
+    kind: str
+    last_seq: int = 0
+    count: int = 0
+    bytes: int = 0
+    sealed: bool = False
+
+    def as_info(self, extent: str) -> ExtentInfo:
+        return ExtentInfo(extent, self.kind, self.last_seq, self.count, self.bytes, self.sealed)
+
+
+def check_append(meta: ExtentMeta | None, op: AppendOp) -> int:
+    """How many of ``op``'s records are new: 0 for a repeat of stored records.
+
+    Raises StorageError when the extent is unknown or sealed, or on a gap.
+    """
+    if meta is None:
+        raise StorageError("extent_not_found", f"no extent {op.extent}")
+    last = op.first_seq + len(op.records) - 1
+    if last <= meta.last_seq:
+        return 0
+    if meta.sealed:
+        raise StorageError("extent_sealed", f"extent {op.extent} is sealed at {meta.last_seq}")
+    if op.first_seq != meta.last_seq + 1:
+        raise StorageError(
+            "sequence_gap", f"extent {op.extent} holds {meta.last_seq}, append starts {op.first_seq}"
+        )
+    if op.delivery_ms is not None and len(op.delivery_ms) != len(op.records):
+        raise StorageError("invalid_request", "delivery_ms must match records")
+    return len(op.records)

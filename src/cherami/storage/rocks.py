@@ -1,0 +1,216 @@
+"""RocksDB storage (via rocksdict): one column family per extent replica, so dropping an
+extent drops its files, with no per-message deletes; extent metadata in its own column
+family, written in the same synced batch as the records it describes."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Any
+
+import msgspec
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from cherami.storage.base import (
+    AppendOp,
+    ExtentMeta,
+    ReadBatch,
+    StorageError,
+    check_append,
+)
+from cherami.storage.keys import MAX_SEQ, plain_key, plain_keys, seq_of, timer_key
+from cherami.wire.store import PLAIN, TIMER, ExtentInfo
+
+_META_CF = "__meta__"
+_meta_encoder = msgspec.msgpack.Encoder()
+_meta_decoder = msgspec.msgpack.Decoder(tuple[str, int, int, int, bool])
+
+
+def _options() -> Options:
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    opts.set_max_background_jobs(2)
+    return opts
+
+
+class RocksExtentStore:
+    """An ``ExtentStore`` in one RocksDB directory."""
+
+    def __init__(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+        self._db = Rdict(path, _options())
+        self._sync = WriteOptions()
+        self._sync.sync = True
+        self._cfs: dict[str, Any] = {}
+        self._meta: dict[str, ExtentMeta] = {}
+        names = set(Rdict.list_cf(path))
+        if _META_CF not in names:
+            self._db.create_column_family(_META_CF, Options(raw_mode=True))
+        self._meta_cf = self._db.get_column_family(_META_CF)
+        self._meta_handle = self._db.get_column_family_handle(_META_CF)
+        for key, value in self._meta_cf.items():
+            extent = key.decode()
+            if extent in names:
+                self._meta[extent] = ExtentMeta(*_meta_decoder.decode(value))
+                self._cfs[extent] = self._db.get_column_family_handle(extent)
+
+    def _encode_meta(self, meta: ExtentMeta) -> bytes:
+        return _meta_encoder.encode((meta.kind, meta.last_seq, meta.count, meta.bytes, meta.sealed))
+
+    def _write_meta(self, extent: str, meta: ExtentMeta) -> None:
+        batch = WriteBatch(raw_mode=True)
+        batch.put(extent.encode(), self._encode_meta(meta), self._meta_handle)
+        self._db.write(batch, self._sync)
+
+    def create_extent(self, extent: str, kind: str) -> None:
+        if kind not in (PLAIN, TIMER):
+            raise StorageError("invalid_request", f"unknown extent kind {kind!r}")
+        if extent in self._meta:
+            return
+        self._db.create_column_family(extent, Options(raw_mode=True))
+        self._cfs[extent] = self._db.get_column_family_handle(extent)
+        meta = ExtentMeta(kind)
+        self._write_meta(extent, meta)
+        self._meta[extent] = meta
+
+    def append(self, ops: list[AppendOp]) -> list[int | StorageError]:
+        batch = WriteBatch(raw_mode=True)
+        results: list[int | StorageError] = []
+        touched: dict[str, ExtentMeta] = {}
+        for op in ops:
+            meta = touched.get(op.extent) or self._meta.get(op.extent)
+            try:
+                new = check_append(meta, op)
+            except StorageError as err:
+                results.append(err)
+                continue
+            assert meta is not None
+            if new:
+                if op.extent not in touched:
+                    touched[op.extent] = replace(meta)
+                meta = touched[op.extent]
+                self._put_records(batch, self._cfs[op.extent], meta.kind, op)
+                meta.last_seq = op.first_seq + new - 1
+                meta.count += new
+                meta.bytes += sum(map(len, op.records))
+            results.append(meta.last_seq)
+        if touched:
+            for extent, meta in touched.items():
+                batch.put(extent.encode(), self._encode_meta(meta), self._meta_handle)
+            self._db.write(batch, self._sync)
+            self._meta.update(touched)
+        return results
+
+    @staticmethod
+    def _put_records(batch: WriteBatch, cf: Any, kind: str, op: AppendOp) -> None:
+        if kind == TIMER:
+            assert op.delivery_ms is not None
+            seq = op.first_seq
+            for due, record in zip(op.delivery_ms, op.records, strict=True):
+                batch.put(timer_key(due, seq), record, cf)
+                seq += 1
+        else:
+            for key, record in zip(plain_keys(op.first_seq, len(op.records)), op.records):
+                batch.put(key, record, cf)
+
+    def read(
+        self, extent: str, after: bytes, max_count: int, until_ms: int = 0, max_bytes: int = 1 << 20
+    ) -> ReadBatch:
+        meta = self._require(extent)
+        it = self._db.get_column_family(extent).iter()
+        try:
+            return _scan(it, meta, after, max_count, until_ms, max_bytes)
+        finally:
+            del it
+
+    def seal(self, extent: str, at_seq: int = -1) -> int:
+        meta = self._require(extent)
+        if meta.sealed:
+            return meta.last_seq
+        if 0 <= at_seq < meta.last_seq:
+            self._truncate(extent, meta, at_seq)
+        meta.sealed = True
+        self._write_meta(extent, meta)
+        return meta.last_seq
+
+    def _truncate(self, extent: str, meta: ExtentMeta, at_seq: int) -> None:
+        cf = self._db.get_column_family(extent)
+        batch = WriteBatch(raw_mode=True)
+        handle = self._cfs[extent]
+        removed = dropped_bytes = 0
+        if meta.kind == PLAIN:
+            it = cf.iter()
+            it.seek(plain_key(at_seq + 1))
+            while it.valid():
+                removed += 1
+                dropped_bytes += len(it.value())
+                it.next()
+            del it
+            batch.delete_range(plain_key(at_seq + 1), plain_key(MAX_SEQ), handle)
+        else:
+            for key, value in cf.items():
+                if seq_of(key) > at_seq:
+                    batch.delete(key, handle)
+                    removed += 1
+                    dropped_bytes += len(value)
+        self._db.write(batch, self._sync)
+        meta.last_seq = at_seq
+        meta.count -= removed
+        meta.bytes -= dropped_bytes
+
+    def info(self, extent: str) -> ExtentInfo:
+        meta = self._meta.get(extent)
+        if meta is None:
+            return ExtentInfo(extent, PLAIN, 0, 0, 0, False, exists=False)
+        return meta.as_info(extent)
+
+    def extents(self) -> list[str]:
+        return sorted(self._meta)
+
+    def drop(self, extent: str) -> None:
+        if extent not in self._meta:
+            return
+        batch = WriteBatch(raw_mode=True)
+        batch.delete(extent.encode(), self._meta_handle)
+        self._db.write(batch, self._sync)
+        del self._meta[extent]
+        del self._cfs[extent]
+        self._db.drop_column_family(extent)
+
+    def _require(self, extent: str) -> ExtentMeta:
+        meta = self._meta.get(extent)
+        if meta is None:
+            raise StorageError("extent_not_found", f"no extent {extent}")
+        return meta
+
+    def close(self) -> None:
+        self._cfs.clear()
+        del self._meta_cf, self._meta_handle
+        self._db.close()
+
+
+def _scan(
+    it: Any, meta: ExtentMeta, after: bytes, max_count: int, until_ms: int, max_bytes: int
+) -> ReadBatch:
+    if after:
+        it.seek(after)
+        if it.valid() and it.key() == after:
+            it.next()
+    else:
+        it.seek_to_first()
+    keys: list[bytes] = []
+    records: list[bytes] = []
+    size = 0
+    timer = meta.kind == TIMER
+    while it.valid() and len(keys) < max_count and size < max_bytes:
+        key = it.key()
+        if timer and until_ms and int.from_bytes(key[:8], "big") > until_ms:
+            return ReadBatch(keys, records, False)
+        value = it.value()
+        keys.append(key)
+        records.append(value)
+        size += len(value)
+        it.next()
+    end = meta.sealed and not it.valid()
+    return ReadBatch(keys, records, end)

@@ -1,0 +1,37 @@
+"""The stored form of one message: written once by the input host, never modified."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Record(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One message as it is kept in an extent replica.
+
+    ``delivery_ms`` equals ``enqueued_ms`` for plain messages; for delayed ones it is
+    the earliest time the message may be delivered. ``orig_id`` is set on messages
+    that were moved to a dead-letter queue, so they keep their id across the move.
+    """
+
+    enqueued_ms: int
+    delivery_ms: int
+    body: bytes
+    attributes: dict[str, str] | None = None
+    orig_id: str | None = None
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Record)
+
+
+def encode_record(record: Record) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode_record(data: bytes) -> Record:
+    return _decoder.decode(data)
+
+
+def message_id(extent_id: str, seq: int) -> str:
+    """The public id of a message: its extent and its sequence number in it."""
+    return f"{extent_id}:{seq}"

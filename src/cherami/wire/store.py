@@ -1,0 +1,128 @@
+"""Frames of the internal store-host protocol (input host and output host to store host).
+
+Every request carries a request id ``rid``; the store host answers each request with
+exactly one reply carrying the same ``rid``. Appends on one connection are applied and
+acknowledged in the order they were sent, so an ``Appended`` reply also confirms every
+earlier append on that connection. Frames travel length-prefixed (see ``framing``).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+PLAIN = "plain"
+TIMER = "timer"
+
+
+class CreateExtent(msgspec.Struct, array_like=True, tag=1, frozen=True):
+    rid: int
+    extent: str
+    kind: str  # PLAIN or TIMER
+
+
+class Append(msgspec.Struct, array_like=True, tag=2, frozen=True, gc=False):
+    """Append ``records`` at sequence numbers ``first_seq`` onwards.
+
+    ``delivery_ms`` is given for timer extents only (one per record), so the store
+    keys each record by delivery time first.
+    """
+
+    rid: int
+    extent: str
+    first_seq: int
+    records: list[bytes]
+    delivery_ms: list[int] | None = None
+
+
+class Read(msgspec.Struct, array_like=True, tag=3, frozen=True):
+    """Read records after storage key ``after`` (empty: from the start).
+
+    ``until_ms`` bounds timer extents: only records due at or before it. ``wait_ms``
+    makes the read wait for new appends when there is nothing to return yet.
+    """
+
+    rid: int
+    extent: str
+    after: bytes
+    max_count: int
+    until_ms: int = 0
+    wait_ms: int = 0
+    max_bytes: int = 1 << 20
+
+
+class Seal(msgspec.Struct, array_like=True, tag=4, frozen=True):
+    """Seal the extent; ``at_seq`` < 0 seals at the last sequence number it holds."""
+
+    rid: int
+    extent: str
+    at_seq: int = -1
+
+
+class Info(msgspec.Struct, array_like=True, tag=5, frozen=True):
+    rid: int
+    extents: list[str]
+
+
+class Drop(msgspec.Struct, array_like=True, tag=6, frozen=True):
+    rid: int
+    extent: str
+
+
+class Appended(msgspec.Struct, array_like=True, tag=10, frozen=True):
+    rid: int
+    last_seq: int
+
+
+class ReadResult(msgspec.Struct, array_like=True, tag=11, frozen=True, gc=False):
+    """``end`` is true when the extent is sealed and nothing is left after the last key."""
+
+    rid: int
+    keys: list[bytes]
+    records: list[bytes]
+    end: bool
+
+
+class ExtentInfo(msgspec.Struct, array_like=True, frozen=True):
+    extent: str
+    kind: str
+    last_seq: int
+    count: int
+    bytes: int
+    sealed: bool
+    exists: bool = True
+
+
+class InfoResult(msgspec.Struct, array_like=True, tag=12, frozen=True):
+    rid: int
+    extents: list[ExtentInfo]
+
+
+class Done(msgspec.Struct, array_like=True, tag=13, frozen=True):
+    rid: int
+    last_seq: int = 0
+
+
+class Failed(msgspec.Struct, array_like=True, tag=14, frozen=True):
+    rid: int
+    code: str
+    message: str
+
+
+Request = CreateExtent | Append | Read | Seal | Info | Drop
+Reply = Appended | ReadResult | InfoResult | Done | Failed
+
+_encoder = msgspec.msgpack.Encoder()
+_request_decoder = msgspec.msgpack.Decoder(Request)
+_reply_decoder = msgspec.msgpack.Decoder(Reply)
+
+
+def encode(frame: Request | Reply) -> bytes:
+    return _encoder.encode(frame)
+
+
+def decode_request(data: bytes) -> Request:
+    return _request_decoder.decode(data)
+
+
+def decode_reply(data: bytes) -> Reply:
+    return _reply_decoder.decode(data)

@@ -1,0 +1,116 @@
+"""One contract for every ExtentStore implementation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cherami.storage.base import AppendOp, ExtentStore, StorageError
+from cherami.storage.keys import plain_key, seq_of
+from cherami.storage.memory import MemoryExtentStore
+from cherami.storage.rocks import RocksExtentStore
+from cherami.wire.store import PLAIN, TIMER
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ExtentStore]:
+    impl: ExtentStore = (
+        MemoryExtentStore() if request.param == "memory" else RocksExtentStore(str(tmp_path / "db"))
+    )
+    yield impl
+    impl.close()
+
+
+def _records(n: int, start: int = 1) -> list[bytes]:
+    return [f"m{i}".encode() for i in range(start, start + n)]
+
+
+def test_append_then_read_in_order(store: ExtentStore) -> None:
+    store.create_extent("e1", PLAIN)
+    assert store.append([AppendOp("e1", 1, _records(3)), AppendOp("e1", 4, _records(2, 4))]) == [3, 5]
+    batch = store.read("e1", b"", 10)
+    assert [seq_of(k) for k in batch.keys] == [1, 2, 3, 4, 5]
+    assert batch.records == _records(5)
+    assert batch.end is False
+
+
+def test_read_from_any_sequence_number_and_limits(store: ExtentStore) -> None:
+    store.create_extent("e1", PLAIN)
+    store.append([AppendOp("e1", 1, _records(100))])
+    batch = store.read("e1", plain_key(41), 5)
+    assert [seq_of(k) for k in batch.keys] == [42, 43, 44, 45, 46]
+    assert store.read("e1", plain_key(100), 5).keys == []
+    assert len(store.read("e1", b"", 100, max_bytes=10).keys) == 5  # stops once 10 bytes are in
+
+
+def test_gap_unknown_and_repeat(store: ExtentStore) -> None:
+    store.create_extent("e1", PLAIN)
+    store.append([AppendOp("e1", 1, _records(2))])
+    gap, unknown, repeat = store.append(
+        [AppendOp("e1", 5, _records(1)), AppendOp("nope", 1, _records(1)), AppendOp("e1", 1, _records(2))]
+    )
+    assert isinstance(gap, StorageError) and gap.code == "sequence_gap"
+    assert isinstance(unknown, StorageError) and unknown.code == "extent_not_found"
+    assert repeat == 2
+    assert store.info("e1").count == 2
+
+
+def test_seal_refuses_appends_and_marks_end(store: ExtentStore) -> None:
+    store.create_extent("e1", PLAIN)
+    store.append([AppendOp("e1", 1, _records(3))])
+    assert store.seal("e1") == 3
+    (refused,) = store.append([AppendOp("e1", 4, _records(1))])
+    assert isinstance(refused, StorageError) and refused.code == "extent_sealed"
+    batch = store.read("e1", b"", 10)
+    assert len(batch.keys) == 3 and batch.end is True
+    assert store.info("e1").sealed is True
+
+
+def test_seal_at_sequence_truncates(store: ExtentStore) -> None:
+    store.create_extent("e1", PLAIN)
+    store.append([AppendOp("e1", 1, _records(10))])
+    assert store.seal("e1", at_seq=6) == 6
+    info = store.info("e1")
+    assert (info.last_seq, info.count) == (6, 6)
+    assert [seq_of(k) for k in store.read("e1", b"", 100).keys] == [1, 2, 3, 4, 5, 6]
+
+
+def test_timer_extent_reads_in_delivery_order_up_to_a_time(store: ExtentStore) -> None:
+    store.create_extent("t1", TIMER)
+    store.append([AppendOp("t1", 1, [b"late", b"early", b"middle"], [3000, 1000, 2000])])
+    batch = store.read("t1", b"", 10, until_ms=2500)
+    assert batch.records == [b"early", b"middle"]
+    rest = store.read("t1", batch.keys[-1], 10, until_ms=5000)
+    assert rest.records == [b"late"] and [seq_of(k) for k in rest.keys] == [1]
+
+
+def test_drop_and_info(store: ExtentStore) -> None:
+    store.create_extent("e1", PLAIN)
+    store.create_extent("e2", TIMER)
+    store.append([AppendOp("e1", 1, _records(4))])
+    assert store.info("e1").bytes == sum(map(len, _records(4)))
+    assert store.extents() == ["e1", "e2"]
+    store.drop("e1")
+    assert store.extents() == ["e2"]
+    assert store.info("e1").exists is False
+    with pytest.raises(StorageError):
+        store.read("e1", b"", 1)
+
+
+def test_rocks_survives_reopen(tmp_path: Path) -> None:
+    path = str(tmp_path / "db")
+    store = RocksExtentStore(path)
+    store.create_extent("e1", PLAIN)
+    store.create_extent("t1", TIMER)
+    store.append([AppendOp("e1", 1, _records(5)), AppendOp("t1", 1, [b"x"], [10])])
+    store.seal("t1")
+    store.close()
+    again = RocksExtentStore(path)
+    assert again.info("e1").last_seq == 5
+    assert again.info("t1").sealed is True
+    assert again.read("e1", plain_key(3), 10).records == _records(2, 4)
+    again.append([AppendOp("e1", 6, _records(1, 6))])
+    assert again.info("e1").count == 6
+    again.close()
