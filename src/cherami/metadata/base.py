@@ -1,0 +1,66 @@
+"""The metadata contract shared by the SQLite (one machine) and PostgreSQL (cluster) stores."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from cherami.metadata.models import AckLevel, Extent, Group, Host, Queue
+
+
+class MetadataStore(Protocol):
+    async def close(self) -> None: ...
+
+    # queues
+    async def insert_queue(self, queue: Queue) -> None:
+        """Raises AlreadyExists when a queue of that name exists."""
+
+    async def get_queue(self, name: str) -> Queue:
+        """Raises QueueNotFound."""
+
+    async def list_queues(self) -> list[Queue]: ...
+
+    async def update_queue(self, queue: Queue) -> None: ...
+
+    async def delete_queue(self, name: str) -> None:
+        """Deletes the queue, its groups and their ack levels; marks its extents deleted."""
+
+    # consumer groups
+    async def insert_group(self, group: Group) -> None: ...
+
+    async def get_group(self, queue: str, name: str) -> Group:
+        """Raises GroupNotFound."""
+
+    async def list_groups(self, queue: str) -> list[Group]: ...
+
+    async def update_group(self, group: Group) -> None: ...
+
+    async def delete_group(self, queue: str, name: str) -> None: ...
+
+    # extents
+    async def insert_extent(self, extent: Extent) -> bool:
+        """Insert; when ``extent.predecessor`` is set, only if no other extent already
+        succeeds it (the conditional write of CP queues). Returns whether it was inserted."""
+
+    async def get_extent(self, extent_id: str) -> Extent | None: ...
+
+    async def list_extents(self, queue: str, statuses: tuple[str, ...] = ()) -> list[Extent]: ...
+
+    async def set_extent_status(
+        self, extent_id: str, status: str, sealed_seq: int | None = None
+    ) -> None: ...
+
+    # ack levels
+    async def get_ack_levels(self, queue: str, group: str) -> list[AckLevel]: ...
+
+    async def put_ack_levels(self, levels: list[AckLevel]) -> None:
+        """Upsert all of them in one transaction."""
+
+    async def delete_ack_levels(self, queue: str, group: str, extents: list[str]) -> None: ...
+
+    # membership and leadership
+    async def heartbeat(self, host: Host) -> None: ...
+
+    async def list_hosts(self, role: str, alive_within: float) -> list[Host]: ...
+
+    async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> bool:
+        """Take or renew the lease; true when ``holder`` holds it now."""

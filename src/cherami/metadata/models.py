@@ -1,0 +1,109 @@
+"""Metadata records: queues, consumer groups, extents, ack levels and hosts."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+import msgspec
+
+from cherami.errors import InvalidName
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=365 * 86400)]
+
+OPEN, SEALED, CONSUMED, DELETED = "open", "sealed", "consumed", "deleted"
+COMPETING, STREAM = "competing", "stream"
+
+
+def check_name(kind: str, name: str) -> str:
+    if not _NAME.match(name):
+        raise InvalidName(
+            f"{kind} name {name!r} must be 1-128 characters from A-Z a-z 0-9 . _ - "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+class QueueConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    type: Literal["ap", "cp"] = "ap"
+    replicas: Annotated[int, msgspec.Meta(ge=1, le=9)] | None = None
+    min_extents: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] = 0.0
+    retention_seconds: Seconds = 7 * 86400.0
+    consumed_retention_seconds: Seconds = 0.0
+    max_message_bytes: Annotated[int, msgspec.Meta(ge=1, le=8 << 20)] = 1 << 20
+
+
+class QueuePatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    min_extents: Annotated[int, msgspec.Meta(ge=1, le=64)] | None = None
+    delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] | None = None
+    retention_seconds: Seconds | None = None
+    consumed_retention_seconds: Seconds | None = None
+    max_message_bytes: Annotated[int, msgspec.Meta(ge=1, le=8 << 20)] | None = None
+
+
+class Queue(msgspec.Struct, kw_only=True):
+    name: str
+    config: QueueConfig
+    created_at: float
+    dlq_of: str | None = None  # "queue/group" when this queue is that group's DLQ
+
+
+class GroupConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    visibility_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=12 * 3600)] = 60.0
+    max_delivery_count: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 10
+    start_from: str = "earliest"
+    delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] = 0.0
+    type: Literal["competing", "stream"] = COMPETING
+
+
+class GroupPatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    visibility_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=12 * 3600)] | None = None
+    max_delivery_count: Annotated[int, msgspec.Meta(ge=1, le=1000)] | None = None
+    delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] | None = None
+
+
+class Group(msgspec.Struct, kw_only=True):
+    queue: str
+    name: str
+    config: GroupConfig
+    created_at: float
+    start_ms: int  # messages enqueued before this are skipped (0: from the earliest)
+    dlq: str  # name of the group's dead-letter queue
+
+
+class Extent(msgspec.Struct, kw_only=True):
+    id: str
+    queue: str
+    kind: str  # wire.store.PLAIN or TIMER
+    status: str
+    input_host: str
+    stores: list[str]
+    created_at: float
+    sealed_seq: int | None = None
+    predecessor: str | None = None
+
+
+class AckLevel(msgspec.Struct, kw_only=True):
+    """How far one group has consumed one extent.
+
+    ``level`` is the storage key at or below which every message is acked (empty:
+    nothing yet) and ``acked`` how many messages that is. ``limit`` bounds a range of a
+    dead-letter extent merged back into the group (the group reads it up to that key).
+    """
+
+    queue: str
+    group: str
+    extent: str
+    level: bytes = b""
+    acked: int = 0
+    limit: bytes | None = None
+
+
+class Host(msgspec.Struct, kw_only=True):
+    id: str
+    role: str
+    address: str
+    heartbeat_at: float

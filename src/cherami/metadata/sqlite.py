@@ -1,0 +1,343 @@
+"""SQLite metadata (stdlib sqlite3, WAL mode): the embedded default for one machine.
+
+Every call runs on one dedicated thread, so the event loop never blocks on SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import msgspec
+
+from cherami.errors import AlreadyExists, GroupNotFound, QueueNotFound
+from cherami.metadata.models import (
+    DELETED,
+    AckLevel,
+    Extent,
+    Group,
+    GroupConfig,
+    Host,
+    Queue,
+    QueueConfig,
+)
+
+T = TypeVar("T")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS queues (
+    name TEXT PRIMARY KEY, config TEXT NOT NULL, created_at REAL NOT NULL, dlq_of TEXT
+);
+CREATE TABLE IF NOT EXISTS groups (
+    queue TEXT NOT NULL, name TEXT NOT NULL, config TEXT NOT NULL, created_at REAL NOT NULL,
+    start_ms INTEGER NOT NULL, dlq TEXT NOT NULL, PRIMARY KEY (queue, name)
+);
+CREATE TABLE IF NOT EXISTS extents (
+    id TEXT PRIMARY KEY, queue TEXT NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL,
+    input_host TEXT NOT NULL, stores TEXT NOT NULL, created_at REAL NOT NULL,
+    sealed_seq INTEGER, predecessor TEXT UNIQUE
+);
+CREATE INDEX IF NOT EXISTS extents_by_queue ON extents (queue, status);
+CREATE TABLE IF NOT EXISTS ack_levels (
+    queue TEXT NOT NULL, grp TEXT NOT NULL, extent TEXT NOT NULL, level BLOB NOT NULL,
+    acked INTEGER NOT NULL, lim BLOB, PRIMARY KEY (queue, grp, extent)
+);
+CREATE TABLE IF NOT EXISTS hosts (
+    id TEXT PRIMARY KEY, role TEXT NOT NULL, address TEXT NOT NULL, heartbeat_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL
+);
+"""
+
+_json = msgspec.json.Encoder()
+
+
+def _queue(row: tuple[Any, ...]) -> Queue:
+    name, config, created_at, dlq_of = row
+    return Queue(
+        name=name,
+        config=msgspec.json.decode(config, type=QueueConfig),
+        created_at=created_at,
+        dlq_of=dlq_of,
+    )
+
+
+def _group(row: tuple[Any, ...]) -> Group:
+    queue, name, config, created_at, start_ms, dlq = row
+    return Group(
+        queue=queue,
+        name=name,
+        config=msgspec.json.decode(config, type=GroupConfig),
+        created_at=created_at,
+        start_ms=start_ms,
+        dlq=dlq,
+    )
+
+
+def _extent(row: tuple[Any, ...]) -> Extent:
+    id_, queue, kind, status, input_host, stores, created_at, sealed_seq, predecessor = row
+    return Extent(
+        id=id_,
+        queue=queue,
+        kind=kind,
+        status=status,
+        input_host=input_host,
+        stores=msgspec.json.decode(stores, type=list[str]),
+        created_at=created_at,
+        sealed_seq=sealed_seq,
+        predecessor=predecessor,
+    )
+
+
+_EXTENT_COLUMNS = "id, queue, kind, status, input_host, stores, created_at, sealed_seq, predecessor"
+
+
+class SqliteMetadataStore:
+    def __init__(self, path: str) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cherami-sqlite")
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(SCHEMA)
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    def _tx(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for sql, args in statements:
+                db.execute(sql, args)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    async def close(self) -> None:
+        await self._run(self._db.close)
+        self._executor.shutdown(wait=True)
+
+    # queues
+    async def insert_queue(self, queue: Queue) -> None:
+        def insert() -> None:
+            try:
+                self._db.execute(
+                    "INSERT INTO queues VALUES (?, ?, ?, ?)",
+                    (queue.name, _json.encode(queue.config), queue.created_at, queue.dlq_of),
+                )
+            except sqlite3.IntegrityError:
+                raise AlreadyExists(f"queue {queue.name} exists") from None
+
+        await self._run(insert)
+
+    async def get_queue(self, name: str) -> Queue:
+        row = await self._run(
+            lambda: self._db.execute("SELECT * FROM queues WHERE name = ?", (name,)).fetchone()
+        )
+        if row is None:
+            raise QueueNotFound(f"no queue {name}")
+        return _queue(row)
+
+    async def list_queues(self) -> list[Queue]:
+        rows = await self._run(
+            lambda: self._db.execute("SELECT * FROM queues ORDER BY name").fetchall()
+        )
+        return [_queue(r) for r in rows]
+
+    async def update_queue(self, queue: Queue) -> None:
+        await self._run(
+            lambda: self._db.execute(
+                "UPDATE queues SET config = ? WHERE name = ?",
+                (_json.encode(queue.config), queue.name),
+            )
+        )
+
+    async def delete_queue(self, name: str) -> None:
+        await self._run(
+            lambda: self._tx(
+                [
+                    ("DELETE FROM queues WHERE name = ?", (name,)),
+                    ("DELETE FROM groups WHERE queue = ?", (name,)),
+                    ("DELETE FROM ack_levels WHERE queue = ?", (name,)),
+                    ("UPDATE extents SET status = ? WHERE queue = ?", (DELETED, name)),
+                ]
+            )
+        )
+
+    # groups
+    async def insert_group(self, group: Group) -> None:
+        def insert() -> None:
+            try:
+                self._db.execute(
+                    "INSERT INTO groups VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        group.queue,
+                        group.name,
+                        _json.encode(group.config),
+                        group.created_at,
+                        group.start_ms,
+                        group.dlq,
+                    ),
+                )
+            except sqlite3.IntegrityError:
+                raise AlreadyExists(f"group {group.name} exists") from None
+
+        await self._run(insert)
+
+    async def get_group(self, queue: str, name: str) -> Group:
+        row = await self._run(
+            lambda: self._db.execute(
+                "SELECT * FROM groups WHERE queue = ? AND name = ?", (queue, name)
+            ).fetchone()
+        )
+        if row is None:
+            raise GroupNotFound(f"no group {name} on queue {queue}")
+        return _group(row)
+
+    async def list_groups(self, queue: str) -> list[Group]:
+        rows = await self._run(
+            lambda: self._db.execute(
+                "SELECT * FROM groups WHERE queue = ? ORDER BY name", (queue,)
+            ).fetchall()
+        )
+        return [_group(r) for r in rows]
+
+    async def update_group(self, group: Group) -> None:
+        await self._run(
+            lambda: self._db.execute(
+                "UPDATE groups SET config = ? WHERE queue = ? AND name = ?",
+                (_json.encode(group.config), group.queue, group.name),
+            )
+        )
+
+    async def delete_group(self, queue: str, name: str) -> None:
+        await self._run(
+            lambda: self._tx(
+                [
+                    ("DELETE FROM groups WHERE queue = ? AND name = ?", (queue, name)),
+                    ("DELETE FROM ack_levels WHERE queue = ? AND grp = ?", (queue, name)),
+                ]
+            )
+        )
+
+    # extents
+    async def insert_extent(self, extent: Extent) -> bool:
+        def insert() -> bool:
+            try:
+                self._db.execute(
+                    f"INSERT INTO extents ({_EXTENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        extent.id,
+                        extent.queue,
+                        extent.kind,
+                        extent.status,
+                        extent.input_host,
+                        _json.encode(extent.stores),
+                        extent.created_at,
+                        extent.sealed_seq,
+                        extent.predecessor,
+                    ),
+                )
+            except sqlite3.IntegrityError:
+                return False
+            return True
+
+        return await self._run(insert)
+
+    async def get_extent(self, extent_id: str) -> Extent | None:
+        row = await self._run(
+            lambda: self._db.execute(
+                f"SELECT {_EXTENT_COLUMNS} FROM extents WHERE id = ?", (extent_id,)
+            ).fetchone()
+        )
+        return _extent(row) if row else None
+
+    async def list_extents(self, queue: str, statuses: tuple[str, ...] = ()) -> list[Extent]:
+        sql = f"SELECT {_EXTENT_COLUMNS} FROM extents WHERE queue = ?"
+        args: tuple[Any, ...] = (queue,)
+        if statuses:
+            sql += f" AND status IN ({', '.join('?' * len(statuses))})"
+            args += statuses
+        rows = await self._run(
+            lambda: self._db.execute(sql + " ORDER BY created_at, id", args).fetchall()
+        )
+        return [_extent(r) for r in rows]
+
+    async def set_extent_status(
+        self, extent_id: str, status: str, sealed_seq: int | None = None
+    ) -> None:
+        await self._run(
+            lambda: self._db.execute(
+                "UPDATE extents SET status = ?, sealed_seq = COALESCE(?, sealed_seq) WHERE id = ?",
+                (status, sealed_seq, extent_id),
+            )
+        )
+
+    # ack levels
+    async def get_ack_levels(self, queue: str, group: str) -> list[AckLevel]:
+        rows = await self._run(
+            lambda: self._db.execute(
+                "SELECT extent, level, acked, lim FROM ack_levels WHERE queue = ? AND grp = ?",
+                (queue, group),
+            ).fetchall()
+        )
+        return [
+            AckLevel(queue=queue, group=group, extent=e, level=lv, acked=n, limit=lim)
+            for e, lv, n, lim in rows
+        ]
+
+    async def put_ack_levels(self, levels: list[AckLevel]) -> None:
+        sql = (
+            "INSERT INTO ack_levels VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (queue, grp, extent) "
+            "DO UPDATE SET level = excluded.level, acked = excluded.acked, lim = excluded.lim"
+        )
+        await self._run(
+            lambda: self._tx(
+                [(sql, (a.queue, a.group, a.extent, a.level, a.acked, a.limit)) for a in levels]
+            )
+        )
+
+    async def delete_ack_levels(self, queue: str, group: str, extents: list[str]) -> None:
+        sql = "DELETE FROM ack_levels WHERE queue = ? AND grp = ? AND extent = ?"
+        await self._run(lambda: self._tx([(sql, (queue, group, e)) for e in extents]))
+
+    # membership and leadership
+    async def heartbeat(self, host: Host) -> None:
+        await self._run(
+            lambda: self._db.execute(
+                "INSERT INTO hosts VALUES (?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                "role = excluded.role, address = excluded.address, "
+                "heartbeat_at = excluded.heartbeat_at",
+                (host.id, host.role, host.address, host.heartbeat_at),
+            )
+        )
+
+    async def list_hosts(self, role: str, alive_within: float) -> list[Host]:
+        since = time.time() - alive_within
+        rows = await self._run(
+            lambda: self._db.execute(
+                "SELECT id, role, address, heartbeat_at FROM hosts "
+                "WHERE role = ? AND heartbeat_at >= ? ORDER BY id",
+                (role, since),
+            ).fetchall()
+        )
+        return [Host(id=i, role=r, address=a, heartbeat_at=h) for i, r, a, h in rows]
+
+    async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> bool:
+        def take() -> bool:
+            now = time.time()
+            cur = self._db.execute(
+                "INSERT INTO leases VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+                "holder = excluded.holder, expires_at = excluded.expires_at "
+                "WHERE leases.holder = excluded.holder OR leases.expires_at < ?",
+                (name, holder, now + ttl_seconds, now),
+            )
+            return cur.rowcount == 1
+
+        return await self._run(take)
