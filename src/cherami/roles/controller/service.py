@@ -1,0 +1,295 @@
+"""The controller: creates queues, groups and extents, places extents on store hosts,
+seals extents (at recovery and when a replica fails) and opens their successors."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Callable
+
+from cherami.errors import AlreadyExists, InvalidRequest, QueueNotFound, Unavailable
+from cherami.metadata.base import MetadataStore
+from cherami.metadata.models import (
+    DELETED,
+    OPEN,
+    SEALED,
+    AckLevel,
+    Extent,
+    Group,
+    GroupConfig,
+    Queue,
+    QueueConfig,
+)
+from cherami.roles.storehost.directory import StoreDirectory
+from cherami.storage.keys import plain_key
+from cherami.wire.store import PLAIN, TIMER
+
+log = logging.getLogger("cherami.controller.service")
+
+DLQ_CURSOR = "_dlq_cursor"  # internal group on a DLQ queue: how far it was merged or purged
+
+
+def new_extent_id() -> str:
+    return secrets.token_hex(8)
+
+
+def dlq_name(queue: str, group: str) -> str:
+    # the leading "_" keeps it out of the public name space (names start alphanumeric)
+    return f"_dlq.{secrets.token_hex(6)}.{queue}.{group}"[:200]
+
+
+def parse_start(start_from: str) -> int:
+    """The start time in ms of a group's ``start_from`` (0 for earliest)."""
+    if start_from == "earliest":
+        return 0
+    if start_from == "latest":
+        return int(time.time() * 1000)
+    try:
+        from datetime import datetime
+
+        return int(datetime.fromisoformat(start_from.replace("Z", "+00:00")).timestamp() * 1000)
+    except ValueError:
+        raise InvalidRequest(
+            "start_from must be 'earliest', 'latest' or an RFC 3339 time"
+        ) from None
+
+
+class ControllerService:
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        stores: StoreDirectory,
+        input_host_id: str,
+        on_extents_changed: Callable[[str], None] = lambda queue: None,
+    ) -> None:
+        self.metadata = metadata
+        self.stores = stores
+        self.input_host_id = input_host_id
+        self._on_extents_changed = on_extents_changed
+        self._queue_locks: dict[str, asyncio.Lock] = {}
+
+    def _lock(self, queue: str) -> asyncio.Lock:
+        return self._queue_locks.setdefault(queue, asyncio.Lock())
+
+    def default_replicas(self) -> int:
+        return min(3, len(self.stores.ids())) or 1
+
+    # queues
+    async def create_queue(
+        self, name: str, config: QueueConfig, dlq_of: str | None = None
+    ) -> tuple[Queue, bool]:
+        if config.replicas is None:
+            config.replicas = self.default_replicas()
+        if config.replicas > len(self.stores.ids()):
+            raise InvalidRequest(
+                f"replicas {config.replicas} exceeds the {len(self.stores.ids())} store hosts"
+            )
+        async with self._lock(name):
+            queue = Queue(name=name, config=config, created_at=time.time(), dlq_of=dlq_of)
+            try:
+                await self.metadata.insert_queue(queue)
+            except AlreadyExists:
+                existing = await self.metadata.get_queue(name)
+                if existing.config != config:
+                    raise AlreadyExists(f"queue {name} exists with a different config") from None
+                return existing, False
+            await self._ensure_extents(queue)
+        return queue, True
+
+    async def delete_queue(self, name: str, contents_only: bool = False) -> None:
+        queue = await self.metadata.get_queue(name)
+        groups = await self.metadata.list_groups(name)
+        async with self._lock(name):
+            extents = await self.metadata.list_extents(name)
+            if contents_only:
+                for extent in extents:
+                    if extent.status == OPEN:
+                        await self.seal_extent(extent)
+                for group in groups:
+                    await self.metadata.delete_ack_levels(name, group.name, [e.id for e in extents])
+            else:
+                await self.metadata.delete_queue(name)
+            for extent in extents:
+                await self.metadata.set_extent_status(extent.id, DELETED)
+                await self._drop_replicas(extent)
+            if contents_only:
+                await self._ensure_extents(queue)
+        if not contents_only:
+            for group in groups:
+                await self._delete_dlq(group)
+        self._on_extents_changed(name)
+
+    async def _drop_replicas(self, extent: Extent) -> None:
+        for store_id in extent.stores:
+            try:
+                await self.stores.get(store_id).drop(extent.id)
+            except Unavailable as err:
+                log.warning("could not drop extent %s on %s: %s", extent.id, store_id, err)
+
+    # groups
+    async def create_group(self, queue_name: str, name: str, config: GroupConfig) -> tuple[Group, bool]:
+        queue = await self.metadata.get_queue(queue_name)
+        start_ms = parse_start(config.start_from)
+        try:
+            existing = await self.metadata.get_group(queue_name, name)
+        except Exception:
+            existing = None
+        if existing is not None:
+            if existing.config != config:
+                raise AlreadyExists(f"group {name} exists with a different config")
+            return existing, False
+        dlq = dlq_name(queue_name, name)
+        dlq_config = QueueConfig(replicas=queue.config.replicas, retention_seconds=queue.config.retention_seconds)
+        group = Group(
+            queue=queue_name, name=name, config=config, created_at=time.time(),
+            start_ms=start_ms, dlq=dlq,
+        )  # fmt: skip
+        await self.create_queue(dlq, dlq_config, dlq_of=f"{queue_name}/{name}")
+        try:
+            await self.metadata.insert_group(group)
+        except AlreadyExists:
+            await self._delete_dlq(group)
+            return await self.create_group(queue_name, name, config)
+        return group, True
+
+    async def delete_group(self, queue: str, name: str) -> None:
+        group = await self.metadata.get_group(queue, name)
+        await self.metadata.delete_group(queue, name)
+        await self._delete_dlq(group)
+
+    async def _delete_dlq(self, group: Group) -> None:
+        try:
+            await self.delete_queue(group.dlq)
+        except QueueNotFound:
+            pass
+
+    # extents
+    async def _ensure_extents(self, queue: Queue) -> list[Extent]:
+        open_extents = await self.metadata.list_extents(queue.name, (OPEN,))
+        plain = [e for e in open_extents if e.kind == PLAIN]
+        created: list[Extent] = []
+        for _ in range(queue.config.min_extents - len(plain)):
+            created.append(await self._create_extent(queue, PLAIN))
+        if not any(e.kind == TIMER for e in open_extents):
+            created.append(await self._create_extent(queue, TIMER))
+        if created:
+            self._on_extents_changed(queue.name)
+        return created
+
+    async def _create_extent(
+        self, queue: Queue, kind: str, predecessor: str | None = None
+    ) -> Extent:
+        replicas = queue.config.replicas or self.default_replicas()
+        stores = await self._place(replicas)
+        extent = Extent(
+            id=new_extent_id(), queue=queue.name, kind=kind, status=OPEN,
+            input_host=self.input_host_id, stores=stores, created_at=time.time(),
+            predecessor=predecessor if queue.config.type == "cp" else None,
+        )  # fmt: skip
+        for store_id in stores:
+            await self.stores.get(store_id).create_extent(extent.id, kind)
+        if not await self.metadata.insert_extent(extent):
+            raise Unavailable(f"extent {predecessor} already has a successor")
+        log.info("extent %s opened for queue %s on %s", extent.id, queue.name, stores)
+        return extent
+
+    async def _place(self, replicas: int) -> list[str]:
+        ids = self.stores.ids()
+        if len(ids) < replicas:
+            raise Unavailable(f"{replicas} replicas wanted, {len(ids)} store hosts up")
+        load: dict[str, int] = dict.fromkeys(ids, 0)
+        for queue in await self.metadata.list_queues():
+            for extent in await self.metadata.list_extents(queue.name, (OPEN,)):
+                for store_id in extent.stores:
+                    if store_id in load:
+                        load[store_id] += 1
+        return sorted(ids, key=lambda s: (load[s], s))[:replicas]
+
+    async def seal_extent(self, extent: Extent) -> int:
+        """Seal every reachable replica at the last sequence number all of them hold.
+
+        Every message acked to a producer is on every replica, so the minimum keeps all
+        acked messages, and every replica then holds exactly the same records."""
+        infos = []
+        for store_id in extent.stores:
+            try:
+                (info,) = await self.stores.get(store_id).info([extent.id])
+                if info.exists:
+                    infos.append((store_id, info))
+            except Unavailable as err:
+                log.warning("replica %s of %s unreachable at seal: %s", store_id, extent.id, err)
+        if not infos:
+            raise Unavailable(f"no replica of extent {extent.id} is reachable")
+        at = min(info.last_seq for _, info in infos)
+        for store_id, _ in infos:
+            await self.stores.get(store_id).seal(extent.id, at)
+        await self.metadata.set_extent_status(extent.id, SEALED, sealed_seq=at)
+        log.info("extent %s of queue %s sealed at %d", extent.id, extent.queue, at)
+        self._on_extents_changed(extent.queue)
+        return at
+
+    async def replace_extent(self, extent_id: str) -> None:
+        """Seal a failed extent and open its successor, so publishing goes on."""
+        extent = await self.metadata.get_extent(extent_id)
+        if extent is None or extent.status != OPEN:
+            return
+        async with self._lock(extent.queue):
+            current = await self.metadata.get_extent(extent_id)
+            if current is None or current.status != OPEN:
+                return
+            await self.seal_extent(current)
+            queue = await self.metadata.get_queue(extent.queue)
+            await self._create_extent(queue, extent.kind, predecessor=extent.id)
+            self._on_extents_changed(extent.queue)
+
+    async def recover(self) -> None:
+        """At start: seal the extents left open by the last run and open fresh ones."""
+        for queue in await self.metadata.list_queues():
+            for extent in await self.metadata.list_extents(queue.name, (OPEN,)):
+                await self.seal_extent(extent)
+            await self._ensure_extents(queue)
+
+    # dead-letter queues
+    async def dlq_cursor(self, dlq: str) -> dict[str, AckLevel]:
+        return {a.extent: a for a in await self.metadata.get_ack_levels(dlq, DLQ_CURSOR)}
+
+    async def dlq_ranges(self, dlq: str) -> list[tuple[Extent, AckLevel, int]]:
+        """Each DLQ extent with its cursor and last sequence number."""
+        cursor = await self.dlq_cursor(dlq)
+        ranges = []
+        for extent in await self.metadata.list_extents(dlq, (OPEN, SEALED)):
+            (info,) = await self.stores.get(extent.stores[0]).info([extent.id])
+            level = cursor.get(extent.id) or AckLevel(queue=dlq, group=DLQ_CURSOR, extent=extent.id)
+            ranges.append((extent, level, info.last_seq))
+        return ranges
+
+    async def move_dlq_cursor(self, dlq: str, merge_into: Group | None) -> int:
+        """Advance the DLQ cursor to the end: purge, or merge the range into one group."""
+        moved = 0
+        cursor_rows: list[AckLevel] = []
+        merged_rows: list[AckLevel] = []
+        group_levels = (
+            {a.extent: a for a in await self.metadata.get_ack_levels(merge_into.queue, merge_into.name)}
+            if merge_into
+            else {}
+        )
+        for extent, level, last_seq in await self.dlq_ranges(dlq):
+            if last_seq <= level.acked:
+                continue
+            moved += last_seq - level.acked
+            end = plain_key(last_seq)
+            if merge_into is not None:
+                row = group_levels.get(extent.id) or AckLevel(
+                    queue=merge_into.queue, group=merge_into.name, extent=extent.id,
+                    level=level.level, acked=level.acked,
+                )  # fmt: skip
+                row.limit = end
+                merged_rows.append(row)
+            cursor_rows.append(AckLevel(queue=dlq, group=DLQ_CURSOR, extent=extent.id, level=end, acked=last_seq))
+        if cursor_rows:
+            await self.metadata.put_ack_levels(cursor_rows + merged_rows)
+        if merge_into is not None and merged_rows:
+            self._on_extents_changed(merge_into.queue)
+        return moved

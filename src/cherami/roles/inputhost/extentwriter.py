@@ -1,0 +1,66 @@
+"""One open extent as its input host writes it: sequence numbers are assigned here and
+every append goes to every replica at once, pipelined (no waiting for the previous
+append's acks). An append is durable when every replica has acked it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from cherami.errors import ExtentSealed, Unavailable
+from cherami.metadata.models import Extent
+from cherami.roles.storehost.client import StoreClient, check_appended
+
+log = logging.getLogger("cherami.inputhost.extentwriter")
+
+
+class ExtentWriter:
+    def __init__(self, extent: Extent, replicas: list[StoreClient]) -> None:
+        self.extent = extent
+        self.replicas = replicas
+        self.next_seq = 1
+        self.failed = False
+        self.in_flight = 0
+
+    @property
+    def id(self) -> str:
+        return self.extent.id
+
+    async def open(self) -> None:
+        infos = []
+        for replica in self.replicas:
+            await replica.connect()
+            infos.extend(await replica.info([self.extent.id]))
+        if any(not i.exists or i.sealed for i in infos):
+            self.failed = True
+            raise ExtentSealed(f"extent {self.extent.id} is not open on every replica")
+        self.next_seq = max(i.last_seq for i in infos) + 1
+
+    async def append(self, records: list[bytes], delivery_ms: list[int] | None) -> int:
+        """Append and wait until every replica has it on disk; returns the first seq."""
+        if self.failed:
+            raise ExtentSealed(f"extent {self.extent.id} failed")
+        first = self.next_seq
+        self.next_seq += len(records)
+        self.in_flight += 1
+        try:
+            try:
+                # no await between the sends: every replica sees appends in seq order
+                futures = [r.append_nowait(self.id, first, records, delivery_ms) for r in self.replicas]
+            except Unavailable:
+                self.failed = True
+                raise
+            for replica in self.replicas:
+                await replica.drain()
+            replies = await asyncio.gather(*futures, return_exceptions=True)
+            for reply in replies:
+                if isinstance(reply, BaseException):
+                    raise reply
+                check_appended(reply)
+        except Exception as err:
+            self.failed = True
+            log.warning("append to extent %s failed: %s", self.id, err)
+            raise ExtentSealed(f"extent {self.id}: {err}") from err
+        finally:
+            self.in_flight -= 1
+        return first

@@ -1,0 +1,168 @@
+"""The input host: accepts publishes, turns messages into records, appends them to the
+queue's open extents and answers once every replica holds them."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from cherami.errors import ExtentSealed, Unavailable
+from cherami.metadata.base import MetadataStore
+from cherami.metadata.models import OPEN, Queue
+from cherami.roles.inputhost.extentwriter import ExtentWriter
+from cherami.roles.storehost.directory import StoreDirectory
+from cherami.wire.records import Record, encode_record, message_id
+from cherami.wire.store import PLAIN, TIMER
+
+log = logging.getLogger("cherami.inputhost.service")
+
+MAX_ATTEMPTS = 5
+
+
+class Message(msgspec.Struct, frozen=True, gc=False):
+    """A message to publish, as the input host takes it."""
+
+    body: bytes
+    attributes: dict[str, str] | None = None
+    delay_ms: int = 0
+    orig_id: str | None = None
+
+
+class _QueueWriters:
+    def __init__(self) -> None:
+        self.plain: list[ExtentWriter] = []
+        self.timer: ExtentWriter | None = None
+        self.turn = itertools.count()
+        self.loaded = False
+        self.lock = asyncio.Lock()
+
+
+class InputHostService:
+    def __init__(
+        self,
+        host_id: str,
+        metadata: MetadataStore,
+        stores: StoreDirectory,
+        replace_extent: Callable[[str], Awaitable[None]],
+    ) -> None:
+        self.host_id = host_id
+        self.metadata = metadata
+        self.stores = stores
+        self._replace_extent = replace_extent
+        self._queues: dict[str, _QueueWriters] = {}
+        self.published = 0
+
+    def extents_changed(self, queue: str) -> None:
+        writers = self._queues.get(queue)
+        if writers is not None:
+            writers.loaded = False
+
+    async def _writers(self, queue: str) -> _QueueWriters:
+        writers = self._queues.setdefault(queue, _QueueWriters())
+        if writers.loaded:
+            return writers
+        async with writers.lock:
+            if writers.loaded:
+                return writers
+            known = {w.id: w for w in [*writers.plain, writers.timer] if w is not None}
+            plain: list[ExtentWriter] = []
+            timer: ExtentWriter | None = None
+            for extent in await self.metadata.list_extents(queue, (OPEN,)):
+                if extent.input_host != self.host_id:
+                    continue
+                writer = known.get(extent.id)
+                if writer is None or writer.failed:
+                    writer = ExtentWriter(extent, [self.stores.get(s) for s in extent.stores])
+                    try:
+                        await writer.open()
+                    except Unavailable as err:
+                        log.warning("extent %s cannot be opened: %s", extent.id, err)
+                        asyncio.create_task(self._replace(extent.id))
+                        continue
+                if extent.kind == TIMER:
+                    timer = writer
+                else:
+                    plain.append(writer)
+            writers.plain, writers.timer = plain, timer
+            writers.loaded = True
+        return writers
+
+    async def _replace(self, extent_id: str) -> None:
+        try:
+            await self._replace_extent(extent_id)
+        except Exception as err:
+            log.error("could not replace extent %s: %s", extent_id, err)
+
+    async def publish(self, queue: Queue, messages: list[Message]) -> list[str]:
+        """Append every message durably; returns their ids in order."""
+        now = int(time.time() * 1000)
+        default_delay = int(queue.config.delay_seconds * 1000)
+        plain_idx: list[int] = []
+        plain_records: list[bytes] = []
+        timer_idx: list[int] = []
+        timer_records: list[bytes] = []
+        timer_due: list[int] = []
+        for i, m in enumerate(messages):
+            delay = m.delay_ms or default_delay
+            due = now + delay
+            record = encode_record(Record(now, due, m.body, m.attributes, m.orig_id))
+            if delay > 0:
+                timer_idx.append(i)
+                timer_records.append(record)
+                timer_due.append(due)
+            else:
+                plain_idx.append(i)
+                plain_records.append(record)
+        ids: list[str] = [""] * len(messages)
+        parts = []
+        if plain_records:
+            parts.append(self._append(queue.name, PLAIN, plain_idx, plain_records, None, ids))
+        if timer_records:
+            parts.append(self._append(queue.name, TIMER, timer_idx, timer_records, timer_due, ids))
+        await asyncio.gather(*parts)
+        self.published += len(messages)
+        return ids
+
+    async def _append(
+        self,
+        queue: str,
+        kind: str,
+        indexes: list[int],
+        records: list[bytes],
+        due: list[int] | None,
+        ids: list[str],
+    ) -> None:
+        for attempt in range(MAX_ATTEMPTS):
+            writer = await self._pick(queue, kind)
+            try:
+                first = await writer.append(records, due)
+            except ExtentSealed:
+                writers = self._queues[queue]
+                writers.loaded = False
+                await self._replace(writer.id)
+                await asyncio.sleep(0.05 * attempt)
+                continue
+            extent = writer.id
+            for offset, index in enumerate(indexes):
+                ids[index] = message_id(extent, first + offset)
+            return
+        raise Unavailable(f"queue {queue}: no extent accepted the append")
+
+    async def _pick(self, queue: str, kind: str) -> ExtentWriter:
+        for _ in range(50):
+            writers = await self._writers(queue)
+            if kind == TIMER:
+                if writers.timer is not None and not writers.timer.failed:
+                    return writers.timer
+            else:
+                live = [w for w in writers.plain if not w.failed]
+                if live:
+                    return live[next(writers.turn) % len(live)]
+            writers.loaded = False
+            await asyncio.sleep(0.05)
+        raise Unavailable(f"queue {queue} has no open {kind} extent")

@@ -1,0 +1,72 @@
+"""Ack tracking for one consumer group on one extent.
+
+Messages are tracked in read order; acks arrive in any order. The ack level is the
+storage key of the last message of the acked prefix, and ``acked`` counts that prefix.
+Only the window above the level is kept in memory, and an acked message's entry is
+released at once (only its key stays until the level passes it)."""
+
+from __future__ import annotations
+
+from typing import Generic, TypeVar
+
+E = TypeVar("E")
+
+_COMPACT_AT = 1024
+
+
+class AckManager(Generic[E]):
+    def __init__(self, level: bytes = b"", acked: int = 0) -> None:
+        self.level = level
+        self.acked = acked
+        self.dirty = False
+        self._keys: list[bytes] = []
+        self._entries: list[E | None] = []
+        self._done = bytearray()
+        self._head = 0
+        self._base = 0  # ordinal of index 0
+
+    def track(self, key: bytes, entry: E) -> int:
+        """Track the next message in read order; returns its ordinal."""
+        self._keys.append(key)
+        self._entries.append(entry)
+        self._done.append(0)
+        return self._base + len(self._keys) - 1
+
+    def ack(self, ordinal: int) -> bool:
+        """Mark a message acked; true if it was tracked and not acked before."""
+        index = ordinal - self._base
+        if index < self._head or index >= len(self._keys) or self._done[index]:
+            return False
+        self._done[index] = 1
+        self._entries[index] = None
+        if index == self._head:
+            self._advance()
+        return True
+
+    def _advance(self) -> None:
+        done = self._done
+        head = self._head
+        end = len(done)
+        while head < end and done[head]:
+            head += 1
+        self.acked += head - self._head
+        self.level = self._keys[head - 1]
+        self._head = head
+        self.dirty = True
+        if head >= _COMPACT_AT and head * 2 >= end:
+            del self._keys[:head]
+            del self._entries[:head]
+            del done[:head]
+            self._base += head
+            self._head = 0
+
+    def window(self) -> int:
+        """How many messages are tracked above the ack level."""
+        return len(self._keys) - self._head
+
+    def acked_above_level(self) -> int:
+        return self._done.count(1, self._head)
+
+    def oldest(self) -> E | None:
+        """The entry at the head of the window: the oldest message not yet acked."""
+        return self._entries[self._head] if self._head < len(self._entries) else None

@@ -1,0 +1,67 @@
+"""Run one store host process: ``python -m cherami.roles.storehost --data-dir DIR``.
+
+Prints ``READY <host:port>`` on stdout once it serves. When started by a node it dies
+with its parent (Linux PR_SET_PDEATHSIG), so a killed node leaves no store host behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+
+import uvloop
+
+from cherami.roles.storehost.server import StoreHostService
+from cherami.storage.rocks import RocksExtentStore
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+async def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        await asyncio.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def _main(args: argparse.Namespace) -> None:
+    service = StoreHostService(RocksExtentStore(args.data_dir), args.host, args.port)
+    await service.start()
+    print(f"READY {service.address}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    watcher = asyncio.create_task(_watch_parent(args.parent)) if args.parent else None
+    await stop.wait()
+    if watcher:
+        watcher.cancel()
+    await service.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="cherami-storehost")
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--parent", type=int, default=0, help="exit when this process is gone")
+    args = parser.parse_args(argv)
+    if args.parent:
+        _die_with_parent()
+    try:
+        uvloop.run(_main(args))
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

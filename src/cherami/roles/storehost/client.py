@@ -1,0 +1,168 @@
+"""The typed client of a store host: one multiplexed, pipelined TCP connection.
+
+Requests are written without waiting for earlier replies; each reply resolves the
+future of its request id. When the connection drops, every pending request fails with
+Unavailable and the next request reconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Any
+
+from cherami.errors import CheramiError, ExtentSealed, Unavailable
+from cherami.wire import store as w
+from cherami.wire.framing import READ_BUFFER, pack_frame, read_frame
+
+log = logging.getLogger("cherami.storehost.client")
+
+_HIGH_WATER = 4 << 20
+
+
+class StoreError(CheramiError):
+    """A store host refused a request; ``code`` is the store's error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _raise_for(reply: w.Reply) -> w.Reply:
+    if isinstance(reply, w.Failed):
+        if reply.code == "extent_sealed":
+            raise ExtentSealed(reply.message)
+        if reply.code == "unavailable":
+            raise Unavailable(reply.message)
+        raise StoreError(reply.code, reply.message)
+    return reply
+
+
+class StoreClient:
+    def __init__(self, store_id: str, address: str, connect_timeout: float = 5.0) -> None:
+        self.store_id = store_id
+        self.address = address
+        self._timeout = connect_timeout
+        self._rids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[w.Reply]] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._connecting: asyncio.Lock = asyncio.Lock()
+        self.closed = False
+
+    async def _connection(self) -> asyncio.StreamWriter:
+        if self._writer is not None and not self._writer.is_closing():
+            return self._writer
+        async with self._connecting:
+            if self._writer is not None and not self._writer.is_closing():
+                return self._writer
+            if self.closed:
+                raise Unavailable(f"store {self.store_id} client is closed")
+            host, port = self.address.rsplit(":", 1)
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, int(port), limit=READ_BUFFER), self._timeout
+                )
+            except (OSError, TimeoutError) as err:
+                raise Unavailable(f"store {self.store_id} at {self.address}: {err}") from err
+            self._writer = writer
+            self._reader_task = asyncio.create_task(self._read_replies(reader, writer))
+            return writer
+
+    async def _read_replies(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                reply = w.decode_reply(await read_frame(reader))
+                future = self._pending.pop(reply.rid, None)
+                if future is not None and not future.done():
+                    future.set_result(reply)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        except Exception:
+            log.exception("store %s reply stream failed", self.store_id)
+        finally:
+            writer.close()
+            if self._writer is writer:
+                self._writer = None
+            self._fail_pending(Unavailable(f"store {self.store_id} connection lost"))
+
+    def _fail_pending(self, error: Exception) -> None:
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+
+    async def send(self, make: Any, *args: Any, **kwargs: Any) -> asyncio.Future[w.Reply]:
+        """Write one request built as ``make(rid, *args)``; the future resolves to its reply."""
+        writer = await self._connection()
+        rid = next(self._rids)
+        future: asyncio.Future[w.Reply] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        writer.write(pack_frame(w.encode(make(rid, *args, **kwargs))))
+        if writer.transport.get_write_buffer_size() > _HIGH_WATER:
+            await writer.drain()
+        return future
+
+    async def call(self, make: Any, *args: Any, **kwargs: Any) -> w.Reply:
+        return _raise_for(await (await self.send(make, *args, **kwargs)))
+
+    async def connect(self) -> None:
+        await self._connection()
+
+    def append_nowait(
+        self, extent: str, first_seq: int, records: list[bytes], delivery_ms: list[int] | None
+    ) -> asyncio.Future[w.Reply]:
+        """Pipelined append on the open connection, without yielding, so appends reach
+        every replica in the order they were made. Await the future for the ack."""
+        writer = self._writer
+        if writer is None or writer.is_closing():
+            raise Unavailable(f"store {self.store_id} is not connected")
+        rid = next(self._rids)
+        future: asyncio.Future[w.Reply] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        writer.write(pack_frame(w.encode(w.Append(rid, extent, first_seq, records, delivery_ms))))
+        return future
+
+    async def drain(self) -> None:
+        writer = self._writer
+        if writer is not None and writer.transport.get_write_buffer_size() > _HIGH_WATER:
+            await writer.drain()
+
+    async def create_extent(self, extent: str, kind: str) -> None:
+        await self.call(w.CreateExtent, extent, kind)
+
+    async def read(
+        self, extent: str, after: bytes, max_count: int, until_ms: int = 0, wait_ms: int = 0
+    ) -> w.ReadResult:
+        reply = await self.call(w.Read, extent, after, max_count, until_ms, wait_ms)
+        assert isinstance(reply, w.ReadResult)
+        return reply
+
+    async def seal(self, extent: str, at_seq: int = -1) -> int:
+        reply = await self.call(w.Seal, extent, at_seq)
+        assert isinstance(reply, w.Done)
+        return reply.last_seq
+
+    async def info(self, extents: list[str]) -> list[w.ExtentInfo]:
+        reply = await self.call(w.Info, extents)
+        assert isinstance(reply, w.InfoResult)
+        return reply.extents
+
+    async def drop(self, extent: str) -> None:
+        await self.call(w.Drop, extent)
+
+    async def close(self) -> None:
+        self.closed = True
+        if self._writer is not None:
+            self._writer.close()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            await asyncio.gather(self._reader_task, return_exceptions=True)
+        self._fail_pending(Unavailable(f"store {self.store_id} client closed"))
+
+
+def check_appended(reply: w.Reply) -> int:
+    """The last sequence number an append reply confirms, or the error it reports."""
+    result = _raise_for(reply)
+    assert isinstance(result, w.Appended)
+    return result.last_seq

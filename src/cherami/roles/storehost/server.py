@@ -1,0 +1,170 @@
+"""The store host service: serves the store protocol (wire/store.py) over TCP for one
+ExtentStore. Appends from every connection are committed together, one synced write per
+round (group commit); reads can wait for new appends to the extent they tail."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from cherami.storage.base import AppendOp, ExtentStore, StorageError
+from cherami.wire import store as w
+from cherami.wire.framing import READ_BUFFER, pack_frame, read_frame
+
+log = logging.getLogger("cherami.storehost.server")
+
+MAX_READ_WAIT_MS = 30_000
+
+
+@dataclass(slots=True)
+class _PendingAppend:
+    op: AppendOp
+    rid: int
+    writer: asyncio.StreamWriter
+
+
+class StoreHostService:
+    def __init__(self, store: ExtentStore, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.store = store
+        self._host, self._port = host, port
+        self._server: asyncio.Server | None = None
+        self._writes = ThreadPoolExecutor(1, thread_name_prefix="cherami-store-write")
+        self._reads = ThreadPoolExecutor(2, thread_name_prefix="cherami-store-read")
+        self._pending: list[_PendingAppend] = []
+        self._kick = asyncio.Event()
+        self._tail_events: dict[str, asyncio.Event] = {}
+        self._committer: asyncio.Task[None] | None = None
+        self._conns: set[asyncio.Task[None]] = set()
+
+    @property
+    def address(self) -> str:
+        assert self._server is not None
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return f"{host}:{port}"
+
+    async def start(self) -> None:
+        self._committer = asyncio.create_task(self._commit_loop())
+        self._server = await asyncio.start_server(
+            self._serve, self._host, self._port, limit=READ_BUFFER
+        )
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._conns):
+            task.cancel()
+        if self._committer is not None:
+            self._committer.cancel()
+        await asyncio.gather(*self._conns, return_exceptions=True)
+        self._writes.shutdown(wait=True)
+        self._reads.shutdown(wait=True)
+        self.store.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        try:
+            while True:
+                request = w.decode_request(await read_frame(reader))
+                if isinstance(request, w.Append):
+                    op = AppendOp(request.extent, request.first_seq, request.records, request.delivery_ms)
+                    self._pending.append(_PendingAppend(op, request.rid, writer))
+                    self._kick.set()
+                else:
+                    asyncio.create_task(self._answer(request, writer))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except Exception:
+            log.exception("store connection failed")
+        finally:
+            self._conns.discard(task)
+            writer.close()
+
+    async def _commit_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._kick.wait()
+            self._kick.clear()
+            pending, self._pending = self._pending, []
+            try:
+                results = await loop.run_in_executor(
+                    self._writes, self.store.append, [p.op for p in pending]
+                )
+            except Exception as err:  # a full disk, an I/O error: refuse the whole round
+                log.error("append round of %d failed: %s", len(pending), err)
+                results = [StorageError("unavailable", str(err))] * len(pending)
+            by_writer: dict[asyncio.StreamWriter, list[bytes]] = {}
+            for item, result in zip(pending, results, strict=True):
+                reply: w.Reply = (
+                    w.Failed(item.rid, result.code, str(result))
+                    if isinstance(result, StorageError)
+                    else w.Appended(item.rid, result)
+                )
+                by_writer.setdefault(item.writer, []).append(pack_frame(w.encode(reply)))
+            for writer, frames in by_writer.items():
+                if not writer.is_closing():
+                    writer.writelines(frames)
+            for extent in {p.op.extent for p in pending}:
+                self._wake(extent)
+
+    def _wake(self, extent: str) -> None:
+        event = self._tail_events.pop(extent, None)
+        if event is not None:
+            event.set()
+
+    async def _answer(self, request: w.Request, writer: asyncio.StreamWriter) -> None:
+        try:
+            reply = await self._handle(request)
+        except StorageError as err:
+            reply = w.Failed(request.rid, err.code, str(err))
+        except Exception as err:
+            log.exception("store request failed")
+            reply = w.Failed(request.rid, "unavailable", str(err))
+        if not writer.is_closing():
+            writer.write(pack_frame(w.encode(reply)))
+
+    async def _handle(self, request: w.Request) -> w.Reply:
+        loop = asyncio.get_running_loop()
+        store = self.store
+        if isinstance(request, w.Read):
+            return await self._read(request)
+        if isinstance(request, w.CreateExtent):
+            await loop.run_in_executor(self._writes, store.create_extent, request.extent, request.kind)
+            return w.Done(request.rid)
+        if isinstance(request, w.Seal):
+            last = await loop.run_in_executor(self._writes, store.seal, request.extent, request.at_seq)
+            self._wake(request.extent)
+            return w.Done(request.rid, last)
+        if isinstance(request, w.Info):
+            names = request.extents or store.extents()
+            return w.InfoResult(request.rid, [store.info(e) for e in names])
+        if isinstance(request, w.Drop):
+            await loop.run_in_executor(self._writes, store.drop, request.extent)
+            self._wake(request.extent)
+            return w.Done(request.rid)
+        raise StorageError("invalid_request", f"unexpected frame {type(request).__name__}")
+
+    async def _read(self, request: w.Read) -> w.ReadResult:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(request.wait_ms, MAX_READ_WAIT_MS) / 1000
+        while True:
+            event = self._tail_events.setdefault(request.extent, asyncio.Event())
+            batch = await loop.run_in_executor(
+                self._reads,
+                self.store.read,
+                request.extent,
+                request.after,
+                request.max_count,
+                request.until_ms,
+                request.max_bytes,
+            )
+            remaining = deadline - loop.time()
+            if batch.keys or batch.end or remaining <= 0:
+                return w.ReadResult(request.rid, batch.keys, batch.records, batch.end)
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except TimeoutError:
+                pass

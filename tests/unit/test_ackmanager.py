@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import random
+
+from cherami.roles.outputhost.ackmanager import AckManager
+from cherami.storage.keys import plain_key
+
+
+def _tracked(n: int) -> tuple[AckManager[str], list[int]]:
+    mgr: AckManager[str] = AckManager()
+    return mgr, [mgr.track(plain_key(i), f"m{i}") for i in range(1, n + 1)]
+
+
+def test_level_advances_only_over_an_acked_prefix() -> None:
+    mgr, ords = _tracked(5)
+    assert mgr.ack(ords[1]) and mgr.ack(ords[2])
+    assert (mgr.level, mgr.acked, mgr.window()) == (b"", 0, 5)
+    assert mgr.acked_above_level() == 2
+    assert mgr.ack(ords[0])
+    assert (mgr.level, mgr.acked, mgr.window()) == (plain_key(3), 3, 2)
+    assert mgr.dirty
+    assert mgr.oldest() == "m4"
+
+
+def test_double_and_unknown_acks_are_refused() -> None:
+    mgr, ords = _tracked(3)
+    assert mgr.ack(ords[0])
+    assert not mgr.ack(ords[0])
+    assert not mgr.ack(99)
+    assert not mgr.ack(-1)
+    assert mgr.acked == 1
+
+
+def test_resumes_from_a_persisted_level() -> None:
+    mgr: AckManager[str] = AckManager(level=plain_key(10), acked=10)
+    ordinal = mgr.track(plain_key(11), "m11")
+    mgr.ack(ordinal)
+    assert (mgr.level, mgr.acked) == (plain_key(11), 11)
+
+
+def test_random_order_over_compaction() -> None:
+    mgr, ords = _tracked(5000)
+    rng = random.Random(7)
+    shuffled = ords[:]
+    rng.shuffle(shuffled)
+    for i, ordinal in enumerate(shuffled):
+        assert mgr.ack(ordinal)
+        if i == 2500:
+            assert mgr.acked + mgr.acked_above_level() == 2501
+    assert (mgr.level, mgr.acked, mgr.window()) == (plain_key(5000), 5000, 0)
+    assert mgr.oldest() is None
+    later = mgr.track(plain_key(5001), "m5001")
+    assert mgr.ack(later) and mgr.acked == 5001
