@@ -18,6 +18,7 @@ class Record(msgspec.Struct, array_like=True, frozen=True, gc=False):
     body: bytes
     attributes: dict[str, str] | None = None
     orig_id: str | None = None
+    text: bool | None = None  # published as text (True), as base64 bytes (False), or unknown
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -31,6 +31,7 @@ class Message(msgspec.Struct, frozen=True, gc=False):
     attributes: dict[str, str] | None = None
     delay_ms: int = 0
     orig_id: str | None = None
+    text: bool | None = None
 
 
 class _QueueWriters:
@@ -110,7 +111,7 @@ class InputHostService:
         for i, m in enumerate(messages):
             delay = m.delay_ms or default_delay
             due = now + delay
-            record = encode_record(Record(now, due, m.body, m.attributes, m.orig_id))
+            record = encode_record(Record(now, due, m.body, m.attributes, m.orig_id, m.text))
             if delay > 0:
                 timer_idx.append(i)
                 timer_records.append(record)

@@ -1,0 +1,1 @@
+"""Client commands of the CLI."""

@@ -1,0 +1,55 @@
+"""The ``cherami`` command line."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from cherami.errors import CheramiError
+
+
+class _Cli(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CheramiError as err:
+            click.echo(f"error: {err.code}: {err.message}", err=True)
+            sys.exit(1)
+        except OSError as err:
+            click.echo(f"error: {err}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Cli)
+@click.version_option(package_name="cherami")
+def cli() -> None:
+    """Cherami: a durable task queue with consumer groups, DLQ and delayed messages."""
+
+
+@cli.command()
+@click.option("--data-dir", help="Directory for RocksDB store hosts and metadata.db.")
+@click.option("--host", help="Address to listen on (default 127.0.0.1).")
+@click.option("--port", type=int, help="Port (0 picks a free one and prints it).")
+@click.option("--stores", type=int, help="Number of store hosts (default 3).")
+@click.option("--auth-file", help="JSON list of API keys with scopes and prefixes.")
+@click.option("--allow-remote-without-auth", is_flag=True, default=None)
+@click.option("--config", "config_file", help="JSON config file.")
+@click.option("--log-level")
+def serve(config_file: str | None, **args: Any) -> None:
+    """Start every role of a node on the embedded default."""
+    from cherami.cli.serve import run_node
+    from cherami.config import load_config
+
+    run_node(load_config(args, config_file))
+
+
+def main() -> None:
+    from cherami.cli import commands  # noqa: F401  (registers the client commands)
+
+    cli()
+
+
+if __name__ == "__main__":
+    main()

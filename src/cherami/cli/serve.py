@@ -1,0 +1,35 @@
+"""``cherami serve``: run a node until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import uvloop
+
+from cherami.config import NodeConfig
+from cherami.node import Node
+
+
+async def _serve(config: NodeConfig) -> None:
+    node = Node(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await node.start()
+        print(f"cherami listening on http://{config.host}:{node.port}", flush=True)
+        await stop.wait()
+    finally:
+        await node.stop()
+        logging.getLogger("cherami.node").info("stopped")
+
+
+def run_node(config: NodeConfig) -> None:
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    uvloop.run(_serve(config))

@@ -1,0 +1,165 @@
+"""``AsyncClient``: the asyncio client of the HTTP API and the streaming endpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import msgspec
+
+from cherami.client.models import OutgoingMessage, Received, outgoing
+from cherami.client.stream import Publisher, StreamConsumer
+from cherami.errors import CheramiError, Unavailable, error_from_code
+
+PUBLISH_BATCH = 1000
+
+
+class AsyncClient:
+    def __init__(self, url: str = "http://127.0.0.1:8080", api_key: str | None = None,
+                 timeout: float = 60.0) -> None:  # fmt: skip
+        self.url = url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        await self.close()
+
+    async def request(self, method: str, path: str, body: Any = None,
+                      params: dict[str, str] | None = None) -> Any:  # fmt: skip
+        data = msgspec.json.encode(body) if body is not None else None
+        try:
+            async with self.session.request(
+                method, self.url + path, data=data, params=params,
+                headers={"Content-Type": "application/json"} if data is not None else None,
+            ) as resp:  # fmt: skip
+                raw = await resp.read()
+                if resp.status >= 400:
+                    raise _error(resp.status, raw)
+                return msgspec.json.decode(raw) if raw else None
+        except aiohttp.ClientError as err:
+            raise Unavailable(f"{self.url}: {err}") from err
+
+    # queues
+    @staticmethod
+    def _q(queue: str) -> str:
+        return f"/v1/queues/{quote(queue, safe='')}"
+
+    def _g(self, queue: str, group: str) -> str:
+        return f"{self._q(queue)}/groups/{quote(group, safe='')}"
+
+    async def create_queue(self, queue: str, **config: Any) -> dict[str, Any]:
+        return await self.request("PUT", self._q(queue), config)  # type: ignore[no-any-return]
+
+    async def list_queues(self) -> list[dict[str, Any]]:
+        return (await self.request("GET", "/v1/queues"))["queues"]  # type: ignore[no-any-return]
+
+    async def get_queue(self, queue: str) -> dict[str, Any]:
+        return await self.request("GET", self._q(queue))  # type: ignore[no-any-return]
+
+    async def update_queue(self, queue: str, **patch: Any) -> dict[str, Any]:
+        return await self.request("PATCH", self._q(queue), patch)  # type: ignore[no-any-return]
+
+    async def delete_queue(self, queue: str, contents_only: bool = False) -> None:
+        params = {"contents_only": "true"} if contents_only else None
+        await self.request("DELETE", self._q(queue), params=params)
+
+    # groups
+    async def create_group(self, queue: str, group: str, **config: Any) -> dict[str, Any]:
+        return await self.request("PUT", self._g(queue, group), config)  # type: ignore[no-any-return]
+
+    async def list_groups(self, queue: str) -> list[dict[str, Any]]:
+        return (await self.request("GET", self._q(queue) + "/groups"))["groups"]  # type: ignore[no-any-return]
+
+    async def get_group(self, queue: str, group: str) -> dict[str, Any]:
+        return await self.request("GET", self._g(queue, group))  # type: ignore[no-any-return]
+
+    async def update_group(self, queue: str, group: str, **patch: Any) -> dict[str, Any]:
+        return await self.request("PATCH", self._g(queue, group), patch)  # type: ignore[no-any-return]
+
+    async def delete_group(self, queue: str, group: str) -> None:
+        await self.request("DELETE", self._g(queue, group))
+
+    # messages over HTTP
+    async def publish(self, queue: str, messages: Iterable[OutgoingMessage | bytes | str]) -> list[str]:
+        """Publish in batches of 1000; returns once every message is durable."""
+        items = [outgoing(m).to_json() for m in messages]
+        ids: list[str] = []
+        for start in range(0, len(items), PUBLISH_BATCH):
+            reply = await self.request(
+                "POST", self._q(queue) + "/messages", {"messages": items[start : start + PUBLISH_BATCH]}
+            )
+            ids.extend(reply["ids"])
+        return ids
+
+    async def receive(self, queue: str, group: str, max_messages: int = 10, wait_seconds: float = 0,
+                      visibility_timeout_seconds: float | None = None) -> list[Received]:  # fmt: skip
+        body: dict[str, Any] = {"max_messages": max_messages, "wait_seconds": wait_seconds}
+        if visibility_timeout_seconds is not None:
+            body["visibility_timeout_seconds"] = visibility_timeout_seconds
+        reply = await self.request("POST", self._g(queue, group) + "/receive", body)
+        return [Received.from_json(m) for m in reply["messages"]]
+
+    async def ack(self, queue: str, group: str, receipts: list[str]) -> dict[str, Any]:
+        return await self.request("POST", self._g(queue, group) + "/ack", {"receipts": receipts})  # type: ignore[no-any-return]
+
+    async def nack(self, queue: str, group: str, receipts: list[str], delay_seconds: float = 0) -> dict[str, Any]:
+        body = {"receipts": receipts, "delay_seconds": delay_seconds}
+        return await self.request("POST", self._g(queue, group) + "/nack", body)  # type: ignore[no-any-return]
+
+    async def extend(self, queue: str, group: str, receipts: list[str],
+                     visibility_timeout_seconds: float) -> dict[str, Any]:  # fmt: skip
+        body = {"receipts": receipts, "visibility_timeout_seconds": visibility_timeout_seconds}
+        return await self.request("POST", self._g(queue, group) + "/visibility", body)  # type: ignore[no-any-return]
+
+    # dead-letter queue
+    async def dlq(self, queue: str, group: str, limit: int = 100) -> dict[str, Any]:
+        return await self.request("GET", self._g(queue, group) + "/dlq", params={"limit": str(limit)})  # type: ignore[no-any-return]
+
+    async def dlq_merge(self, queue: str, group: str) -> int:
+        return (await self.request("POST", self._g(queue, group) + "/dlq/merge"))["merged"]  # type: ignore[no-any-return]
+
+    async def dlq_purge(self, queue: str, group: str) -> int:
+        return (await self.request("POST", self._g(queue, group) + "/dlq/purge"))["purged"]  # type: ignore[no-any-return]
+
+    # streams
+    def ws_url(self, path: str) -> str:
+        return "ws" + self.url[4:] + path
+
+    def publisher(self, queue: str, max_in_flight: int = 16) -> Publisher:
+        """A streaming publisher (use ``async with``)."""
+        return Publisher(self, self._q(queue) + "/publish", max_in_flight)
+
+    def consumer(self, queue: str, group: str, credit: int = 2000) -> StreamConsumer:
+        """A streaming consumer (use ``async with``, then iterate)."""
+        return StreamConsumer(self, self._g(queue, group) + "/consume", credit)
+
+    async def run_worker(self, queue: str, group: str, handler: Any, concurrency: int = 4,
+                         **options: Any) -> None:  # fmt: skip
+        from cherami.client.worker import Worker
+
+        await Worker(self, queue, group, handler, concurrency, **options).run()
+
+
+def _error(status: int, raw: bytes) -> CheramiError:
+    try:
+        err = msgspec.json.decode(raw)["error"]
+        return error_from_code(err["code"], err["message"])
+    except (msgspec.DecodeError, KeyError, TypeError):
+        return CheramiError(f"HTTP {status}: {raw[:200]!r}")

@@ -1,0 +1,59 @@
+"""What the client hands to user code."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    """A message to publish; plain ``str`` and ``bytes`` bodies are accepted too."""
+
+    body: bytes | str
+    attributes: dict[str, str] | None = None
+    delay_seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = (
+            {"body": self.body}
+            if isinstance(self.body, str)
+            else {"body_b64": base64.b64encode(self.body).decode()}
+        )
+        if self.attributes:
+            out["attributes"] = self.attributes
+        if self.delay_seconds:
+            out["delay_seconds"] = self.delay_seconds
+        return out
+
+
+def outgoing(item: OutgoingMessage | bytes | str) -> OutgoingMessage:
+    return item if isinstance(item, OutgoingMessage) else OutgoingMessage(item)
+
+
+@dataclass(slots=True)
+class Received:
+    """One delivery. ``receipt`` (HTTP) or ``handle`` (stream) settles it."""
+
+    id: str
+    body: bytes
+    attributes: dict[str, str]
+    delivery_count: int
+    enqueued_at: str | float
+    receipt: str | None = None
+    handle: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8")
+
+    @classmethod
+    def from_json(cls, m: dict[str, Any]) -> Received:
+        body = m["body"].encode() if "body" in m else base64.b64decode(m.get("body_b64", ""))
+        return cls(
+            id=m["id"], body=body, attributes=m.get("attributes") or {},
+            delivery_count=m.get("delivery_count", 0), enqueued_at=m.get("enqueued_at", ""),
+            receipt=m.get("receipt"),
+        )  # fmt: skip

@@ -1,0 +1,57 @@
+"""Typed configuration of a node, loaded in one place: command-line arguments first,
+then a JSON config file, then CHERAMI_* environment variables, then defaults."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from typing import Any
+
+import msgspec
+
+from cherami.errors import InvalidRequest
+
+
+class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    data_dir: str = "./data"
+    host: str = "127.0.0.1"
+    port: int = 8080
+    stores: int = 3
+    auth_file: str | None = None
+    allow_remote_without_auth: bool = False
+    log_level: str = "INFO"
+
+    def check(self, auth_enabled: bool) -> None:
+        if self.stores < 1:
+            raise InvalidRequest("--stores must be at least 1")
+        if not auth_enabled and not self.allow_remote_without_auth and not _is_loopback(self.host):
+            raise InvalidRequest(
+                f"refusing to listen on {self.host} without API keys; give --auth-file, "
+                "or --allow-remote-without-auth to accept that risk"
+            )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def load_config(args: dict[str, Any], file: str | None = None, env: dict[str, str] | None = None) -> NodeConfig:
+    env = dict(os.environ) if env is None else env
+    merged: dict[str, Any] = {}
+    for name in NodeConfig.__struct_fields__:
+        value = env.get(f"CHERAMI_{name.upper()}")
+        if value is not None:
+            merged[name] = value
+    if file:
+        with open(file, "rb") as fh:
+            merged.update(msgspec.json.decode(fh.read()))
+    merged.update({k: v for k, v in args.items() if v is not None})
+    try:
+        return msgspec.convert(merged, NodeConfig, strict=False)
+    except msgspec.ValidationError as err:
+        raise InvalidRequest(f"configuration: {err}") from None

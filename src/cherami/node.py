@@ -1,0 +1,98 @@
+"""A node on the embedded default: every role from one command. Store hosts run as
+child processes (each its own RocksDB directory); the frontend, controller, input host
+and output host share this process's event loop; metadata lives in SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+from aiohttp import web
+
+from cherami.config import NodeConfig
+from cherami.metadata.models import Host
+from cherami.metadata.sqlite import SqliteMetadataStore
+from cherami.roles.controller.service import ControllerService
+from cherami.roles.frontend.app import Roles, build_app
+from cherami.roles.frontend.auth import KeyRing
+from cherami.roles.frontend.metrics import Metrics
+from cherami.roles.inputhost.service import InputHostService, Message
+from cherami.roles.outputhost.service import OutputHostService
+from cherami.roles.storehost.directory import StoreDirectory
+from cherami.roles.storehost.process import StoreProcess
+
+log = logging.getLogger("cherami.node")
+
+INPUT_HOST_ID = "inputhost-0"
+
+
+class Node:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.keys = KeyRing.load(config.auth_file)
+        config.check(self.keys.enabled)
+        self.ready = False
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+        self.stores = StoreDirectory()
+        self.store_processes: list[StoreProcess] = []
+
+    async def start(self) -> None:
+        cfg = self.config
+        os.makedirs(cfg.data_dir, exist_ok=True)
+        self.metadata = SqliteMetadataStore(os.path.join(cfg.data_dir, "metadata.db"))
+        self.store_processes = [
+            StoreProcess(f"store-{i}", os.path.join(cfg.data_dir, f"store-{i}"), "127.0.0.1", self._store_up)
+            for i in range(cfg.stores)
+        ]
+        await asyncio.gather(*(p.start() for p in self.store_processes))
+        self.inputs = InputHostService(INPUT_HOST_ID, self.metadata, self.stores, self._replace_extent)
+        self.outputs = OutputHostService(self.metadata, self.stores, self._publish_internal)
+        self.controller = ControllerService(
+            self.metadata, self.stores, INPUT_HOST_ID, self._extents_changed
+        )
+        await self.controller.recover()
+        await self.outputs.start()
+        roles = Roles(
+            metadata=self.metadata, stores=self.stores, controller=self.controller,
+            inputs=self.inputs, outputs=self.outputs, keys=self.keys, metrics=Metrics(),
+            ready=lambda: self.ready,
+        )  # fmt: skip
+        self._runner = web.AppRunner(build_app(roles), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, cfg.host, cfg.port)
+        await site.start()
+        server = site._server
+        assert server is not None
+        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        self.ready = True
+
+    async def _store_up(self, store_id: str, address: str) -> None:
+        await self.stores.set_address(store_id, address)
+        if hasattr(self, "metadata"):
+            await self.metadata.heartbeat(
+                Host(id=store_id, role="storehost", address=address, heartbeat_at=time.time())
+            )
+
+    async def _replace_extent(self, extent_id: str) -> None:
+        await self.controller.replace_extent(extent_id)
+
+    def _extents_changed(self, queue: str) -> None:
+        self.inputs.extents_changed(queue)
+        self.outputs.extents_changed(queue)
+
+    async def _publish_internal(self, queue: str, messages: list[Message]) -> list[str]:
+        return await self.inputs.publish(await self.metadata.get_queue(queue), messages)
+
+    async def stop(self) -> None:
+        self.ready = False
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if hasattr(self, "outputs"):
+            await self.outputs.stop()
+        await self.stores.close()
+        await asyncio.gather(*(p.stop() for p in self.store_processes))
+        if hasattr(self, "metadata"):
+            await self.metadata.close()

@@ -1,0 +1,390 @@
+"""The frontend: the public HTTP API of shared/API.md over the other roles."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+from aiohttp import web
+
+from cherami.errors import CheramiError, InvalidRequest, MessageTooLarge
+from cherami.metadata.base import MetadataStore
+from cherami.metadata.models import (
+    OPEN,
+    SEALED,
+    Group,
+    GroupConfig,
+    GroupPatch,
+    Queue,
+    QueueConfig,
+    QueuePatch,
+    check_name,
+)
+from cherami.roles.controller.service import ControllerService
+from cherami.roles.frontend import schemas as s
+from cherami.roles.frontend.auth import KeyRing, Scope
+from cherami.roles.frontend.convert import body_fields, rfc3339, to_messages
+from cherami.roles.frontend.metrics import Metrics
+from cherami.roles.frontend.openapi import openapi_document
+from cherami.roles.inputhost.service import InputHostService
+from cherami.roles.outputhost.groupconsumer import GroupConsumer
+from cherami.roles.outputhost.service import OutputHostService
+from cherami.roles.storehost.directory import StoreDirectory
+from cherami.wire.records import decode_record
+
+log = logging.getLogger("cherami.frontend.app")
+
+T = TypeVar("T")
+MAX_REQUEST_BYTES = 64 << 20
+_json = msgspec.json.Encoder()
+
+
+@dataclass
+class Roles:
+    metadata: MetadataStore
+    stores: StoreDirectory
+    controller: ControllerService
+    inputs: InputHostService
+    outputs: OutputHostService
+    keys: KeyRing
+    metrics: Metrics
+    ready: Callable[[], bool]
+
+
+def json_response(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=_json.encode(body), status=status, content_type="application/json")
+
+
+def error_response(err: CheramiError) -> web.Response:
+    return json_response(err.to_dict(), err.status)
+
+
+async def decode(request: web.Request, type_: type[T], empty_ok: bool = True) -> T:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise MessageTooLarge(f"request body exceeds {MAX_REQUEST_BYTES} bytes") from None
+    if not raw.strip():
+        if empty_ok:
+            raw = b"{}"
+        else:
+            raise InvalidRequest("a JSON body is required")
+    try:
+        return msgspec.json.decode(raw, type=type_)
+    except msgspec.ValidationError as err:
+        raise InvalidRequest(str(err)) from None
+    except msgspec.DecodeError as err:
+        raise InvalidRequest(f"malformed JSON: {err}") from None
+
+
+def queue_json(queue: Queue) -> dict[str, Any]:
+    return {"name": queue.name, **msgspec.to_builtins(queue.config), "created_at": rfc3339(int(queue.created_at * 1000))}
+
+
+def group_json(group: Group) -> dict[str, Any]:
+    return {
+        "queue": group.queue,
+        "name": group.name,
+        **msgspec.to_builtins(group.config),
+        "created_at": rfc3339(int(group.created_at * 1000)),
+    }
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except CheramiError as err:
+        return error_response(err)
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(MessageTooLarge(f"request body exceeds {MAX_REQUEST_BYTES} bytes"))
+    except web.HTTPException as exc:
+        if exc.status == 404:
+            return error_response(_RouteNotFound())
+        if exc.status == 405:
+            return json_response(
+                {"error": {"code": "invalid_request", "message": "method not allowed"}}, 405
+            )
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return json_response({"error": {"code": "internal", "message": "internal error"}}, 500)
+
+
+class _RouteNotFound(CheramiError):
+    code, status = "not_found", 404
+
+    def __init__(self) -> None:
+        super().__init__("no such endpoint")
+
+
+class Frontend:
+    def __init__(self, roles: Roles) -> None:
+        self.r = roles
+
+    def auth(self, request: web.Request, scope: Scope | None, queue: str | None) -> None:
+        self.r.keys.check(request.headers.get("Authorization"), scope, queue)
+
+    async def queue(self, request: web.Request, scope: Scope | None) -> Queue:
+        name = check_name("queue", request.match_info["queue"])
+        self.auth(request, scope, name)
+        return await self.r.metadata.get_queue(name)
+
+    async def consumer(self, request: web.Request, scope: Scope | None) -> GroupConsumer:
+        queue = await self.queue(request, scope)
+        name = check_name("group", request.match_info["group"])
+        return await self.r.outputs.group(queue.name, name)
+
+    # health and operations
+    async def healthz(self, request: web.Request) -> web.Response:
+        if not self.r.ready():
+            return json_response({"status": "starting"}, 503)
+        return json_response({"status": "ok"})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body, content_type = self.r.metrics.render(self.r.outputs)
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return json_response(openapi_document())
+
+    # queues
+    async def put_queue(self, request: web.Request) -> web.Response:
+        name = check_name("queue", request.match_info["queue"])
+        self.auth(request, "admin", name)
+        config = await decode(request, QueueConfig)
+        queue, created = await self.r.controller.create_queue(name, config)
+        return json_response(queue_json(queue), 201 if created else 200)
+
+    async def list_queues(self, request: web.Request) -> web.Response:
+        self.auth(request, None, None)
+        queues = [q for q in await self.r.metadata.list_queues() if q.dlq_of is None]
+        return json_response({"queues": [queue_json(q) for q in queues]})
+
+    async def get_queue(self, request: web.Request) -> web.Response:
+        queue = await self.queue(request, None)
+        extents = await self.r.metadata.list_extents(queue.name, (OPEN, SEALED))
+        published = stored = 0
+        for extent in extents:
+            (info,) = await self.r.stores.get(extent.stores[0]).info([extent.id])
+            published += info.last_seq
+            stored += info.bytes
+        stats = s.QueueStats(
+            messages_published=published,
+            open_extents=sum(e.status == OPEN for e in extents),
+            sealed_extents=sum(e.status == SEALED for e in extents),
+            bytes_stored=stored,
+        )
+        return json_response({**queue_json(queue), "stats": stats})
+
+    async def patch_queue(self, request: web.Request) -> web.Response:
+        queue = await self.queue(request, "admin")
+        patch = await decode(request, QueuePatch)
+        config = msgspec.structs.replace(
+            queue.config,
+            **{k: v for k, v in msgspec.structs.asdict(patch).items() if v is not None},
+        )
+        queue.config = config
+        await self.r.metadata.update_queue(queue)
+        await self.r.controller.create_queue(queue.name, config)  # opens extents for min_extents
+        for consumer in self.r.outputs.groups.values():
+            if consumer.group.queue == queue.name:
+                consumer.queue = queue
+        return json_response(queue_json(queue))
+
+    async def delete_queue(self, request: web.Request) -> web.Response:
+        queue = await self.queue(request, "admin")
+        contents_only = request.query.get("contents_only", "false").lower() in ("1", "true", "yes")
+        await self.r.outputs.unload(queue.name)  # groups reload from the new ack levels
+        await self.r.controller.delete_queue(queue.name, contents_only=contents_only)
+        return web.Response(status=204)
+
+    # groups
+    async def put_group(self, request: web.Request) -> web.Response:
+        queue = await self.queue(request, "admin")
+        name = check_name("group", request.match_info["group"])
+        config = await decode(request, GroupConfig)
+        group, created = await self.r.controller.create_group(queue.name, name, config)
+        await self.r.outputs.group(queue.name, name)
+        return json_response(group_json(group), 201 if created else 200)
+
+    async def list_groups(self, request: web.Request) -> web.Response:
+        queue = await self.queue(request, None)
+        groups = await self.r.metadata.list_groups(queue.name)
+        return json_response({"groups": [group_json(g) for g in groups]})
+
+    async def get_group(self, request: web.Request) -> web.Response:
+        consumer = await self.consumer(request, None)
+        return json_response({**group_json(consumer.group), "stats": await self._group_stats(consumer)})
+
+    async def _group_stats(self, consumer: GroupConsumer) -> s.GroupStats:
+        counts: dict[str, int] = {}
+        for cursor in consumer.cursors.values():
+            (info,) = await self.r.stores.get(cursor.extent.stores[0]).info([cursor.id])
+            counts[cursor.id] = info.count
+        oldest = consumer.oldest_unacked_ms()
+        ranges = await self.r.controller.dlq_ranges(consumer.group.dlq)
+        return s.GroupStats(
+            backlog=consumer.backlog_above(counts),
+            in_flight=len(consumer.inflight),
+            dlq_depth=sum(max(0, last - level.acked) for _, level, last in ranges),
+            oldest_unacked_age_seconds=max(0.0, time.time() - oldest / 1000) if oldest else 0.0,
+            delivered=consumer.delivered,
+            acked=consumer.acked,
+            redelivered=consumer.redelivered,
+        )
+
+    async def patch_group(self, request: web.Request) -> web.Response:
+        consumer = await self.consumer(request, "admin")
+        patch = await decode(request, GroupPatch)
+        group = consumer.group
+        group.config = msgspec.structs.replace(
+            group.config,
+            **{k: v for k, v in msgspec.structs.asdict(patch).items() if v is not None},
+        )
+        await self.r.metadata.update_group(group)
+        self.r.outputs.update_group(group)
+        return json_response(group_json(group))
+
+    async def delete_group(self, request: web.Request) -> web.Response:
+        queue = await self.queue(request, "admin")
+        name = check_name("group", request.match_info["group"])
+        await self.r.metadata.get_group(queue.name, name)
+        await self.r.outputs.unload(queue.name, name)
+        await self.r.controller.delete_group(queue.name, name)
+        return web.Response(status=204)
+
+    # publish
+    async def publish(self, request: web.Request) -> web.Response:
+        queue = await self.queue(request, "produce")
+        body = await decode(request, s.PublishRequest, empty_ok=False)
+        messages = to_messages(queue, body.messages)
+        ids = await self.r.inputs.publish(queue, messages)
+        self.r.metrics.published(queue.name, len(ids))
+        return json_response(s.PublishResponse(ids))
+
+    # receive and settle
+    async def receive(self, request: web.Request) -> web.Response:
+        consumer = await self.consumer(request, "consume")
+        body = await decode(request, s.ReceiveRequest)
+        taken = await self.r.outputs.receive(
+            consumer, body.max_messages, body.wait_seconds, body.visibility_timeout_seconds
+        )
+        messages = [
+            {
+                "id": e.msg_id,
+                "receipt": receipt,
+                **body_fields(e.record.body, e.record.text),
+                "attributes": e.record.attributes or {},
+                "delivery_count": e.count,
+                "enqueued_at": rfc3339(e.record.enqueued_ms),
+            }
+            for e, receipt in taken
+        ]
+        return json_response({"messages": messages})
+
+    async def ack(self, request: web.Request) -> web.Response:
+        consumer = await self.consumer(request, "consume")
+        body = await decode(request, s.AckRequest, empty_ok=False)
+        n, stale = self.r.outputs.settle(consumer, body.receipts, consumer.ack)
+        if n:
+            await self.r.outputs.flushed()
+        return json_response(s.AckResponse(n, stale))
+
+    async def nack(self, request: web.Request) -> web.Response:
+        consumer = await self.consumer(request, "consume")
+        body = await decode(request, s.NackRequest, empty_ok=False)
+        n, stale = self.r.outputs.settle(
+            consumer, body.receipts, lambda nos: consumer.nack(nos, body.delay_seconds)
+        )
+        return json_response(s.NackResponse(n, stale))
+
+    async def visibility(self, request: web.Request) -> web.Response:
+        consumer = await self.consumer(request, "consume")
+        body = await decode(request, s.VisibilityRequest, empty_ok=False)
+        n, stale = self.r.outputs.settle(
+            consumer, body.receipts,
+            lambda nos: consumer.extend(nos, body.visibility_timeout_seconds),
+        )  # fmt: skip
+        return json_response(s.VisibilityResponse(n, stale))
+
+    # dead-letter queue
+    async def dlq_browse(self, request: web.Request) -> web.Response:
+        consumer = await self.consumer(request, "consume")
+        try:
+            limit = int(request.query.get("limit", "100"))
+        except ValueError:
+            raise InvalidRequest("limit must be an integer") from None
+        if not 1 <= limit <= 1000:
+            raise InvalidRequest("limit must be from 1 to 1000")
+        messages: list[dict[str, Any]] = []
+        depth = 0
+        for extent, level, last_seq in await self.r.controller.dlq_ranges(consumer.group.dlq):
+            depth += max(0, last_seq - level.acked)
+            if len(messages) >= limit or last_seq <= level.acked:
+                continue
+            batch = await self.r.stores.get(extent.stores[0]).read(
+                extent.id, level.level, limit - len(messages)
+            )
+            for raw in batch.records:
+                record = decode_record(raw)
+                messages.append({
+                    "id": record.orig_id or "",
+                    **body_fields(record.body, record.text),
+                    "attributes": record.attributes or {},
+                    "enqueued_at": rfc3339(record.enqueued_ms),
+                })  # fmt: skip
+        return json_response({"messages": messages, "depth": depth})
+
+    async def dlq_merge(self, request: web.Request) -> web.Response:
+        consumer = await self.consumer(request, "admin")
+        merged = await self.r.controller.move_dlq_cursor(consumer.group.dlq, consumer.group)
+        return json_response({"merged": merged})
+
+    async def dlq_purge(self, request: web.Request) -> web.Response:
+        consumer = await self.consumer(request, "admin")
+        purged = await self.r.controller.move_dlq_cursor(consumer.group.dlq, None)
+        return json_response({"purged": purged})
+
+
+def build_app(roles: Roles) -> web.Application:
+    from cherami.roles.frontend.streams import StreamHandlers
+
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[errors_middleware])
+    f = Frontend(roles)
+    streams = StreamHandlers(f)
+    q = "/v1/queues/{queue}"
+    g = q + "/groups/{group}"
+    app.add_routes([
+        web.get("/healthz", f.healthz),
+        web.get("/metrics", f.metrics),
+        web.get("/openapi.json", f.openapi),
+        web.get("/v1/queues", f.list_queues),
+        web.put(q, f.put_queue),
+        web.get(q, f.get_queue),
+        web.patch(q, f.patch_queue),
+        web.delete(q, f.delete_queue),
+        web.post(q + "/messages", f.publish),
+        web.get(q + "/publish", streams.publish),
+        web.get(q + "/groups", f.list_groups),
+        web.put(g, f.put_group),
+        web.get(g, f.get_group),
+        web.patch(g, f.patch_group),
+        web.delete(g, f.delete_group),
+        web.post(g + "/receive", f.receive),
+        web.post(g + "/ack", f.ack),
+        web.post(g + "/nack", f.nack),
+        web.post(g + "/visibility", f.visibility),
+        web.get(g + "/consume", streams.consume),
+        web.get(g + "/dlq", f.dlq_browse),
+        web.post(g + "/dlq/merge", f.dlq_merge),
+        web.post(g + "/dlq/purge", f.dlq_purge),
+    ])  # fmt: skip
+    return app

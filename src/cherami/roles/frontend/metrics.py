@@ -1,0 +1,37 @@
+"""Prometheus metrics of a node."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:
+    from cherami.roles.outputhost.service import OutputHostService
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._published = Counter(
+            "cherami_messages_published", "Messages published durably", ["queue"],
+            registry=self.registry,
+        )  # fmt: skip
+        labels = ["queue", "group"]
+        self._delivered = Gauge("cherami_group_delivered", "Deliveries since start", labels, registry=self.registry)
+        self._acked = Gauge("cherami_group_acked", "Acks since start", labels, registry=self.registry)
+        self._in_flight = Gauge("cherami_group_in_flight", "Deliveries in flight", labels, registry=self.registry)
+        self._dead = Gauge("cherami_group_dead_lettered", "Moved to the DLQ since start", labels, registry=self.registry)
+
+    def published(self, queue: str, n: int) -> None:
+        self._published.labels(queue).inc(n)
+
+    def render(self, outputs: OutputHostService) -> tuple[bytes, str]:
+        for consumer in outputs.groups.values():
+            labels = (consumer.group.queue, consumer.group.name)
+            self._delivered.labels(*labels).set(consumer.delivered)
+            self._acked.labels(*labels).set(consumer.acked)
+            self._in_flight.labels(*labels).set(len(consumer.inflight))
+            self._dead.labels(*labels).set(consumer.dead_lettered)
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,106 @@
+"""Request and response bodies of the HTTP API (shared/API.md), validated by msgspec."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+Attributes = dict[str, str]
+
+
+class PublishMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    body: str | None = None
+    body_b64: str | None = None
+    attributes: Attributes | None = None
+    delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] = 0.0
+
+
+class PublishRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    messages: Annotated[list[PublishMessage], msgspec.Meta(min_length=1, max_length=1000)]
+
+
+class PublishResponse(msgspec.Struct):
+    ids: list[str]
+
+
+class ReceiveRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    max_messages: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 10
+    wait_seconds: Annotated[float, msgspec.Meta(ge=0, le=20)] = 0.0
+    visibility_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=12 * 3600)] | None = None
+
+
+Receipts = Annotated[list[str], msgspec.Meta(min_length=1, max_length=10000)]
+
+
+class ReceivedMessage(msgspec.Struct, omit_defaults=True):
+    id: str
+    receipt: str
+    attributes: Attributes
+    delivery_count: int
+    enqueued_at: str
+    body: str | None = None
+    body_b64: str | None = None
+
+
+class ReceiveResponse(msgspec.Struct):
+    messages: list[ReceivedMessage]
+
+
+class AckRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    receipts: Receipts
+
+
+class NackRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    receipts: Receipts
+    delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=12 * 3600)] = 0.0
+
+
+class VisibilityRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    receipts: Receipts
+    visibility_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=12 * 3600)]
+
+
+class AckResponse(msgspec.Struct):
+    acked: int
+    stale: list[str]
+
+
+class NackResponse(msgspec.Struct):
+    nacked: int
+    stale: list[str]
+
+
+class VisibilityResponse(msgspec.Struct):
+    extended: int
+    stale: list[str]
+
+
+class DlqMessage(msgspec.Struct, omit_defaults=True):
+    id: str
+    attributes: Attributes
+    enqueued_at: str
+    body: str | None = None
+    body_b64: str | None = None
+
+
+class DlqResponse(msgspec.Struct):
+    messages: list[DlqMessage]
+    depth: int
+
+
+class QueueStats(msgspec.Struct):
+    messages_published: int
+    open_extents: int
+    sealed_extents: int
+    bytes_stored: int
+
+
+class GroupStats(msgspec.Struct):
+    backlog: int
+    in_flight: int
+    dlq_depth: int
+    oldest_unacked_age_seconds: float
+    delivered: int
+    acked: int
+    redelivered: int

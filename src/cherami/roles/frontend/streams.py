@@ -1,0 +1,146 @@
+"""WebSocket streaming publish and consume (docs/protocol.md): binary msgpack frames,
+many messages per frame, pipelined publish acks, credit-based delivery."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+import msgspec
+from aiohttp import WSMsgType, web
+
+from cherami.errors import CheramiError, InvalidRequest
+from cherami.roles.frontend.convert import check_size
+from cherami.roles.inputhost.service import Message
+from cherami.roles.outputhost.groupconsumer import GroupConsumer
+from cherami.wire import stream as f
+
+if TYPE_CHECKING:
+    from cherami.roles.frontend.app import Frontend
+
+log = logging.getLogger("cherami.frontend.streams")
+
+MAX_BATCHES_IN_FLIGHT = 64
+MAX_CREDIT = 100_000
+DELIVER_BATCH = 1000
+WS_MAX_MSG = 64 << 20
+
+
+class StreamHandlers:
+    def __init__(self, frontend: Frontend) -> None:
+        self.f = frontend
+
+    async def publish(self, request: web.Request) -> web.StreamResponse:
+        queue = await self.f.queue(request, "produce")
+        ws = web.WebSocketResponse(max_msg_size=WS_MAX_MSG, heartbeat=30)
+        await ws.prepare(request)
+        slots = asyncio.Semaphore(MAX_BATCHES_IN_FLIGHT)
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def handle(frame: f.Publish) -> None:
+            try:
+                limit = queue.config.max_message_bytes
+                for i, m in enumerate(frame.messages):
+                    check_size(queue, i, len(m.body), limit)
+                    if m.delay_ms < 0:
+                        raise InvalidRequest(f"messages[{i}].delay_ms must not be negative")
+                messages = [Message(m.body, m.attributes, m.delay_ms) for m in frame.messages]
+                ids = await self.f.r.inputs.publish(queue, messages)
+                self.f.r.metrics.published(queue.name, len(ids))
+                reply: f.ServerFrame = f.Published(frame.id, ids)
+            except CheramiError as err:
+                reply = f.Error(frame.id, err.code, err.message)
+            finally:
+                slots.release()
+            if not ws.closed:
+                await ws.send_bytes(f.encode(reply))
+
+        async for msg in ws:
+            if msg.type != WSMsgType.BINARY:
+                if msg.type == WSMsgType.TEXT:
+                    await ws.send_bytes(f.encode(f.Error(0, "invalid_request", "binary frames only")))
+                continue
+            try:
+                frame = f.decode_client(msg.data)
+            except msgspec.DecodeError as err:
+                await ws.send_bytes(f.encode(f.Error(0, "invalid_request", f"bad frame: {err}")))
+                continue
+            if not isinstance(frame, f.Publish):
+                await ws.send_bytes(f.encode(f.Error(0, "invalid_request", "publish frames only")))
+                continue
+            await slots.acquire()
+            task = asyncio.create_task(handle(frame))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return ws
+
+    async def consume(self, request: web.Request) -> web.StreamResponse:
+        consumer = await self.f.consumer(request, "consume")
+        ws = web.WebSocketResponse(max_msg_size=WS_MAX_MSG, heartbeat=30)
+        await ws.prepare(request)
+        stream = _ConsumeStream(ws, consumer)
+        pump = asyncio.create_task(stream.pump())
+        try:
+            async for msg in ws:
+                if msg.type == WSMsgType.BINARY:
+                    await stream.handle(msg.data)
+        finally:
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
+            consumer.release_owner(stream)
+        return ws
+
+
+class _ConsumeStream:
+    def __init__(self, ws: web.WebSocketResponse, consumer: GroupConsumer) -> None:
+        self.ws = ws
+        self.consumer = consumer
+        self.credit = 0
+        self._credited = asyncio.Event()
+
+    async def handle(self, data: bytes) -> None:
+        try:
+            frame = f.decode_client(data)
+        except msgspec.DecodeError as err:
+            await self.ws.send_bytes(f.encode(f.Error(0, "invalid_request", f"bad frame: {err}")))
+            return
+        c = self.consumer
+        if isinstance(frame, f.Credit):
+            self.credit = max(0, min(MAX_CREDIT, self.credit + frame.n))
+            if self.credit:
+                self._credited.set()
+        elif isinstance(frame, f.Ack):
+            stale = c.ack(frame.handles, owner=self)
+            if stale:
+                await self.ws.send_bytes(f.encode(f.Settled("ack", stale)))
+        elif isinstance(frame, f.Nack):
+            stale = c.nack(frame.handles, max(0, frame.delay_ms) / 1000, owner=self)
+            if stale:
+                await self.ws.send_bytes(f.encode(f.Settled("nack", stale)))
+        elif isinstance(frame, f.Extend):
+            stale = c.extend(frame.handles, max(1, frame.visibility_ms) / 1000, owner=self)
+            if stale:
+                await self.ws.send_bytes(f.encode(f.Settled("extend", stale)))
+        else:
+            await self.ws.send_bytes(f.encode(f.Error(0, "invalid_request", "unexpected frame")))
+
+    async def pump(self) -> None:
+        consumer = self.consumer
+        while not self.ws.closed:
+            if self.credit <= 0:
+                self._credited.clear()
+                await self._credited.wait()
+                continue
+            taken = consumer.take(min(self.credit, DELIVER_BATCH), None, owner=self)
+            if not taken:
+                await consumer.readable.wait()
+                continue
+            self.credit -= len(taken)
+            frame = f.Deliver([
+                f.InMessage(e.no, e.msg_id, e.record.body, e.record.attributes, e.count,
+                            e.record.enqueued_ms)
+                for e in taken
+            ])  # fmt: skip
+            await self.ws.send_bytes(f.encode(frame))

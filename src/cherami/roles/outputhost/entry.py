@@ -1,0 +1,24 @@
+"""One message as a consumer group holds it between read and ack."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cherami.wire.records import Record
+
+if TYPE_CHECKING:
+    from cherami.roles.outputhost.extentreader import ExtentCursor
+
+
+class Entry:
+    __slots__ = ("cursor", "ordinal", "msg_id", "record", "count", "no", "deadline", "owner")
+
+    def __init__(self, cursor: ExtentCursor, msg_id: str, record: Record) -> None:
+        self.cursor = cursor
+        self.ordinal = 0
+        self.msg_id = msg_id
+        self.record = record
+        self.count = 0  # deliveries so far
+        self.no = 0  # number of the current delivery (0: not delivered now)
+        self.deadline = 0.0
+        self.owner: Any = None  # the stream that holds the current delivery, if any

@@ -1,0 +1,89 @@
+"""Reads one extent for one consumer group, from one of its replicas, into the group's
+ready queue: in order, bounded by the group's read-ahead window, tailing open extents."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from cherami.errors import CheramiError
+from cherami.metadata.models import AckLevel, Extent
+from cherami.roles.outputhost.ackmanager import AckManager
+from cherami.roles.outputhost.entry import Entry
+from cherami.roles.storehost.directory import StoreDirectory
+from cherami.storage.keys import seq_of
+from cherami.wire.records import decode_record, message_id
+from cherami.wire.store import TIMER
+
+if TYPE_CHECKING:
+    from cherami.roles.outputhost.groupconsumer import GroupConsumer
+
+log = logging.getLogger("cherami.outputhost.extentreader")
+
+READ_BATCH = 1000
+TAIL_WAIT_MS = 1000
+TIMER_POLL_MS = 100
+
+
+class ExtentCursor:
+    """A group's position in one extent: ack tracking plus the read position."""
+
+    def __init__(self, extent: Extent, level: AckLevel) -> None:
+        self.extent = extent
+        self.ack: AckManager[Entry] = AckManager(level.level, level.acked)
+        self.read_key = level.level
+        self.limit = level.limit  # merged DLQ range: read no further than this key
+        self.read_done = False
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def id(self) -> str:
+        return self.extent.id
+
+    def level_row(self, queue: str, group: str) -> AckLevel:
+        return AckLevel(
+            queue=queue, group=group, extent=self.id, level=self.ack.level,
+            acked=self.ack.acked, limit=self.limit,
+        )  # fmt: skip
+
+
+async def read_extent(group: GroupConsumer, cursor: ExtentCursor, stores: StoreDirectory) -> None:
+    """Run until the extent is read to its end (sealed) or to the cursor's limit."""
+    replica = 0
+    timer = cursor.extent.kind == TIMER
+    while not cursor.read_done:
+        room = await group.wait_for_room()
+        store_id = cursor.extent.stores[replica % len(cursor.extent.stores)]
+        now_ms = int(time.time() * 1000)
+        try:
+            batch = await stores.get(store_id).read(
+                cursor.id,
+                cursor.read_key,
+                min(room, READ_BATCH),
+                until_ms=now_ms - group.delay_ms if timer else 0,
+                wait_ms=TIMER_POLL_MS if timer else TAIL_WAIT_MS,
+            )
+        except CheramiError as err:
+            log.warning("group %s: read of extent %s on %s failed: %s",
+                        group.key, cursor.id, store_id, err)  # fmt: skip
+            replica += 1
+            await asyncio.sleep(0.5)
+            continue
+        ended = batch.end
+        for key, raw in zip(batch.keys, batch.records, strict=True):
+            if cursor.limit is not None and key > cursor.limit:
+                ended = True
+                break
+            record = decode_record(raw)
+            entry = Entry(cursor, record.orig_id or message_id(cursor.id, seq_of(key)), record)
+            entry.ordinal = cursor.ack.track(key, entry)
+            cursor.read_key = key
+            await group.admit(entry)
+        if cursor.limit is not None and cursor.read_key >= cursor.limit:
+            ended = True
+        if ended:
+            cursor.read_done = True
+        elif timer and not batch.keys:
+            await asyncio.sleep(TIMER_POLL_MS / 1000)

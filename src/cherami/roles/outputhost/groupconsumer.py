@@ -1,0 +1,288 @@
+"""One consumer group on the output host: what is ready to deliver, what is in flight,
+redelivery after the visibility timeout or a nack, and poison messages to the DLQ."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from cherami.metadata.models import AckLevel, Extent, Group, Queue
+from cherami.roles.outputhost.entry import Entry
+from cherami.roles.outputhost.extentreader import ExtentCursor, read_extent
+from cherami.roles.storehost.directory import StoreDirectory
+
+log = logging.getLogger("cherami.outputhost.groupconsumer")
+
+READ_AHEAD = 20_000  # messages read but not yet acked, per group
+TICK = 0.02
+
+DeadLetter = Callable[["GroupConsumer", list[Entry]], Awaitable[None]]
+
+
+class GroupConsumer:
+    def __init__(
+        self,
+        queue: Queue,
+        group: Group,
+        stores: StoreDirectory,
+        dead_letter: DeadLetter,
+        delivery_numbers: itertools.count[int],
+    ) -> None:
+        self.queue = queue
+        self.group = group
+        self.key = f"{group.queue}/{group.name}"
+        self.scope = self.key.encode()
+        self.stores = stores
+        self._dead_letter = dead_letter
+        self._numbers = delivery_numbers
+        self.cursors: dict[str, ExtentCursor] = {}
+        self.ready: deque[Entry] = deque()
+        self.inflight: dict[int, Entry] = {}
+        self._timeouts: list[tuple[float, int]] = []
+        self._delayed: list[tuple[float, int, Entry]] = []
+        self._tie = itertools.count()
+        self._room = asyncio.Event()
+        self._room.set()
+        self.readable = asyncio.Event()  # set while ready is not empty
+        self._dlq_pending: list[Entry] = []
+        self._ticker: asyncio.Task[None] | None = None
+        self._dlq_task: asyncio.Task[None] | None = None
+        self.delivered = self.acked = self.redelivered = self.dead_lettered = 0
+        self.on_ready: Callable[[], None] = lambda: None
+
+    # configuration
+    @property
+    def delay_ms(self) -> int:
+        return int(self.group.config.delay_seconds * 1000)
+
+    @property
+    def visibility(self) -> float:
+        return self.group.config.visibility_timeout_seconds
+
+    def start(self) -> None:
+        self._ticker = asyncio.create_task(self._tick_loop())
+
+    async def stop(self) -> None:
+        tasks = [c.task for c in self.cursors.values() if c.task] + [self._ticker, self._dlq_task]
+        for task in tasks:
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*[t for t in tasks if t is not None], return_exceptions=True)
+
+    # extents
+    def sync_extents(self, extents: list[Extent], levels: dict[str, AckLevel]) -> None:
+        """Follow the queue's extents (and DLQ ranges merged into this group)."""
+        for extent in extents:
+            level = levels.get(extent.id) or AckLevel(
+                queue=self.group.queue, group=self.group.name, extent=extent.id
+            )
+            cursor = self.cursors.get(extent.id)
+            if cursor is None:
+                cursor = ExtentCursor(extent, level)
+                self.cursors[extent.id] = cursor
+            else:
+                cursor.extent = extent
+                if level.limit is not None and level.limit != cursor.limit:
+                    cursor.limit = level.limit
+                    cursor.read_done = False
+            if not cursor.read_done and (cursor.task is None or cursor.task.done()):
+                cursor.task = asyncio.create_task(self._read(cursor))
+
+    async def _read(self, cursor: ExtentCursor) -> None:
+        try:
+            await read_extent(self, cursor, self.stores)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("group %s: reader of extent %s failed", self.key, cursor.id)
+
+    def dirty_levels(self) -> list[AckLevel]:
+        rows = []
+        for cursor in self.cursors.values():
+            if cursor.ack.dirty:
+                cursor.ack.dirty = False
+                rows.append(cursor.level_row(self.group.queue, self.group.name))
+        return rows
+
+    # read side
+    def outstanding(self) -> int:
+        return sum(c.ack.window() for c in self.cursors.values())
+
+    async def wait_for_room(self) -> int:
+        while True:
+            room = READ_AHEAD - self.outstanding()
+            if room > 0:
+                return room
+            self._room.clear()
+            await self._room.wait()
+
+    async def admit(self, entry: Entry) -> None:
+        """A message read from an extent: skip, hold until due, or make it ready."""
+        record = entry.record
+        now_ms = time.time() * 1000
+        expired = now_ms > record.enqueued_ms + self.queue.config.retention_seconds * 1000
+        if record.enqueued_ms < self.group.start_ms or expired:
+            entry.cursor.ack.ack(entry.ordinal)
+            return
+        visible_at = record.delivery_ms + self.delay_ms
+        if visible_at > now_ms:
+            await asyncio.sleep((visible_at - now_ms) / 1000)
+        self.ready.append(entry)
+        self._signal_ready()
+
+    def _signal_ready(self) -> None:
+        if not self.readable.is_set():
+            self.readable.set()
+        self.on_ready()
+
+    # delivery
+    def take(self, limit: int, visibility: float | None, owner: Any = None) -> list[Entry]:
+        """Deliver up to ``limit`` ready messages."""
+        ready = self.ready
+        count = min(limit, len(ready))
+        if not count:
+            return []
+        deadline = time.monotonic() + (visibility if visibility is not None else self.visibility)
+        taken = []
+        inflight, numbers, timeouts = self.inflight, self._numbers, self._timeouts
+        for _ in range(count):
+            entry = ready.popleft()
+            no = next(numbers)
+            entry.no = no
+            entry.count += 1
+            entry.deadline = deadline
+            entry.owner = owner
+            inflight[no] = entry
+            taken.append(entry)
+            if entry.count > 1:
+                self.redelivered += 1
+        timeouts.append((deadline, taken[-1].no))  # one timer per batch; see _expire
+        self.delivered += count
+        if not ready:
+            self.readable.clear()
+        return taken
+
+    def _settle(self, numbers: list[int], owner: Any) -> tuple[list[Entry], list[int]]:
+        settled: list[Entry] = []
+        stale: list[int] = []
+        inflight = self.inflight
+        for no in numbers:
+            entry = inflight.get(no)
+            if entry is None or (owner is not None and entry.owner is not owner):
+                stale.append(no)
+                continue
+            del inflight[no]
+            entry.no = 0
+            entry.owner = None
+            settled.append(entry)
+        return settled, stale
+
+    def ack(self, numbers: list[int], owner: Any = None) -> list[int]:
+        """Ack current deliveries; returns the numbers that were stale."""
+        settled, stale = self._settle(numbers, owner)
+        for entry in settled:
+            entry.cursor.ack.ack(entry.ordinal)
+        self.acked += len(settled)
+        if settled:
+            self._room.set()
+        return stale
+
+    def nack(self, numbers: list[int], delay: float, owner: Any = None) -> list[int]:
+        settled, stale = self._settle(numbers, owner)
+        if delay <= 0:
+            self._requeue(settled)
+        else:
+            at = time.monotonic() + delay
+            for entry in settled:
+                heapq.heappush(self._delayed, (at, next(self._tie), entry))
+        return stale
+
+    def extend(self, numbers: list[int], visibility: float, owner: Any = None) -> list[int]:
+        deadline = time.monotonic() + visibility
+        stale = []
+        for no in numbers:
+            entry = self.inflight.get(no)
+            if entry is None or (owner is not None and entry.owner is not owner):
+                stale.append(no)
+                continue
+            entry.deadline = deadline
+            heapq.heappush(self._timeouts, (deadline, no))
+        return stale
+
+    def release_owner(self, owner: Any) -> None:
+        """A stream closed: what it held becomes deliverable again at once."""
+        held = [no for no, e in self.inflight.items() if e.owner is owner]
+        self._requeue(self._settle(held, owner)[0])
+
+    def _requeue(self, entries: list[Entry]) -> None:
+        poison = [e for e in entries if e.count >= self.group.config.max_delivery_count]
+        again = [e for e in entries if e.count < self.group.config.max_delivery_count]
+        if again:
+            self.ready.extendleft(reversed(again))
+            self._signal_ready()
+        if poison:
+            self._dlq_pending.extend(poison)
+            if self._dlq_task is None or self._dlq_task.done():
+                self._dlq_task = asyncio.create_task(self._flush_dead_letters())
+
+    async def _flush_dead_letters(self) -> None:
+        while self._dlq_pending:
+            batch, self._dlq_pending = self._dlq_pending[:500], self._dlq_pending[500:]
+            try:
+                await self._dead_letter(self, batch)
+            except Exception as err:
+                log.warning("group %s: moving %d to the DLQ failed: %s", self.key, len(batch), err)
+                self._dlq_pending[:0] = batch
+                await asyncio.sleep(1.0)
+                continue
+            for entry in batch:
+                entry.cursor.ack.ack(entry.ordinal)
+            self.dead_lettered += len(batch)
+            self._room.set()
+
+    # timers
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK)
+            self._expire(time.monotonic())
+
+    def _expire(self, now: float) -> None:
+        timeouts, inflight = self._timeouts, self.inflight
+        fired = False
+        while timeouts and timeouts[0][0] <= now:
+            heapq.heappop(timeouts)
+            fired = True
+        if fired:
+            # a batch shares one timer, so collect every delivery whose deadline passed
+            expired = [e for e in inflight.values() if e.deadline <= now]
+            for entry in expired:
+                del inflight[entry.no]
+                entry.no = 0
+                entry.owner = None
+            self._requeue(expired)
+        due: list[Entry] = []
+        while self._delayed and self._delayed[0][0] <= now:
+            due.append(heapq.heappop(self._delayed)[2])
+        if due:
+            self._requeue(due)
+
+    # stats
+    def backlog_above(self, counts: dict[str, int]) -> int:
+        """Messages published and not yet acked, given each extent's message count."""
+        total = 0
+        for extent_id, cursor in self.cursors.items():
+            count = counts.get(extent_id, 0)
+            if cursor.limit is not None:
+                count = min(count, int.from_bytes(cursor.limit, "big"))
+            total += max(0, count - cursor.ack.acked - cursor.ack.acked_above_level())
+        return total
+
+    def oldest_unacked_ms(self) -> int | None:
+        oldest = [e.record.enqueued_ms for c in self.cursors.values() if (e := c.ack.oldest())]
+        return min(oldest) if oldest else None

@@ -1,0 +1,86 @@
+"""Frames of the public streaming protocol (docs/protocol.md): msgpack arrays whose
+first element names the frame. One frame carries many messages or many acks."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class OutMessage(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    body: bytes
+    attributes: dict[str, str] | None = None
+    delay_ms: int = 0
+
+
+class Publish(msgspec.Struct, array_like=True, tag="pub", frozen=True, gc=False):
+    id: int
+    messages: list[OutMessage]
+
+
+class Published(msgspec.Struct, array_like=True, tag="puback", frozen=True, gc=False):
+    id: int
+    ids: list[str]
+
+
+class Credit(msgspec.Struct, array_like=True, tag="credit", frozen=True):
+    n: int
+
+
+class Ack(msgspec.Struct, array_like=True, tag="ack", frozen=True, gc=False):
+    handles: list[int]
+
+
+class Nack(msgspec.Struct, array_like=True, tag="nack", frozen=True, gc=False):
+    handles: list[int]
+    delay_ms: int = 0
+
+
+class Extend(msgspec.Struct, array_like=True, tag="extend", frozen=True, gc=False):
+    handles: list[int]
+    visibility_ms: int
+
+
+class InMessage(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    handle: int
+    id: str
+    body: bytes
+    attributes: dict[str, str] | None
+    delivery_count: int
+    enqueued_ms: int
+
+
+class Deliver(msgspec.Struct, array_like=True, tag="deliver", frozen=True, gc=False):
+    messages: list[InMessage]
+
+
+class Settled(msgspec.Struct, array_like=True, tag="settled", frozen=True, gc=False):
+    """Answer to ack/nack/extend: the handles that were stale (no longer current)."""
+
+    kind: str
+    stale: list[int]
+
+
+class Error(msgspec.Struct, array_like=True, tag="error", frozen=True):
+    id: int  # the publish batch it concerns; 0 for the stream as a whole
+    code: str
+    message: str
+
+
+ClientFrame = Publish | Credit | Ack | Nack | Extend
+ServerFrame = Published | Deliver | Settled | Error
+
+_encoder = msgspec.msgpack.Encoder()
+_client_decoder = msgspec.msgpack.Decoder(ClientFrame)
+_server_decoder = msgspec.msgpack.Decoder(ServerFrame)
+
+
+def encode(frame: ClientFrame | ServerFrame) -> bytes:
+    return _encoder.encode(frame)
+
+
+def decode_client(data: bytes) -> ClientFrame:
+    return _client_decoder.decode(data)
+
+
+def decode_server(data: bytes) -> ServerFrame:
+    return _server_decoder.decode(data)
