@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from cherami.metadata.models import AckLevel, Extent, Group, Queue
+from cherami.metadata.models import STREAM, AckLevel, Extent, Group, Queue
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.extentreader import ExtentCursor, read_extent
 from cherami.roles.storehost.directory import StoreDirectory
@@ -77,7 +77,12 @@ class GroupConsumer:
 
     # extents
     def sync_extents(self, extents: list[Extent], levels: dict[str, AckLevel]) -> None:
-        """Follow the queue's extents (and DLQ ranges merged into this group)."""
+        """Follow the queue's extents (and DLQ ranges merged into this group).
+
+        Stream-mode groups are read by their clients straight from the store hosts
+        (the Spark source); the output host keeps no cursors for them."""
+        if self.group.config.type == STREAM:
+            return
         for extent in extents:
             level = levels.get(extent.id) or AckLevel(
                 queue=self.group.queue, group=self.group.name, extent=extent.id

@@ -1,0 +1,130 @@
+"""Throughput of one node: 1 producer publishes N messages through the streaming client,
+then 2 competing consumers in one group consume and ack them. Run for replicas 1 and 3.
+
+    python benchmarks/throughput.py [--messages 200000] [--size 256] [--replicas 1,3]
+
+Prints publish msgs/s, publish-ack latency p50/p99 (per batch), consume+ack msgs/s and
+the peak RSS of the node (parent plus store-host children)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from cherami.client.asyncclient import AsyncClient  # noqa: E402
+from tests.support.server import ServerProcess  # noqa: E402
+
+
+class RssSampler:
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self._stop = pid, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        root = psutil.Process(self.pid)
+        while not self._stop.is_set():
+            try:
+                procs = [root, *root.children(recursive=True)]
+                self.peak = max(self.peak, sum(p.memory_info().rss for p in procs))
+            except psutil.Error:
+                pass
+            time.sleep(0.1)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def quantile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=1000)[int(q * 1000) - 1] if len(values) > 1 else values[0]
+
+
+async def publish_phase(url: str, queue: str, total: int, size: int, batch: int) -> tuple[float, list[float]]:
+    body = b"x" * size
+    latencies: list[float] = []
+    async with AsyncClient(url) as client, client.publisher(queue, max_in_flight=16) as pub:
+        start = time.perf_counter()
+        futures = []
+        for sent in range(0, total, batch):
+            t0 = time.perf_counter()
+            fut = await pub.send([body] * min(batch, total - sent))
+            fut.add_done_callback(lambda _f, t0=t0: latencies.append(time.perf_counter() - t0))
+            futures.append(fut)
+        await asyncio.gather(*futures)
+        return total / (time.perf_counter() - start), latencies
+
+
+async def consume_phase(url: str, queue: str, group: str, total: int, consumers: int) -> float:
+    done = 0
+    finished = asyncio.Event()
+
+    async def consume() -> None:
+        nonlocal done
+        async with AsyncClient(url) as client, client.consumer(queue, group, credit=4000) as c:
+            while not finished.is_set():
+                batch = await c.get_batch(1000, timeout=0.5)
+                if batch:
+                    c.ack(*batch)
+                    done += len(batch)
+                    if done >= total:
+                        finished.set()
+            await c.flush()
+
+    start = time.perf_counter()
+    await asyncio.wait_for(asyncio.gather(*(consume() for _ in range(consumers))), 600)
+    return done / (time.perf_counter() - start)
+
+
+async def run_once(url: str, replicas: int, total: int, size: int, batch: int) -> dict[str, float]:
+    queue = f"bench-r{replicas}-{int(time.time())}"
+    async with AsyncClient(url) as client:
+        await client.create_queue(queue, replicas=replicas)
+        await client.create_group(queue, "workers")
+    pub_rate, lat = await publish_phase(url, queue, total, size, batch)
+    con_rate = await consume_phase(url, queue, "workers", total, consumers=2)
+    return {
+        "publish_msgs_s": pub_rate,
+        "publish_p50_ms": quantile(lat, 0.5) * 1000,
+        "publish_p99_ms": quantile(lat, 0.99) * 1000,
+        "consume_ack_msgs_s": con_rate,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--replicas", default="1,3")
+    args = parser.parse_args()
+    print(f"{args.messages} messages of {args.size} B, batches of {args.batch}, every batch synced on every replica")
+    print(f"{'replicas':>8} {'publish msg/s':>14} {'pub p50 ms':>11} {'pub p99 ms':>11} {'consume+ack msg/s':>18} {'peak RSS MiB':>13}")
+    for replicas in [int(r) for r in args.replicas.split(",")]:
+        with tempfile.TemporaryDirectory() as tmp:
+            server = ServerProcess(Path(tmp), stores=max(3, replicas)).start()
+            assert server.proc is not None
+            sampler = RssSampler(server.proc.pid)
+            try:
+                r = uvloop.run(run_once(server.url, replicas, args.messages, args.size, args.batch))
+            finally:
+                peak = sampler.stop()
+                server.stop()
+        print(f"{replicas:>8} {r['publish_msgs_s']:>14,.0f} {r['publish_p50_ms']:>11.1f} "
+              f"{r['publish_p99_ms']:>11.1f} {r['consume_ack_msgs_s']:>18,.0f} {peak / 2**20:>13.0f}")
+
+
+if __name__ == "__main__":
+    main()
