@@ -98,6 +98,12 @@ class ControllerService:
             await self._ensure_extents(queue)
         return queue, True
 
+    async def update_queue(self, queue: Queue) -> None:
+        """Store a changed config and open extents up to its min_extents."""
+        async with self._lock(queue.name):
+            await self.metadata.update_queue(queue)
+            await self._ensure_extents(queue)
+
     async def delete_queue(self, name: str, contents_only: bool = False) -> None:
         queue = await self.metadata.get_queue(name)
         groups = await self.metadata.list_groups(name)

@@ -192,8 +192,7 @@ class Frontend:
             **{k: v for k, v in msgspec.structs.asdict(patch).items() if v is not None},
         )
         queue.config = config
-        await self.r.metadata.update_queue(queue)
-        await self.r.controller.create_queue(queue.name, config)  # opens extents for min_extents
+        await self.r.controller.update_queue(queue)
         for consumer in self.r.outputs.groups.values():
             if consumer.group.queue == queue.name:
                 consumer.queue = queue

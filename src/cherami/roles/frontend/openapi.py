@@ -53,7 +53,7 @@ _OPERATIONS: list[tuple[str, str, str, type | None, type | None]] = [
 def openapi_document() -> dict[str, Any]:
     types = {t for _, _, _, a, b in _OPERATIONS for t in (a, b) if t is not None}
     ordered = sorted(types, key=lambda t: t.__name__)
-    refs, components = msgspec.json.schema_components(ordered, "#/components/schemas/{name}")
+    refs, components = msgspec.json.schema_components(ordered, ref_template="#/components/schemas/{name}")
     ref = dict(zip(ordered, refs, strict=True))
     paths: dict[str, dict[str, Any]] = {}
     for path, method, summary, req, resp in _OPERATIONS:
