@@ -1,0 +1,305 @@
+"""Publishing, receiving and settling over the connectionless HTTP API, on a real node."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+
+import httpx
+import pytest
+
+from cherami.client.asyncclient import AsyncClient
+from cherami.client.models import OutgoingMessage
+from cherami.errors import MessageTooLarge
+from tests.support.server import ServerProcess, unique
+
+
+async def _setup(client: AsyncClient, *groups: str, **group_config: float) -> str:
+    q = unique()
+    await client.create_queue(q)
+    for g in groups:
+        await client.create_group(q, g, **group_config)
+    return q
+
+
+async def _drain(client: AsyncClient, q: str, g: str, expect: int, timeout: float = 20) -> list[str]:
+    bodies: list[str] = []
+    deadline = time.monotonic() + timeout
+    while len(bodies) < expect and time.monotonic() < deadline:
+        got = await client.receive(q, g, max_messages=100, wait_seconds=1)
+        if got:
+            bodies += [m.text for m in got]
+            await client.ack(q, g, [m.receipt for m in got if m.receipt])
+    return bodies
+
+
+async def test_every_group_gets_every_message(client: AsyncClient) -> None:
+    q = await _setup(client, "a", "b")
+    sent = [f"m{i}" for i in range(300)]
+    ids = await client.publish(q, sent)
+    assert len(ids) == len(set(ids)) == 300
+    for g in ("a", "b"):
+        assert sorted(await _drain(client, q, g, 300)) == sorted(sent)
+        stats = (await client.get_group(q, g))["stats"]
+        assert stats["backlog"] == 0 and stats["acked"] == 300 and stats["in_flight"] == 0
+
+
+async def test_competing_consumers_get_disjoint_sets(client: AsyncClient) -> None:
+    q = await _setup(client, "g")
+    await client.publish(q, [f"m{i}" for i in range(400)])
+    seen: list[list[str]] = [[], []]
+
+    async def consume(k: int) -> None:
+        while True:
+            got = await client.receive(q, "g", max_messages=7, wait_seconds=1)
+            if not got:
+                return
+            seen[k] += [m.text for m in got]
+            await client.ack(q, "g", [m.receipt for m in got if m.receipt])
+
+    await asyncio.gather(consume(0), consume(1))
+    assert set(seen[0]).isdisjoint(seen[1])
+    assert sorted(seen[0] + seen[1]) == sorted(f"m{i}" for i in range(400))
+    assert seen[0] and seen[1]
+
+
+async def test_visibility_timeout_redelivers_with_new_receipt(client: AsyncClient) -> None:
+    q = await _setup(client, "g", visibility_timeout_seconds=1)
+    await client.publish(q, ["task"])
+    (first,) = await client.receive(q, "g", wait_seconds=5)
+    assert first.delivery_count == 1
+    assert await client.receive(q, "g", wait_seconds=0.5) == []
+    (again,) = await client.receive(q, "g", wait_seconds=5)
+    assert again.id == first.id and again.delivery_count == 2
+    assert again.receipt != first.receipt
+    stale = await client.ack(q, "g", [first.receipt or ""])
+    assert stale == {"acked": 0, "stale": [first.receipt]}
+    assert (await client.ack(q, "g", [again.receipt or ""]))["acked"] == 1
+    assert (await client.ack(q, "g", [again.receipt or ""]))["stale"] == [again.receipt]
+    stats = (await client.get_group(q, "g"))["stats"]
+    assert stats["redelivered"] == 1 and stats["backlog"] == 0
+
+
+async def test_receive_visibility_override(client: AsyncClient) -> None:
+    q = await _setup(client, "g")
+    await client.publish(q, ["x"])
+    (m,) = await client.receive(q, "g", wait_seconds=5, visibility_timeout_seconds=0.5)
+    (again,) = await client.receive(q, "g", wait_seconds=5)
+    assert again.id == m.id and again.delivery_count == 2
+
+
+async def test_forged_receipts_are_stale(client: AsyncClient) -> None:
+    q = await _setup(client, "g", "other")
+    await client.publish(q, ["x"])
+    (m,) = await client.receive(q, "g", wait_seconds=5)
+    assert m.receipt
+    forged = m.receipt[:-3] + ("AAA" if not m.receipt.endswith("AAA") else "BBB")
+    for bad in [forged, "garbage", "x" * 200]:
+        assert (await client.ack(q, "g", [bad])) == {"acked": 0, "stale": [bad]}
+    assert (await client.ack(q, "other", [m.receipt]))["stale"] == [m.receipt]
+    assert (await client.ack(q, "g", [m.receipt]))["acked"] == 1
+
+
+async def test_nack_with_delay(client: AsyncClient) -> None:
+    q = await _setup(client, "g")
+    await client.publish(q, ["x"])
+    (m,) = await client.receive(q, "g", wait_seconds=5)
+    t0 = time.monotonic()
+    assert (await client.nack(q, "g", [m.receipt or ""], delay_seconds=1.0))["nacked"] == 1
+    assert await client.receive(q, "g", wait_seconds=0.5) == []
+    (again,) = await client.receive(q, "g", wait_seconds=5)
+    assert time.monotonic() - t0 >= 1.0
+    assert again.id == m.id and again.delivery_count == 2
+    assert (await client.nack(q, "g", [m.receipt or ""]))["stale"] == [m.receipt]
+    assert (await client.nack(q, "g", [again.receipt or ""]))["nacked"] == 1
+    (third,) = await client.receive(q, "g", wait_seconds=5)
+    assert third.delivery_count == 3
+
+
+async def test_visibility_extension(client: AsyncClient) -> None:
+    q = await _setup(client, "g", visibility_timeout_seconds=1)
+    await client.publish(q, ["long"])
+    (m,) = await client.receive(q, "g", wait_seconds=5)
+    for _ in range(3):
+        await asyncio.sleep(0.6)
+        assert (await client.extend(q, "g", [m.receipt or ""], 1.0))["extended"] == 1
+    assert await client.receive(q, "g", wait_seconds=0.3) == []
+    assert (await client.ack(q, "g", [m.receipt or ""]))["acked"] == 1
+    assert (await client.extend(q, "g", [m.receipt or ""], 1.0))["stale"] == [m.receipt]
+
+
+async def test_poison_message_goes_to_dlq_and_group_goes_on(client: AsyncClient) -> None:
+    q = await _setup(client, "g", visibility_timeout_seconds=0.3, max_delivery_count=2)
+    await client.publish(q, [OutgoingMessage("poison", {"kind": "bad"})])
+    await client.publish(q, ["ok"])
+    delivered: list[tuple[str, int]] = []
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        got = await client.receive(q, "g", max_messages=10, wait_seconds=0.5)
+        for m in got:
+            delivered.append((m.text, m.delivery_count))
+            if m.text == "ok":
+                await client.ack(q, "g", [m.receipt or ""])
+        dlq = await client.dlq(q, "g")
+        if dlq["depth"] == 1:
+            break
+    assert ("ok", 1) in delivered
+    assert [c for t, c in delivered if t == "poison"] == [1, 2]
+    dlq = await client.dlq(q, "g")
+    assert dlq["depth"] == 1
+    (dead,) = dlq["messages"]
+    assert dead["body"] == "poison" and dead["attributes"] == {"kind": "bad"}
+    stats = (await client.get_group(q, "g"))["stats"]
+    assert stats["dlq_depth"] == 1 and stats["backlog"] == 0
+
+
+async def _poison(client: AsyncClient, q: str, g: str, n: int) -> None:
+    deadline = time.monotonic() + 20
+    while (await client.dlq(q, g))["depth"] < n and time.monotonic() < deadline:
+        await client.receive(q, g, max_messages=100, wait_seconds=0.2)
+    assert (await client.dlq(q, g))["depth"] == n
+
+
+async def test_dlq_merge_goes_to_that_group_only(client: AsyncClient) -> None:
+    q = await _setup(client, "g", "other", visibility_timeout_seconds=0.2, max_delivery_count=1)
+    ids = await client.publish(q, ["p1", "p2", "p3"])
+    await _poison(client, q, "g", 3)
+    assert sorted(await _drain(client, q, "other", 3)) == ["p1", "p2", "p3"]
+    assert await client.dlq_merge(q, "g") == 3
+    assert (await client.dlq(q, "g"))["depth"] == 0
+    got = await client.receive(q, "g", max_messages=10, wait_seconds=5)
+    while len(got) < 3:
+        got += await client.receive(q, "g", max_messages=10, wait_seconds=5)
+    assert sorted(m.text for m in got) == ["p1", "p2", "p3"]
+    assert sorted(m.id for m in got) == sorted(ids)  # ids survive the round trip
+    await client.ack(q, "g", [m.receipt or "" for m in got])
+    assert await client.receive(q, "other", wait_seconds=0.5) == []
+    stats = (await client.get_group(q, "g"))["stats"]
+    assert stats["backlog"] == 0 and stats["dlq_depth"] == 0
+
+
+async def test_dlq_purge(client: AsyncClient) -> None:
+    q = await _setup(client, "g", visibility_timeout_seconds=0.2, max_delivery_count=1)
+    await client.publish(q, ["p1", "p2"])
+    await _poison(client, q, "g", 2)
+    assert await client.dlq_purge(q, "g") == 2
+    assert (await client.dlq(q, "g")) == {"messages": [], "depth": 0}
+    assert await client.dlq_merge(q, "g") == 0
+    assert await client.dlq_purge(q, "g") == 0
+
+
+async def test_delayed_messages_never_early(client: AsyncClient) -> None:
+    q = await _setup(client, "g")
+    t0 = time.time()
+    await client.publish(q, [OutgoingMessage("later", delay_seconds=1.5), OutgoingMessage("now")])
+    first = await client.receive(q, "g", max_messages=10, wait_seconds=5)
+    assert [m.text for m in first] == ["now"]
+    await client.ack(q, "g", [m.receipt or "" for m in first])
+    (later,) = await client.receive(q, "g", wait_seconds=5)
+    assert later.text == "later" and time.time() - t0 >= 1.5
+
+
+async def test_delayed_messages_come_in_delivery_order(client: AsyncClient) -> None:
+    q = await _setup(client, "g")
+    await client.publish(q, [OutgoingMessage(f"d{d}", delay_seconds=d / 10) for d in (9, 3, 6)])
+    got: list[str] = []
+    while len(got) < 3:
+        got += [m.text for m in await client.receive(q, "g", max_messages=10, wait_seconds=5)]
+    assert got == ["d3", "d6", "d9"]
+
+
+async def test_queue_default_delay_and_group_delay(client: AsyncClient) -> None:
+    q = unique()
+    await client.create_queue(q, delay_seconds=0.8)
+    await client.create_group(q, "g")
+    t0 = time.time()
+    await client.publish(q, ["x"])
+    assert (await client.receive(q, "g", wait_seconds=5))[0].text == "x"
+    assert time.time() - t0 >= 0.8
+    q2 = unique()
+    await client.create_queue(q2)
+    await client.create_group(q2, "slow", delay_seconds=0.8)
+    await client.create_group(q2, "fast")
+    t0 = time.time()
+    await client.publish(q2, ["y"])
+    assert (await client.receive(q2, "fast", wait_seconds=5))[0].text == "y"
+    fast_at = time.time() - t0
+    assert (await client.receive(q2, "slow", wait_seconds=5))[0].text == "y"
+    assert time.time() - t0 >= 0.8 > fast_at
+
+
+async def test_long_poll_answers_when_a_message_arrives(client: AsyncClient) -> None:
+    q = await _setup(client, "g")
+    t0 = time.monotonic()
+    waiter = asyncio.create_task(client.receive(q, "g", wait_seconds=10))
+    await asyncio.sleep(0.5)
+    await client.publish(q, ["wake"])
+    (m,) = await waiter
+    elapsed = time.monotonic() - t0
+    assert m.text == "wake" and 0.5 <= elapsed < 5
+    t0 = time.monotonic()
+    assert await client.receive(q, "g", wait_seconds=1) == []
+    assert time.monotonic() - t0 >= 1
+
+
+async def test_binary_bodies_round_trip(client: AsyncClient, server: ServerProcess) -> None:
+    q = await _setup(client, "g")
+    payload = bytes(range(256)) * 4
+    await client.publish(q, [payload, "text é"])
+    got = await client.receive(q, "g", max_messages=10, wait_seconds=5)
+    while len(got) < 2:
+        got += await client.receive(q, "g", max_messages=10, wait_seconds=5)
+    by_body = {m.body: m for m in got}
+    assert payload in by_body and "text é".encode() in by_body
+    raw = httpx.post(f"{server.url}/v1/queues/{q}/groups/g/receive", json={"wait_seconds": 0})
+    assert raw.status_code == 200
+    await client.nack(q, "g", [m.receipt or "" for m in got])
+    raw_msgs = httpx.post(
+        f"{server.url}/v1/queues/{q}/groups/g/receive", json={"max_messages": 10, "wait_seconds": 5}
+    ).json()["messages"]
+    kinds = {("body_b64" in m) for m in raw_msgs}
+    assert kinds == {True, False}
+    b64 = next(m for m in raw_msgs if "body_b64" in m)
+    assert base64.b64decode(b64["body_b64"]) == payload
+
+
+async def test_oversized_message_is_413_and_nothing_stored(client: AsyncClient) -> None:
+    q = unique()
+    await client.create_queue(q, max_message_bytes=1000)
+    await client.create_group(q, "g")
+    with pytest.raises(MessageTooLarge):
+        await client.publish(q, ["small", "x" * 1001])
+    assert (await client.get_queue(q))["stats"]["messages_published"] == 0
+    assert await client.receive(q, "g", wait_seconds=0.5) == []
+    await client.publish(q, ["x" * 1000])
+    assert (await client.get_queue(q))["stats"]["messages_published"] == 1
+
+
+async def test_huge_request_body_is_413(server: ServerProcess) -> None:
+    q = unique()
+    httpx.put(f"{server.url}/v1/queues/{q}")
+    big = b'{"messages": [{"body": "' + b"x" * (65 << 20) + b'"}]}'
+    resp = httpx.post(f"{server.url}/v1/queues/{q}/messages", content=big, timeout=60)
+    assert resp.status_code == 413
+    assert resp.json()["error"]["code"] == "message_too_large"
+
+
+async def test_start_from_latest_skips_older_messages(client: AsyncClient) -> None:
+    q = await _setup(client)
+    await client.publish(q, ["old"])
+    await asyncio.sleep(0.05)
+    await client.create_group(q, "late", start_from="latest")
+    await client.create_group(q, "early")
+    await client.publish(q, ["new"])
+    assert [m.text for m in await client.receive(q, "late", max_messages=10, wait_seconds=3)] == ["new"]
+    got = await _drain(client, q, "early", 2)
+    assert sorted(got) == ["new", "old"]
+
+
+async def test_attributes_and_ids(client: AsyncClient) -> None:
+    q = await _setup(client, "g")
+    (mid,) = await client.publish(q, [OutgoingMessage("a", {"k": "v", "trace": "t1"})])
+    (m,) = await client.receive(q, "g", wait_seconds=5)
+    assert m.id == mid and m.attributes == {"k": "v", "trace": "t1"}
+    assert isinstance(m.enqueued_at, str) and m.enqueued_at.endswith("Z")
