@@ -1,1 +1,345 @@
-"""Client commands of the CLI."""
+"""Client commands of the CLI: ``queue``, ``group``, ``publish``, ``consume`` and ``dlq``.
+
+Every command takes ``--url`` (``CHERAMI_URL``) and ``--api-key`` (``CHERAMI_API_KEY``).
+``show``/``list`` print pretty JSON; errors print one line on stderr and exit 1."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import IO, Any, TypeVar
+
+import click
+
+from cherami.cli.main import cli
+from cherami.client.asyncclient import AsyncClient
+from cherami.client.models import OutgoingMessage, Received
+from cherami.errors import Unavailable
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+STDIN_BATCH = 500
+MAX_WAIT_PER_RECEIVE = 20.0
+
+
+# shared plumbing
+def connection_options(command: F) -> F:
+    """``--url`` and ``--api-key``, handed to the command as one ``client`` factory."""
+
+    @click.option("--url", envvar="CHERAMI_URL", default=DEFAULT_URL, show_default=True,
+                  callback=_check_url, help="Server URL (env CHERAMI_URL).")  # fmt: skip
+    @click.option("--api-key", envvar="CHERAMI_API_KEY", default=None,
+                  help="API key (env CHERAMI_API_KEY).")  # fmt: skip
+    @functools.wraps(command)
+    def wrapper(url: str, api_key: str | None, **kwargs: Any) -> Any:
+        return command(lambda: AsyncClient(url, api_key), **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _check_url(ctx: click.Context, param: click.Parameter, url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise click.BadParameter(f"{url!r} must start with http:// or https://")
+    return url
+
+
+ClientFactory = Callable[[], AsyncClient]
+
+
+def run(factory: ClientFactory, call: Callable[[AsyncClient], Awaitable[T]]) -> T:
+    """Run one client call on a fresh event loop; a timeout becomes a one-line error."""
+
+    async def main() -> T:
+        async with factory() as client:
+            try:
+                return await call(client)
+            except TimeoutError:
+                raise Unavailable(f"{client.url}: request timed out") from None
+
+    return asyncio.run(main())
+
+
+def echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def message_json(message: Received) -> dict[str, Any]:
+    try:
+        body: dict[str, str] = {"body": message.body.decode("utf-8")}
+    except UnicodeDecodeError:
+        body = {"body_b64": base64.b64encode(message.body).decode()}
+    return {
+        "id": message.id,
+        **body,
+        "delivery_count": message.delivery_count,
+        "attributes": message.attributes,
+    }
+
+
+def parse_attributes(pairs: tuple[str, ...]) -> dict[str, str]:
+    """``k=v`` pairs into a dict (the value may contain ``=``)."""
+    attributes: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not of the form key=value", param_hint="--attr")
+        attributes[key] = value
+    return attributes
+
+
+def drop_unset(**options: Any) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if v is not None}
+
+
+# queues
+@cli.group()
+def queue() -> None:
+    """Create, list, show and delete queues."""
+
+
+@queue.command("create")
+@click.argument("name")
+@click.option("--type", "type_", type=click.Choice(["ap", "cp"]), help="Consistency (default ap).")
+@click.option("--replicas", type=int)
+@click.option("--min-extents", type=int)
+@click.option("--delay-seconds", type=float)
+@click.option("--retention-seconds", type=float)
+@click.option("--max-message-bytes", type=int)
+@connection_options
+def queue_create(client: ClientFactory, name: str, type_: str | None, **options: Any) -> None:
+    """Create queue NAME (no change if it exists with the same config)."""
+    config = drop_unset(type=type_, **options)
+    echo_json(run(client, lambda c: c.create_queue(name, **config)))
+
+
+@queue.command("list")
+@connection_options
+def queue_list(client: ClientFactory) -> None:
+    """List the queues."""
+    echo_json(run(client, lambda c: c.list_queues()))
+
+
+@queue.command("show")
+@click.argument("name")
+@connection_options
+def queue_show(client: ClientFactory, name: str) -> None:
+    """Show queue NAME with its stats."""
+    echo_json(run(client, lambda c: c.get_queue(name)))
+
+
+@queue.command("delete")
+@click.argument("name")
+@click.option("--contents-only", is_flag=True, help="Delete the messages, keep queue and groups.")
+@connection_options
+def queue_delete(client: ClientFactory, name: str, contents_only: bool) -> None:
+    """Delete queue NAME."""
+    run(client, lambda c: c.delete_queue(name, contents_only=contents_only))
+
+
+# consumer groups
+@cli.group()
+def group() -> None:
+    """Create, list, show and delete consumer groups."""
+
+
+@group.command("create")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("name", metavar="GROUP")
+@click.option("--visibility-timeout", "visibility_timeout_seconds", type=float,
+              help="Seconds a delivery stays invisible (default 60).")  # fmt: skip
+@click.option("--max-delivery-count", type=int, help="Deliveries before the DLQ (default 10).")
+@click.option("--start-from", help="earliest (default), latest, or an RFC 3339 time.")
+@click.option("--delay-seconds", type=float)
+@click.option("--type", "type_", type=click.Choice(["competing", "stream"]))
+@connection_options
+def group_create(client: ClientFactory, queue_name: str, name: str, type_: str | None,
+                 **options: Any) -> None:  # fmt: skip
+    """Create consumer group GROUP on QUEUE."""
+    config = drop_unset(type=type_, **options)
+    echo_json(run(client, lambda c: c.create_group(queue_name, name, **config)))
+
+
+@group.command("list")
+@click.argument("queue_name", metavar="QUEUE")
+@connection_options
+def group_list(client: ClientFactory, queue_name: str) -> None:
+    """List the consumer groups of QUEUE."""
+    echo_json(run(client, lambda c: c.list_groups(queue_name)))
+
+
+@group.command("show")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("name", metavar="GROUP")
+@connection_options
+def group_show(client: ClientFactory, queue_name: str, name: str) -> None:
+    """Show consumer group GROUP of QUEUE with its stats."""
+    echo_json(run(client, lambda c: c.get_group(queue_name, name)))
+
+
+@group.command("delete")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("name", metavar="GROUP")
+@connection_options
+def group_delete(client: ClientFactory, queue_name: str, name: str) -> None:
+    """Delete consumer group GROUP of QUEUE."""
+    run(client, lambda c: c.delete_group(queue_name, name))
+
+
+# publish
+@cli.command()
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("bodies", metavar="[BODY]...", nargs=-1)
+@click.option("--attr", "attrs", multiple=True, metavar="KEY=VALUE",
+              help="An attribute of every message (repeatable).")  # fmt: skip
+@click.option("--delay-seconds", type=float, default=0.0, help="Deliver no earlier than this.")
+@click.option("--batch-size", type=click.IntRange(1, 1000), default=STDIN_BATCH,
+              show_default=True, help="Messages per batch when reading stdin.")  # fmt: skip
+@connection_options
+def publish(client: ClientFactory, queue_name: str, bodies: tuple[str, ...],
+            attrs: tuple[str, ...], delay_seconds: float, batch_size: int) -> None:  # fmt: skip
+    """Publish each BODY to QUEUE and print the message ids; without BODY, publish each
+    line of stdin (streamed in batches) and print how many were published."""
+    attributes = parse_attributes(attrs) or None
+    if bodies:
+        messages = [OutgoingMessage(body, attributes, delay_seconds) for body in bodies]
+        for message_id in run(client, lambda c: c.publish(queue_name, messages)):
+            click.echo(message_id)
+        return
+    batches = (
+        [OutgoingMessage(body, attributes, delay_seconds) for body in batch]
+        for batch in read_batches(sys.stdin.buffer, batch_size)
+    )
+    count = run(client, lambda c: publish_stream(c, queue_name, batches))
+    click.echo(f"published {count} messages")
+
+
+def read_batches(stream: IO[bytes], size: int) -> Iterator[list[str | bytes]]:
+    """Non-empty lines of ``stream`` (text when UTF-8, else bytes), ``size`` at a time."""
+    batch: list[str | bytes] = []
+    for raw in stream:
+        line = raw.rstrip(b"\r\n")
+        if not line:
+            continue
+        try:
+            batch.append(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            batch.append(line)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+async def publish_stream(
+    client: AsyncClient, queue_name: str, batches: Iterator[list[OutgoingMessage]]
+) -> int:
+    """Pipeline the batches through a streaming publisher, with a progress bar on a
+    terminal; returns how many messages are durable."""
+    from rich.console import Console
+    from rich.progress import MofNCompleteColumn, Progress, SpinnerColumn, TimeElapsedColumn
+
+    await client.get_queue(queue_name)  # the stream's handshake would lose the server's error
+    console = Console(stderr=True)
+    columns = (SpinnerColumn(), *Progress.get_default_columns()[:1], MofNCompleteColumn(),
+               TimeElapsedColumn())  # fmt: skip
+    published = 0
+    with Progress(*columns, console=console, transient=True,
+                  disable=not console.is_terminal) as progress:  # fmt: skip
+        task = progress.add_task(f"publishing to {queue_name}", total=None)
+
+        def done(future: asyncio.Future[list[str]]) -> None:
+            nonlocal published
+            if not future.cancelled() and future.exception() is None:
+                published += len(future.result())
+                progress.update(task, completed=published)
+
+        async with client.publisher(queue_name) as publisher:
+            while (batch := await asyncio.to_thread(next, batches, None)) is not None:
+                future = await publisher.send(batch)
+                future.add_done_callback(done)
+            await publisher.flush()
+    return published
+
+
+# consume
+@cli.command()
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("group_name", metavar="GROUP")
+@click.option("--max", "max_messages", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Stop after this many messages.")  # fmt: skip
+@click.option("--wait", "wait_seconds", type=click.FloatRange(min=0), default=1.0,
+              show_default=True, help="Stop after this long without a message.")  # fmt: skip
+@click.option("--ack", is_flag=True, help="Ack what was printed (else it is redelivered later).")
+@connection_options
+def consume(client: ClientFactory, queue_name: str, group_name: str, max_messages: int,
+            wait_seconds: float, ack: bool) -> None:  # fmt: skip
+    """Receive up to --max messages from GROUP of QUEUE; print each as one JSON line
+    (id, body or body_b64, delivery_count, attributes)."""
+
+    async def receive_all(c: AsyncClient) -> None:
+        remaining = max_messages
+        while remaining > 0:
+            messages = await receive_within(c, queue_name, group_name, remaining, wait_seconds)
+            if not messages:
+                return
+            for message in messages:
+                click.echo(json.dumps(message_json(message), ensure_ascii=False))
+            if ack:
+                await c.ack(queue_name, group_name, [m.receipt for m in messages if m.receipt])
+            remaining -= len(messages)
+
+    run(client, receive_all)
+
+
+async def receive_within(
+    client: AsyncClient, queue_name: str, group_name: str, limit: int, wait_seconds: float
+) -> list[Received]:
+    """Long-poll (in steps the API allows) until a message comes or ``wait_seconds`` pass."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        wait = min(MAX_WAIT_PER_RECEIVE, max(0.0, deadline - time.monotonic()))
+        messages = await client.receive(queue_name, group_name, min(limit, 1000), wait)
+        if messages or time.monotonic() >= deadline:
+            return messages
+
+
+# dead-letter queue
+@cli.group()
+def dlq() -> None:
+    """Browse, merge back or purge the dead-letter queue of a consumer group."""
+
+
+@dlq.command("show")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("group_name", metavar="GROUP")
+@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
+@connection_options
+def dlq_show(client: ClientFactory, queue_name: str, group_name: str, limit: int) -> None:
+    """Show the DLQ's depth and its first --limit messages (without consuming them)."""
+    echo_json(run(client, lambda c: c.dlq(queue_name, group_name, limit)))
+
+
+@dlq.command("merge")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("group_name", metavar="GROUP")
+@connection_options
+def dlq_merge(client: ClientFactory, queue_name: str, group_name: str) -> None:
+    """Deliver the DLQ's messages again to GROUP."""
+    echo_json({"merged": run(client, lambda c: c.dlq_merge(queue_name, group_name))})
+
+
+@dlq.command("purge")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("group_name", metavar="GROUP")
+@connection_options
+def dlq_purge(client: ClientFactory, queue_name: str, group_name: str) -> None:
+    """Drop the DLQ's messages."""
+    echo_json({"purged": run(client, lambda c: c.dlq_purge(queue_name, group_name))})

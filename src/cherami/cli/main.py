@@ -46,9 +46,11 @@ def serve(config_file: str | None, **args: Any) -> None:
 
 
 def main() -> None:
-    from cherami.cli import commands  # noqa: F401  (registers the client commands)
+    # import the package module, not ``__main__``: under ``python -m cherami.cli.main``
+    # this file runs as a second module whose ``cli`` the commands never see
+    from cherami.cli import commands, main as package_main  # noqa: F401
 
-    cli()
+    package_main.cli()
 
 
 if __name__ == "__main__":

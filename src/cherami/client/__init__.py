@@ -1,0 +1,21 @@
+"""Clients of Cherami: ``AsyncClient`` (asyncio), ``Client`` (blocking) and ``Worker``."""
+
+from cherami.client.asyncclient import AsyncClient
+from cherami.client.models import OutgoingMessage, Received
+from cherami.client.stream import Publisher, StreamConsumer
+from cherami.client.sync import Client, SyncConsumer, SyncPublisher, SyncWorker
+from cherami.client.worker import Backoff, Worker
+
+__all__ = [
+    "AsyncClient",
+    "Backoff",
+    "Client",
+    "OutgoingMessage",
+    "Publisher",
+    "Received",
+    "StreamConsumer",
+    "SyncConsumer",
+    "SyncPublisher",
+    "SyncWorker",
+    "Worker",
+]

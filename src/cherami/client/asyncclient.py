@@ -53,8 +53,8 @@ class AsyncClient:
                 if resp.status >= 400:
                     raise _error(resp.status, raw)
                 return msgspec.json.decode(raw) if raw else None
-        except aiohttp.ClientError as err:
-            raise Unavailable(f"{self.url}: {err}") from err
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise Unavailable(f"{self.url}: {err or 'request timed out'}") from err
 
     # queues
     @staticmethod

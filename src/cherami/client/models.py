@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from datetime import UTC, datetime
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,10 +41,17 @@ class Received:
     body: bytes
     attributes: dict[str, str]
     delivery_count: int
-    enqueued_at: str | float
+    enqueued_ms: int
     receipt: str | None = None
     handle: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def enqueued_at(self) -> str:
+        """The enqueue time as RFC 3339 (as the HTTP API gives it)."""
+        return datetime.fromtimestamp(self.enqueued_ms / 1000, UTC).isoformat(
+            timespec="milliseconds"
+        ).replace("+00:00", "Z")
 
     @property
     def text(self) -> str:
@@ -54,6 +62,12 @@ class Received:
         body = m["body"].encode() if "body" in m else base64.b64decode(m.get("body_b64", ""))
         return cls(
             id=m["id"], body=body, attributes=m.get("attributes") or {},
-            delivery_count=m.get("delivery_count", 0), enqueued_at=m.get("enqueued_at", ""),
+            delivery_count=m.get("delivery_count", 0), enqueued_ms=_ms(m.get("enqueued_at")),
             receipt=m.get("receipt"),
         )  # fmt: skip
+
+
+def _ms(rfc3339: str | None) -> int:
+    if not rfc3339:
+        return 0
+    return int(datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp() * 1000)

@@ -31,6 +31,9 @@ async def _connect(client: AsyncClient, path: str) -> aiohttp.ClientWebSocketRes
             client.ws_url(path), max_msg_size=WS_MAX_MSG, heartbeat=30, autoping=True
         )
     except aiohttp.WSServerHandshakeError as err:
+        if 400 <= err.status < 500:
+            # the handshake carries no error body: ask the resource for its exact error
+            await client.request("GET", path.rsplit("/", 1)[0])
         raise error_from_code(_code_for(err.status), err.message) from None
     except (aiohttp.ClientError, OSError) as err:
         raise Unavailable(f"{client.url}: {err}") from err
@@ -106,6 +109,7 @@ class Publisher:
     def _fail(self, error: Exception) -> None:
         pending, self._pending = self._pending, {}
         for _, future in pending.values():
+            self._slots.release()
             if not future.done():
                 future.set_exception(error)
 
@@ -183,7 +187,7 @@ class StreamConsumer:
             if isinstance(frame, f.Deliver):
                 self._buffer.extend(
                     Received(m.id, m.body, m.attributes or {}, m.delivery_count,
-                             m.enqueued_ms / 1000, handle=m.handle)
+                             m.enqueued_ms, handle=m.handle)
                     for m in frame.messages
                 )  # fmt: skip
                 self._arrived.set()

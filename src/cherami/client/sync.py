@@ -1,0 +1,317 @@
+"""``Client``: the blocking client, a thin wrapper over ``AsyncClient``.
+
+Each ``Client`` runs a private event loop in a background thread; every method hands
+its coroutine to that loop and waits for the result, so a ``Client`` may be shared by
+threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import signal
+import threading
+import weakref
+from collections.abc import Coroutine, Iterable, Iterator
+from typing import Any, TypeVar
+
+from cherami.client.asyncclient import AsyncClient
+from cherami.client.models import OutgoingMessage, Received
+from cherami.client.stream import Publisher, StreamConsumer
+from cherami.client.worker import STOP_SIGNALS, Handler, Worker
+
+T = TypeVar("T")
+
+Messages = Iterable[OutgoingMessage | bytes | str]
+
+
+class _LoopThread:
+    """An event loop running forever in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._main, name="cherami-client", daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("a Client must not be called from its own event loop")
+        future = self.submit(coro)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # e.g. KeyboardInterrupt while waiting
+            raise
+
+    def call_soon(self, callback: Any, *args: Any) -> None:
+        self.loop.call_soon_threadsafe(callback, *args)
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.run(self.loop.shutdown_asyncgens())
+        self.run(self.loop.shutdown_default_executor())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+class Client:
+    """Blocking client of the HTTP API and the streams; same methods as ``AsyncClient``."""
+
+    def __init__(
+        self, url: str = "http://127.0.0.1:8080", api_key: str | None = None, timeout: float = 60.0
+    ) -> None:
+        self.aio = AsyncClient(url, api_key, timeout)
+        self._loop = _LoopThread()
+        self._closed = False
+        # a Client dropped without close() still ends its thread
+        self._finalizer = weakref.finalize(self, _stop_soon, self._loop.loop)
+
+    @property
+    def url(self) -> str:
+        return self.aio.url
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer.detach()
+        try:
+            self._loop.run(self.aio.close())
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            coro.close()
+            raise RuntimeError("client is closed")
+        return self._loop.run(coro)
+
+    # queues
+    def create_queue(self, queue: str, **config: Any) -> dict[str, Any]:
+        return self._run(self.aio.create_queue(queue, **config))
+
+    def list_queues(self) -> list[dict[str, Any]]:
+        return self._run(self.aio.list_queues())
+
+    def get_queue(self, queue: str) -> dict[str, Any]:
+        return self._run(self.aio.get_queue(queue))
+
+    def update_queue(self, queue: str, **patch: Any) -> dict[str, Any]:
+        return self._run(self.aio.update_queue(queue, **patch))
+
+    def delete_queue(self, queue: str, contents_only: bool = False) -> None:
+        self._run(self.aio.delete_queue(queue, contents_only))
+
+    # groups
+    def create_group(self, queue: str, group: str, **config: Any) -> dict[str, Any]:
+        return self._run(self.aio.create_group(queue, group, **config))
+
+    def list_groups(self, queue: str) -> list[dict[str, Any]]:
+        return self._run(self.aio.list_groups(queue))
+
+    def get_group(self, queue: str, group: str) -> dict[str, Any]:
+        return self._run(self.aio.get_group(queue, group))
+
+    def update_group(self, queue: str, group: str, **patch: Any) -> dict[str, Any]:
+        return self._run(self.aio.update_group(queue, group, **patch))
+
+    def delete_group(self, queue: str, group: str) -> None:
+        self._run(self.aio.delete_group(queue, group))
+
+    # messages over HTTP
+    def publish(self, queue: str, messages: Messages) -> list[str]:
+        return self._run(self.aio.publish(queue, list(messages)))
+
+    def receive(
+        self,
+        queue: str,
+        group: str,
+        max_messages: int = 10,
+        wait_seconds: float = 0,
+        visibility_timeout_seconds: float | None = None,
+    ) -> list[Received]:
+        return self._run(
+            self.aio.receive(queue, group, max_messages, wait_seconds, visibility_timeout_seconds)
+        )
+
+    def ack(self, queue: str, group: str, receipts: list[str]) -> dict[str, Any]:
+        return self._run(self.aio.ack(queue, group, receipts))
+
+    def nack(
+        self, queue: str, group: str, receipts: list[str], delay_seconds: float = 0
+    ) -> dict[str, Any]:
+        return self._run(self.aio.nack(queue, group, receipts, delay_seconds))
+
+    def extend(
+        self, queue: str, group: str, receipts: list[str], visibility_timeout_seconds: float
+    ) -> dict[str, Any]:
+        return self._run(self.aio.extend(queue, group, receipts, visibility_timeout_seconds))
+
+    # dead-letter queue
+    def dlq(self, queue: str, group: str, limit: int = 100) -> dict[str, Any]:
+        return self._run(self.aio.dlq(queue, group, limit))
+
+    def dlq_merge(self, queue: str, group: str) -> int:
+        return self._run(self.aio.dlq_merge(queue, group))
+
+    def dlq_purge(self, queue: str, group: str) -> int:
+        return self._run(self.aio.dlq_purge(queue, group))
+
+    # streams
+    def publisher(self, queue: str, max_in_flight: int = 16) -> SyncPublisher:
+        """A streaming publisher (use ``with``)."""
+        return SyncPublisher(self, self.aio.publisher(queue, max_in_flight))
+
+    def consumer(self, queue: str, group: str, credit: int = 2000) -> SyncConsumer:
+        """A streaming consumer (use ``with``, then iterate)."""
+        return SyncConsumer(self, self.aio.consumer(queue, group, credit))
+
+    def worker(
+        self, queue: str, group: str, handler: Handler, concurrency: int = 4, **options: Any
+    ) -> SyncWorker:
+        """A ``Worker`` (see its options) to ``run()`` in this thread and ``stop()`` from
+        any thread. Its handler runs in a thread pool unless it is a coroutine function."""
+        return SyncWorker(self, Worker(self.aio, queue, group, handler, concurrency, **options))
+
+    def run_worker(
+        self, queue: str, group: str, handler: Handler, concurrency: int = 4, **options: Any
+    ) -> None:
+        """Run a ``Worker`` until it stops (see ``worker``)."""
+        self.worker(queue, group, handler, concurrency, **options).run()
+
+
+class SyncWorker:
+    """Blocking view of a ``Worker``. With ``stop_signals`` (the default), ``run()``
+    called from the main thread stops gracefully on SIGINT and SIGTERM."""
+
+    def __init__(self, client: Client, worker: Worker) -> None:
+        self._client = client
+        self.worker = worker
+
+    def run(self) -> None:
+        worker = self.worker
+        on_signals, worker.stop_signals = worker.stop_signals, False  # the loop is not main
+        with _stop_on_signals(worker) if on_signals else contextlib.nullcontext():
+            self._client._run(worker.run())
+
+    def stop(self) -> None:
+        self.worker.stop()
+
+
+class SyncPublisher:
+    """Blocking view of a streaming ``Publisher``."""
+
+    def __init__(self, client: Client, publisher: Publisher) -> None:
+        self._client = client
+        self._inner = publisher
+
+    def __enter__(self) -> SyncPublisher:
+        self._client._run(self._inner.__aenter__())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send(self, messages: Messages) -> concurrent.futures.Future[list[str]]:
+        """Send one batch (blocks while too many are in flight); returns a future of its ids."""
+        sent = self._client._run(self._inner.send(list(messages)))
+        return self._client._loop.submit(_result(sent))
+
+    def publish(self, messages: Messages) -> list[str]:
+        """Send one batch and wait until every message of it is durable."""
+        return self._client._run(self._inner.publish(list(messages)))
+
+    def flush(self) -> None:
+        """Wait for every batch sent so far."""
+        self._client._run(self._inner.flush())
+
+    def close(self) -> None:
+        self._client._run(self._inner.close())
+
+
+class SyncConsumer:
+    """Blocking view of a ``StreamConsumer``: ``get``/``get_batch`` or iterate, then
+    settle each message with ``ack`` (batched) or ``nack``."""
+
+    def __init__(self, client: Client, consumer: StreamConsumer) -> None:
+        self._client = client
+        self._inner = consumer
+
+    def __enter__(self) -> SyncConsumer:
+        self._client._run(self._inner.open())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def get(self, timeout: float | None = None) -> Received | None:
+        """The next message, or None after ``timeout`` seconds without one."""
+        return self._client._run(self._inner.get(timeout))
+
+    def get_batch(self, max_messages: int = 1000, timeout: float | None = None) -> list[Received]:
+        return self._client._run(self._inner.get_batch(max_messages, timeout))
+
+    def __iter__(self) -> Iterator[Received]:
+        while True:
+            message = self.get()
+            if message is None:
+                return
+            yield message
+
+    def ack(self, *messages: Received) -> None:
+        self._client._loop.call_soon(self._inner.ack, *messages)
+
+    def nack(self, *messages: Received, delay_seconds: float = 0) -> None:
+        self._client._run(self._inner.nack(*messages, delay_seconds=delay_seconds))
+
+    def extend(self, *messages: Received, visibility_timeout_seconds: float) -> None:
+        self._client._run(
+            self._inner.extend(*messages, visibility_timeout_seconds=visibility_timeout_seconds)
+        )
+
+    def flush(self) -> None:
+        """Send pending acks and credit now."""
+        self._client._run(self._inner.flush())
+
+    def close(self) -> None:
+        self._client._run(self._inner.close())
+
+
+def _stop_soon(loop: asyncio.AbstractEventLoop) -> None:
+    if not loop.is_closed():
+        loop.call_soon_threadsafe(loop.stop)
+
+
+async def _result(future: asyncio.Future[T]) -> T:
+    return await future
+
+
+@contextlib.contextmanager
+def _stop_on_signals(worker: Worker) -> Iterator[None]:
+    """In the main thread, let SIGINT and SIGTERM stop the worker (then restore)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, lambda *_: worker.stop()) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)

@@ -1,0 +1,102 @@
+"""SIGKILL a node while it publishes and consumes, restart it on the same data dir and
+prove that no acked message is lost and no acked delivery comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from cherami.client.asyncclient import AsyncClient
+from cherami.errors import CheramiError
+from tests.support.checker import QueueHistory
+from tests.support.server import ServerProcess
+
+QUEUE, GROUP = "crash", "workers"
+
+
+async def _publish_until_killed(url: str, history: QueueHistory, stop: asyncio.Event) -> None:
+    n = 0
+    async with AsyncClient(url, timeout=10) as client:
+        with contextlib.suppress(CheramiError):
+            async with client.publisher(QUEUE, max_in_flight=8) as pub:
+                pending: set[asyncio.Future[list[str]]] = set()
+                while not stop.is_set():
+                    bodies = [f"m{n + i}" for i in range(200)]
+                    n += 200
+                    history.attempted.update(bodies)
+                    try:
+                        fut = await asyncio.wait_for(pub.send(bodies), 2)
+                    except TimeoutError:
+                        continue  # the node is gone; the stop flag ends the loop
+                    fut.add_done_callback(
+                        lambda f, b=bodies: None if f.cancelled() or f.exception() else history.acked.update(b)
+                    )
+                    pending.add(fut)
+                    pending = {p for p in pending if not p.done()}
+                await asyncio.wait(pending, timeout=5)
+
+
+async def _consume_some(url: str, history: QueueHistory, settled: set[str], stop: asyncio.Event) -> None:
+    async with AsyncClient(url, timeout=10) as client:
+        while not stop.is_set():
+            try:
+                got = await client.receive(QUEUE, GROUP, max_messages=100, wait_seconds=0.2)
+                for m in got:
+                    history.delivered[m.text] += 1
+                result = await client.ack(QUEUE, GROUP, [m.receipt or "" for m in got])
+                stale = set(result["stale"])
+                settled.update(m.text for m in got if m.receipt not in stale)
+            except CheramiError:
+                return
+
+
+async def _run(server: ServerProcess) -> tuple[dict[str, int], set[str], QueueHistory]:
+    async with AsyncClient(server.url) as client:
+        await client.create_queue(QUEUE)
+        await client.create_group(QUEUE, GROUP, visibility_timeout_seconds=2)
+    history = QueueHistory()
+    settled: set[str] = set()  # deliveries whose ack the server confirmed before the crash
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(_publish_until_killed(server.url, history, stop)),
+        asyncio.create_task(_consume_some(server.url, history, settled, stop)),
+    ]
+    deadline = time.monotonic() + 30
+    while len(history.acked) < 20_000 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    await asyncio.to_thread(server.kill)
+    stop.set()
+    await asyncio.gather(*tasks)
+    assert len(history.acked) >= 20_000, "the node published too little before the kill"
+    assert settled, "nothing was consumed before the kill"
+
+    await asyncio.to_thread(server.start)
+    redelivered_acked: set[str] = set()
+    async with AsyncClient(server.url) as client:
+        idle_since = time.monotonic()
+        while time.monotonic() - idle_since < 3:
+            got = await client.receive(QUEUE, GROUP, max_messages=1000, wait_seconds=0.5)
+            if got:
+                idle_since = time.monotonic()
+            for m in got:
+                history.delivered[m.text] += 1
+                if m.text in settled:
+                    redelivered_acked.add(m.text)
+            if got:
+                await client.ack(QUEUE, GROUP, [m.receipt or "" for m in got])
+        stats = (await client.get_group(QUEUE, GROUP))["stats"]
+        queue = await client.get_queue(QUEUE)
+    assert stats["backlog"] == 0
+    assert queue["stats"]["sealed_extents"] >= 1  # what was open at the crash got sealed
+    return history.report(), redelivered_acked, history
+
+
+async def test_sigkill_loses_no_acked_message(fresh_server: ServerProcess) -> None:
+    fresh_server.start()
+    report, redelivered_acked, history = await _run(fresh_server)
+    print("crash test:", report, "acked deliveries redelivered:", len(redelivered_acked))
+    assert report["lost"] == 0
+    assert report["unexpected"] == 0
+    assert not redelivered_acked, "a delivery acked before the crash came back"
+    assert report["delivered"] >= report["acked"]
