@@ -22,8 +22,9 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cherami.client.asyncclient import AsyncClient  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
+
+from cherami.client.asyncclient import AsyncClient  # noqa: E402
 
 
 class RssSampler:
@@ -52,7 +53,9 @@ def quantile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000)[int(q * 1000) - 1] if len(values) > 1 else values[0]
 
 
-async def publish_phase(url: str, queue: str, total: int, size: int, batch: int) -> tuple[float, list[float]]:
+async def publish_phase(
+    url: str, queue: str, total: int, size: int, batch: int
+) -> tuple[float, list[float]]:
     body = b"x" * size
     latencies: list[float] = []
     async with AsyncClient(url) as client, client.publisher(queue, max_in_flight=16) as pub:
@@ -110,8 +113,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--replicas", default="1,3")
     args = parser.parse_args()
-    print(f"{args.messages} messages of {args.size} B, batches of {args.batch}, every batch synced on every replica")
-    print(f"{'replicas':>8} {'publish msg/s':>14} {'pub p50 ms':>11} {'pub p99 ms':>11} {'consume+ack msg/s':>18} {'peak RSS MiB':>13}")
+    print(
+        f"{args.messages} messages of {args.size} B, batches of {args.batch}, "
+        "every batch synced on every replica"
+    )
+    header = ["replicas", "publish msg/s", "pub p50 ms", "pub p99 ms", "consume+ack msg/s"]
+    print(" ".join(f"{h:>14}" for h in [*header, "peak RSS MiB"]))
     for replicas in [int(r) for r in args.replicas.split(",")]:
         with tempfile.TemporaryDirectory() as tmp:
             server = ServerProcess(Path(tmp), stores=max(3, replicas)).start()
@@ -122,8 +129,10 @@ def main() -> None:
             finally:
                 peak = sampler.stop()
                 server.stop()
-        print(f"{replicas:>8} {r['publish_msgs_s']:>14,.0f} {r['publish_p50_ms']:>11.1f} "
-              f"{r['publish_p99_ms']:>11.1f} {r['consume_ack_msgs_s']:>18,.0f} {peak / 2**20:>13.0f}")
+        print(
+            f"{replicas:>8} {r['publish_msgs_s']:>14,.0f} {r['publish_p50_ms']:>11.1f} "
+            f"{r['publish_p99_ms']:>11.1f} {r['consume_ack_msgs_s']:>18,.0f} {peak / 2**20:>13.0f}"
+        )
 
 
 if __name__ == "__main__":

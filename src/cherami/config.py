@@ -40,7 +40,9 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def load_config(args: dict[str, Any], file: str | None = None, env: dict[str, str] | None = None) -> NodeConfig:
+def load_config(
+    args: dict[str, Any], file: str | None = None, env: dict[str, str] | None = None
+) -> NodeConfig:
     env = dict(os.environ) if env is None else env
     merged: dict[str, Any] = {}
     for name in NodeConfig.__struct_fields__:

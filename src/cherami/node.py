@@ -44,11 +44,15 @@ class Node:
         os.makedirs(cfg.data_dir, exist_ok=True)
         self.metadata = SqliteMetadataStore(os.path.join(cfg.data_dir, "metadata.db"))
         self.store_processes = [
-            StoreProcess(f"store-{i}", os.path.join(cfg.data_dir, f"store-{i}"), "127.0.0.1", self._store_up)
+            StoreProcess(
+                f"store-{i}", os.path.join(cfg.data_dir, f"store-{i}"), "127.0.0.1", self._store_up
+            )
             for i in range(cfg.stores)
         ]
         await asyncio.gather(*(p.start() for p in self.store_processes))
-        self.inputs = InputHostService(INPUT_HOST_ID, self.metadata, self.stores, self._replace_extent)
+        self.inputs = InputHostService(
+            INPUT_HOST_ID, self.metadata, self.stores, self._replace_extent
+        )
         self.outputs = OutputHostService(self.metadata, self.stores, self._publish_internal)
         self.controller = ControllerService(
             self.metadata, self.stores, INPUT_HOST_ID, self._extents_changed

@@ -37,8 +37,14 @@ def _queue(name: str = "q1") -> Queue:
 
 def _extent(id_: str, queue: str = "q1", predecessor: str | None = None) -> Extent:
     return Extent(
-        id=id_, queue=queue, kind="plain", status=OPEN, input_host="in-0",
-        stores=["s0", "s1"], created_at=time.time(), predecessor=predecessor,
+        id=id_,
+        queue=queue,
+        kind="plain",
+        status=OPEN,
+        input_host="in-0",
+        stores=["s0", "s1"],
+        created_at=time.time(),
+        predecessor=predecessor,
     )
 
 
@@ -59,8 +65,14 @@ async def test_queue_lifecycle(meta: MetadataStore) -> None:
 
 async def test_group_lifecycle(meta: MetadataStore) -> None:
     await meta.insert_queue(_queue())
-    group = Group(queue="q1", name="g", config=GroupConfig(max_delivery_count=3),
-                  created_at=time.time(), start_ms=0, dlq="_dlq.1")
+    group = Group(
+        queue="q1",
+        name="g",
+        config=GroupConfig(max_delivery_count=3),
+        created_at=time.time(),
+        start_ms=0,
+        dlq="_dlq.1",
+    )
     await meta.insert_group(group)
     with pytest.raises(AlreadyExists):
         await meta.insert_group(group)
@@ -84,11 +96,15 @@ async def test_extents_and_conditional_successor(meta: MetadataStore) -> None:
 
 
 async def test_ack_levels_upsert(meta: MetadataStore) -> None:
-    await meta.put_ack_levels([
-        AckLevel(queue="q1", group="g", extent="e1", level=b"\x01", acked=1),
-        AckLevel(queue="q1", group="g", extent="e2", level=b"", acked=0, limit=b"\x09"),
-    ])
-    await meta.put_ack_levels([AckLevel(queue="q1", group="g", extent="e1", level=b"\x05", acked=5)])
+    await meta.put_ack_levels(
+        [
+            AckLevel(queue="q1", group="g", extent="e1", level=b"\x01", acked=1),
+            AckLevel(queue="q1", group="g", extent="e2", level=b"", acked=0, limit=b"\x09"),
+        ]
+    )
+    await meta.put_ack_levels(
+        [AckLevel(queue="q1", group="g", extent="e1", level=b"\x05", acked=5)]
+    )
     levels = {a.extent: a for a in await meta.get_ack_levels("q1", "g")}
     assert (levels["e1"].level, levels["e1"].acked) == (b"\x05", 5)
     assert levels["e2"].limit == b"\x09"
@@ -98,8 +114,12 @@ async def test_ack_levels_upsert(meta: MetadataStore) -> None:
 
 
 async def test_hosts_and_lease(meta: MetadataStore) -> None:
-    await meta.heartbeat(Host(id="s0", role="storehost", address="127.0.0.1:1", heartbeat_at=time.time()))
-    await meta.heartbeat(Host(id="s1", role="storehost", address="127.0.0.1:2", heartbeat_at=time.time() - 60))
+    await meta.heartbeat(
+        Host(id="s0", role="storehost", address="127.0.0.1:1", heartbeat_at=time.time())
+    )
+    await meta.heartbeat(
+        Host(id="s1", role="storehost", address="127.0.0.1:2", heartbeat_at=time.time() - 60)
+    )
     assert [h.id for h in await meta.list_hosts("storehost", alive_within=10)] == ["s0"]
     assert await meta.try_lease("controller", "c1", ttl_seconds=5)
     assert await meta.try_lease("controller", "c1", ttl_seconds=5)

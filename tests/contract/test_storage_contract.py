@@ -29,7 +29,10 @@ def _records(n: int, start: int = 1) -> list[bytes]:
 
 def test_append_then_read_in_order(store: ExtentStore) -> None:
     store.create_extent("e1", PLAIN)
-    assert store.append([AppendOp("e1", 1, _records(3)), AppendOp("e1", 4, _records(2, 4))]) == [3, 5]
+    assert store.append([AppendOp("e1", 1, _records(3)), AppendOp("e1", 4, _records(2, 4))]) == [
+        3,
+        5,
+    ]
     batch = store.read("e1", b"", 10)
     assert [seq_of(k) for k in batch.keys] == [1, 2, 3, 4, 5]
     assert batch.records == _records(5)
@@ -49,7 +52,11 @@ def test_gap_unknown_and_repeat(store: ExtentStore) -> None:
     store.create_extent("e1", PLAIN)
     store.append([AppendOp("e1", 1, _records(2))])
     gap, unknown, repeat = store.append(
-        [AppendOp("e1", 5, _records(1)), AppendOp("nope", 1, _records(1)), AppendOp("e1", 1, _records(2))]
+        [
+            AppendOp("e1", 5, _records(1)),
+            AppendOp("nope", 1, _records(1)),
+            AppendOp("e1", 1, _records(2)),
+        ]
     )
     assert isinstance(gap, StorageError) and gap.code == "sequence_gap"
     assert isinstance(unknown, StorageError) and unknown.code == "extent_not_found"

@@ -30,14 +30,18 @@ async def _publish_until_killed(url: str, history: QueueHistory, stop: asyncio.E
                     except TimeoutError:
                         continue  # the node is gone; the stop flag ends the loop
                     fut.add_done_callback(
-                        lambda f, b=bodies: None if f.cancelled() or f.exception() else history.acked.update(b)
+                        lambda f, b=bodies: (
+                            None if f.cancelled() or f.exception() else history.acked.update(b)
+                        )
                     )
                     pending.add(fut)
                     pending = {p for p in pending if not p.done()}
                 await asyncio.wait(pending, timeout=5)
 
 
-async def _consume_some(url: str, history: QueueHistory, settled: set[str], stop: asyncio.Event) -> None:
+async def _consume_some(
+    url: str, history: QueueHistory, settled: set[str], stop: asyncio.Event
+) -> None:
     async with AsyncClient(url, timeout=10) as client:
         while not stop.is_set():
             try:

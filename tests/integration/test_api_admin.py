@@ -80,9 +80,17 @@ def test_delete_contents_only_keeps_queue_and_groups(http: httpx.Client) -> None
 def test_group_lifecycle(http: httpx.Client) -> None:
     q = unique()
     http.put(f"/v1/queues/{q}")
-    made = http.put(f"/v1/queues/{q}/groups/g1", json={"visibility_timeout_seconds": 5, "max_delivery_count": 3})
+    made = http.put(
+        f"/v1/queues/{q}/groups/g1", json={"visibility_timeout_seconds": 5, "max_delivery_count": 3}
+    )
     assert made.status_code == 201
-    assert http.put(f"/v1/queues/{q}/groups/g1", json={"visibility_timeout_seconds": 5, "max_delivery_count": 3}).status_code == 200
+    assert (
+        http.put(
+            f"/v1/queues/{q}/groups/g1",
+            json={"visibility_timeout_seconds": 5, "max_delivery_count": 3},
+        ).status_code
+        == 200
+    )
     conflict = http.put(f"/v1/queues/{q}/groups/g1", json={"max_delivery_count": 4})
     assert conflict.status_code == 409 and _code(conflict) == "already_exists"
     assert [g["name"] for g in http.get(f"/v1/queues/{q}/groups").json()["groups"]] == ["g1"]
@@ -123,13 +131,17 @@ def test_invalid_requests_are_400_never_500(http: httpx.Client) -> None:
         ("POST", f"/v1/queues/{q}/messages", b'{"messages": [{"body": "a", "body_b64": "YQ=="}]}'),
         ("POST", f"/v1/queues/{q}/messages", b'{"messages": [{}]}'),
         ("POST", f"/v1/queues/{q}/messages", b'{"messages": [{"body_b64": "***"}]}'),
-        ("POST", f"/v1/queues/{q}/messages", b'{"messages": [{"body": "a", "attributes": {"k": 1}}]}'),
+        (
+            "POST",
+            f"/v1/queues/{q}/messages",
+            b'{"messages": [{"body": "a", "attributes": {"k": 1}}]}',
+        ),
         ("POST", f"/v1/queues/{q}/messages", b'{"messages": [{"body": 5}]}'),
         ("POST", f"/v1/queues/{q}/groups/g/receive", b'{"max_messages": 0}'),
         ("POST", f"/v1/queues/{q}/groups/g/receive", b'{"max_messages": 1001}'),
         ("POST", f"/v1/queues/{q}/groups/g/receive", b'{"wait_seconds": 21}'),
         ("POST", f"/v1/queues/{q}/groups/g/ack", b'{"receipts": "abc"}'),
-        ("POST", f"/v1/queues/{q}/groups/g/ack", b'{}'),
+        ("POST", f"/v1/queues/{q}/groups/g/ack", b"{}"),
         ("POST", f"/v1/queues/{q}/groups/g/nack", b'{"receipts": ["x"], "delay_seconds": -2}'),
         ("POST", f"/v1/queues/{q}/groups/g/visibility", b'{"receipts": ["x"]}'),
         ("GET", f"/v1/queues/{q}/groups/g/dlq?limit=abc", b""),

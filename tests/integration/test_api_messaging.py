@@ -23,7 +23,9 @@ async def _setup(client: AsyncClient, *groups: str, **group_config: float) -> st
     return q
 
 
-async def _drain(client: AsyncClient, q: str, g: str, expect: int, timeout: float = 20) -> list[str]:
+async def _drain(
+    client: AsyncClient, q: str, g: str, expect: int, timeout: float = 20
+) -> list[str]:
     bodies: list[str] = []
     deadline = time.monotonic() + timeout
     while len(bodies) < expect and time.monotonic() < deadline:
@@ -292,7 +294,9 @@ async def test_start_from_latest_skips_older_messages(client: AsyncClient) -> No
     await client.create_group(q, "late", start_from="latest")
     await client.create_group(q, "early")
     await client.publish(q, ["new"])
-    assert [m.text for m in await client.receive(q, "late", max_messages=10, wait_seconds=3)] == ["new"]
+    assert [m.text for m in await client.receive(q, "late", max_messages=10, wait_seconds=3)] == [
+        "new"
+    ]
     got = await _drain(client, q, "early", 2)
     assert sorted(got) == ["new", "old"]
 

@@ -96,5 +96,3 @@ class ServerProcess:
 
 def unique(prefix: str = "q") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-

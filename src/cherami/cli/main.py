@@ -48,7 +48,8 @@ def serve(config_file: str | None, **args: Any) -> None:
 def main() -> None:
     # import the package module, not ``__main__``: under ``python -m cherami.cli.main``
     # this file runs as a second module whose ``cli`` the commands never see
-    from cherami.cli import commands, main as package_main  # noqa: F401
+    from cherami.cli import commands  # noqa: F401
+    from cherami.cli import main as package_main
 
     package_main.cli()
 

@@ -38,7 +38,9 @@ class AsyncClient:
     async def __aenter__(self) -> AsyncClient:
         return self
 
-    async def __aexit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+    async def __aexit__(
+        self, *exc: type[BaseException] | BaseException | TracebackType | None
+    ) -> None:
         await self.close()
 
     async def request(self, method: str, path: str, body: Any = None,
@@ -97,19 +99,29 @@ class AsyncClient:
         await self.request("DELETE", self._g(queue, group))
 
     # messages over HTTP
-    async def publish(self, queue: str, messages: Iterable[OutgoingMessage | bytes | str]) -> list[str]:
+    async def publish(
+        self, queue: str, messages: Iterable[OutgoingMessage | bytes | str]
+    ) -> list[str]:
         """Publish in batches of 1000; returns once every message is durable."""
         items = [outgoing(m).to_json() for m in messages]
         ids: list[str] = []
         for start in range(0, len(items), PUBLISH_BATCH):
             reply = await self.request(
-                "POST", self._q(queue) + "/messages", {"messages": items[start : start + PUBLISH_BATCH]}
+                "POST",
+                self._q(queue) + "/messages",
+                {"messages": items[start : start + PUBLISH_BATCH]},
             )
             ids.extend(reply["ids"])
         return ids
 
-    async def receive(self, queue: str, group: str, max_messages: int = 10, wait_seconds: float = 0,
-                      visibility_timeout_seconds: float | None = None) -> list[Received]:  # fmt: skip
+    async def receive(
+        self,
+        queue: str,
+        group: str,
+        max_messages: int = 10,
+        wait_seconds: float = 0,
+        visibility_timeout_seconds: float | None = None,
+    ) -> list[Received]:
         body: dict[str, Any] = {"max_messages": max_messages, "wait_seconds": wait_seconds}
         if visibility_timeout_seconds is not None:
             body["visibility_timeout_seconds"] = visibility_timeout_seconds
@@ -119,7 +131,9 @@ class AsyncClient:
     async def ack(self, queue: str, group: str, receipts: list[str]) -> dict[str, Any]:
         return await self.request("POST", self._g(queue, group) + "/ack", {"receipts": receipts})  # type: ignore[no-any-return]
 
-    async def nack(self, queue: str, group: str, receipts: list[str], delay_seconds: float = 0) -> dict[str, Any]:
+    async def nack(
+        self, queue: str, group: str, receipts: list[str], delay_seconds: float = 0
+    ) -> dict[str, Any]:
         body = {"receipts": receipts, "delay_seconds": delay_seconds}
         return await self.request("POST", self._g(queue, group) + "/nack", body)  # type: ignore[no-any-return]
 
@@ -130,7 +144,8 @@ class AsyncClient:
 
     # dead-letter queue
     async def dlq(self, queue: str, group: str, limit: int = 100) -> dict[str, Any]:
-        return await self.request("GET", self._g(queue, group) + "/dlq", params={"limit": str(limit)})  # type: ignore[no-any-return]
+        path = self._g(queue, group) + "/dlq"
+        return await self.request("GET", path, params={"limit": str(limit)})  # type: ignore[no-any-return]
 
     async def dlq_merge(self, queue: str, group: str) -> int:
         return (await self.request("POST", self._g(queue, group) + "/dlq/merge"))["merged"]  # type: ignore[no-any-return]

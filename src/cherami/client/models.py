@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import base64
-from datetime import UTC, datetime
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -49,9 +49,11 @@ class Received:
     @property
     def enqueued_at(self) -> str:
         """The enqueue time as RFC 3339 (as the HTTP API gives it)."""
-        return datetime.fromtimestamp(self.enqueued_ms / 1000, UTC).isoformat(
-            timespec="milliseconds"
-        ).replace("+00:00", "Z")
+        return (
+            datetime.fromtimestamp(self.enqueued_ms / 1000, UTC)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z")
+        )
 
     @property
     def text(self) -> str:

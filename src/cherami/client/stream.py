@@ -113,7 +113,9 @@ class Publisher:
             if not future.done():
                 future.set_exception(error)
 
-    async def send(self, messages: Iterable[OutgoingMessage | bytes | str]) -> asyncio.Future[list[str]]:
+    async def send(
+        self, messages: Iterable[OutgoingMessage | bytes | str]
+    ) -> asyncio.Future[list[str]]:
         """Send one batch; returns a future of its ids (waits while too many are in flight)."""
         batch = [outgoing(m) for m in messages]
         frame = f.Publish(next(self._ids), [
@@ -226,7 +228,9 @@ class StreamConsumer:
                 return None
         return self._buffer.popleft()
 
-    async def get_batch(self, max_messages: int = 1000, timeout: float | None = None) -> list[Received]:
+    async def get_batch(
+        self, max_messages: int = 1000, timeout: float | None = None
+    ) -> list[Received]:
         first = await self.get(timeout)
         if first is None:
             return []

@@ -56,7 +56,7 @@ class GroupConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_delivery_count: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 10
     start_from: str = "earliest"
     delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] = 0.0
-    type: Literal["competing", "stream"] = COMPETING
+    type: Literal["competing", "stream"] = "competing"
 
 
 class GroupPatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

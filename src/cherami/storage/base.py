@@ -90,7 +90,8 @@ def check_append(meta: ExtentMeta | None, op: AppendOp) -> int:
         raise StorageError("extent_sealed", f"extent {op.extent} is sealed at {meta.last_seq}")
     if op.first_seq != meta.last_seq + 1:
         raise StorageError(
-            "sequence_gap", f"extent {op.extent} holds {meta.last_seq}, append starts {op.first_seq}"
+            "sequence_gap",
+            f"extent {op.extent} holds {meta.last_seq}, append starts {op.first_seq}",
         )
     if op.delivery_ms is not None and len(op.delivery_ms) != len(op.records):
         raise StorageError("invalid_request", "delivery_ms must match records")

@@ -21,12 +21,14 @@ def timer_key(delivery_ms: int, seq: int) -> bytes:
 
 def seq_of(key: bytes) -> int:
     """The sequence number a key of either kind names."""
-    return _SEQ.unpack_from(key, len(key) - 8)[0]
+    seq: int = _SEQ.unpack_from(key, len(key) - 8)[0]
+    return seq
 
 
 def due_ms_of(key: bytes) -> int:
     """The delivery time of a timer key."""
-    return _SEQ.unpack_from(key, 0)[0]
+    due: int = _SEQ.unpack_from(key, 0)[0]
+    return due
 
 
 def plain_keys(first_seq: int, count: int) -> list[bytes]:

@@ -62,7 +62,11 @@ class MemoryExtentStore:
         index = start
         while index < len(replica.keys) and len(keys) < max_count and size < max_bytes:
             key = replica.keys[index]
-            if replica.meta.kind == TIMER and until_ms and int.from_bytes(key[:8], "big") > until_ms:
+            if (
+                replica.meta.kind == TIMER
+                and until_ms
+                and int.from_bytes(key[:8], "big") > until_ms
+            ):
                 return ReadBatch(keys, records, False)
             keys.append(key)
             records.append(replica.values[key])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
@@ -50,7 +50,7 @@ class RocksExtentStore:
         self._meta_cf = self._db.get_column_family(_META_CF)
         self._meta_handle = self._db.get_column_family_handle(_META_CF)
         for key, value in self._meta_cf.items():
-            extent = key.decode()
+            extent = cast(bytes, key).decode()
             if extent in names:
                 self._meta[extent] = ExtentMeta(*_meta_decoder.decode(value))
                 self._cfs[extent] = self._db.get_column_family_handle(extent)
@@ -111,7 +111,8 @@ class RocksExtentStore:
                 batch.put(timer_key(due, seq), record, cf)
                 seq += 1
         else:
-            for key, record in zip(plain_keys(op.first_seq, len(op.records)), op.records):
+            keys = plain_keys(op.first_seq, len(op.records))
+            for key, record in zip(keys, op.records, strict=True):
                 batch.put(key, record, cf)
 
     def read(
@@ -150,7 +151,7 @@ class RocksExtentStore:
             batch.delete_range(plain_key(at_seq + 1), plain_key(MAX_SEQ), handle)
         else:
             for key, value in cf.items():
-                if seq_of(key) > at_seq:
+                if seq_of(cast(bytes, key)) > at_seq:
                     batch.delete(key, handle)
                     removed += 1
                     dropped_bytes += len(value)

@@ -112,8 +112,8 @@ Request = CreateExtent | Append | Read | Seal | Info | Drop
 Reply = Appended | ReadResult | InfoResult | Done | Failed
 
 _encoder = msgspec.msgpack.Encoder()
-_request_decoder = msgspec.msgpack.Decoder(Request)
-_reply_decoder = msgspec.msgpack.Decoder(Reply)
+_request_decoder: msgspec.msgpack.Decoder[Request] = msgspec.msgpack.Decoder(Request)
+_reply_decoder: msgspec.msgpack.Decoder[Reply] = msgspec.msgpack.Decoder(Reply)
 
 
 def encode(frame: Request | Reply) -> bytes:

@@ -70,8 +70,8 @@ ClientFrame = Publish | Credit | Ack | Nack | Extend
 ServerFrame = Published | Deliver | Settled | Error
 
 _encoder = msgspec.msgpack.Encoder()
-_client_decoder = msgspec.msgpack.Decoder(ClientFrame)
-_server_decoder = msgspec.msgpack.Decoder(ServerFrame)
+_client_decoder: msgspec.msgpack.Decoder[ClientFrame] = msgspec.msgpack.Decoder(ClientFrame)
+_server_decoder: msgspec.msgpack.Decoder[ServerFrame] = msgspec.msgpack.Decoder(ServerFrame)
 
 
 def encode(frame: ClientFrame | ServerFrame) -> bytes:

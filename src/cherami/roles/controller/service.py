@@ -135,7 +135,9 @@ class ControllerService:
                 log.warning("could not drop extent %s on %s: %s", extent.id, store_id, err)
 
     # groups
-    async def create_group(self, queue_name: str, name: str, config: GroupConfig) -> tuple[Group, bool]:
+    async def create_group(
+        self, queue_name: str, name: str, config: GroupConfig
+    ) -> tuple[Group, bool]:
         queue = await self.metadata.get_queue(queue_name)
         start_ms = parse_start(config.start_from)
         try:
@@ -147,7 +149,9 @@ class ControllerService:
                 raise AlreadyExists(f"group {name} exists with a different config")
             return existing, False
         dlq = dlq_name(queue_name, name)
-        dlq_config = QueueConfig(replicas=queue.config.replicas, retention_seconds=queue.config.retention_seconds)
+        dlq_config = QueueConfig(
+            replicas=queue.config.replicas, retention_seconds=queue.config.retention_seconds
+        )
         group = Group(
             queue=queue_name, name=name, config=config, created_at=time.time(),
             start_ms=start_ms, dlq=dlq,
@@ -277,7 +281,10 @@ class ControllerService:
         cursor_rows: list[AckLevel] = []
         merged_rows: list[AckLevel] = []
         group_levels = (
-            {a.extent: a for a in await self.metadata.get_ack_levels(merge_into.queue, merge_into.name)}
+            {
+                a.extent: a
+                for a in await self.metadata.get_ack_levels(merge_into.queue, merge_into.name)
+            }
             if merge_into
             else {}
         )
@@ -293,7 +300,9 @@ class ControllerService:
                 )  # fmt: skip
                 row.limit = end
                 merged_rows.append(row)
-            cursor_rows.append(AckLevel(queue=dlq, group=DLQ_CURSOR, extent=extent.id, level=end, acked=last_seq))
+            cursor_rows.append(
+                AckLevel(queue=dlq, group=DLQ_CURSOR, extent=extent.id, level=end, acked=last_seq)
+            )
         if cursor_rows:
             await self.metadata.put_ack_levels(cursor_rows + merged_rows)
         if merge_into is not None and merged_rows:

@@ -82,7 +82,11 @@ async def decode(request: web.Request, type_: type[T], empty_ok: bool = True) ->
 
 
 def queue_json(queue: Queue) -> dict[str, Any]:
-    return {"name": queue.name, **msgspec.to_builtins(queue.config), "created_at": rfc3339(int(queue.created_at * 1000))}
+    return {
+        "name": queue.name,
+        **msgspec.to_builtins(queue.config),
+        "created_at": rfc3339(int(queue.created_at * 1000)),
+    }
 
 
 def group_json(group: Group) -> dict[str, Any]:
@@ -221,7 +225,9 @@ class Frontend:
 
     async def get_group(self, request: web.Request) -> web.Response:
         consumer = await self.consumer(request, None)
-        return json_response({**group_json(consumer.group), "stats": await self._group_stats(consumer)})
+        return json_response(
+            {**group_json(consumer.group), "stats": await self._group_stats(consumer)}
+        )
 
     async def _group_stats(self, consumer: GroupConsumer) -> s.GroupStats:
         counts: dict[str, int] = {}

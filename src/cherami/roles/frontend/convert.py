@@ -13,8 +13,10 @@ from cherami.roles.inputhost.service import Message
 
 
 def rfc3339(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z"
+    return (
+        datetime.fromtimestamp(ms / 1000, UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
     )
 
 
@@ -45,7 +47,13 @@ def to_messages(queue: Queue, items: list[PublishMessage]) -> list[Message]:
                 raise InvalidRequest(f"messages[{i}].body_b64 is not valid base64") from None
         check_size(queue, i, len(body), limit)
         out.append(
-            Message(body, item.attributes or None, int(item.delay_seconds * 1000), None, item.body is not None)
+            Message(
+                body,
+                item.attributes or None,
+                int(item.delay_seconds * 1000),
+                None,
+                item.body is not None,
+            )
         )
     return out
 

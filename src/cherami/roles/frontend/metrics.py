@@ -19,10 +19,21 @@ class Metrics:
             registry=self.registry,
         )  # fmt: skip
         labels = ["queue", "group"]
-        self._delivered = Gauge("cherami_group_delivered", "Deliveries since start", labels, registry=self.registry)
-        self._acked = Gauge("cherami_group_acked", "Acks since start", labels, registry=self.registry)
-        self._in_flight = Gauge("cherami_group_in_flight", "Deliveries in flight", labels, registry=self.registry)
-        self._dead = Gauge("cherami_group_dead_lettered", "Moved to the DLQ since start", labels, registry=self.registry)
+        self._delivered = Gauge(
+            "cherami_group_delivered", "Deliveries since start", labels, registry=self.registry
+        )
+        self._acked = Gauge(
+            "cherami_group_acked", "Acks since start", labels, registry=self.registry
+        )
+        self._in_flight = Gauge(
+            "cherami_group_in_flight", "Deliveries in flight", labels, registry=self.registry
+        )
+        self._dead = Gauge(
+            "cherami_group_dead_lettered",
+            "Moved to the DLQ since start",
+            labels,
+            registry=self.registry,
+        )
 
     def published(self, queue: str, n: int) -> None:
         self._published.labels(queue).inc(n)

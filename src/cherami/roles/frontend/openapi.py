@@ -31,17 +31,41 @@ _OPERATIONS: list[tuple[str, str, str, type | None, type | None]] = [
     (Q, "get", "Show a queue with stats", None, s.QueueStats),
     (Q, "patch", "Change retention, delay, min_extents", QueuePatch, None),
     (Q, "delete", "Delete a queue (?contents_only=true keeps queue and groups)", None, None),
-    (Q + "/messages", "post", "Publish 1 to 1000 messages durably", s.PublishRequest, s.PublishResponse),
+    (
+        Q + "/messages",
+        "post",
+        "Publish 1 to 1000 messages durably",
+        s.PublishRequest,
+        s.PublishResponse,
+    ),
     (Q + "/publish", "get", "WebSocket: streaming publish (docs/protocol.md)", None, None),
     (Q + "/groups", "get", "List consumer groups", None, None),
     (G, "put", "Create a consumer group and its DLQ", GroupConfig, None),
     (G, "get", "Show a group with stats", None, s.GroupStats),
     (G, "patch", "Change a group", GroupPatch, None),
     (G, "delete", "Delete a group and its DLQ", None, None),
-    (G + "/receive", "post", "Receive with a visibility timeout (long poll)", s.ReceiveRequest, s.ReceiveResponse),
+    (
+        G + "/receive",
+        "post",
+        "Receive with a visibility timeout (long poll)",
+        s.ReceiveRequest,
+        s.ReceiveResponse,
+    ),
     (G + "/ack", "post", "Ack by receipts", s.AckRequest, s.AckResponse),
-    (G + "/nack", "post", "Nack by receipts, visible again after a delay", s.NackRequest, s.NackResponse),
-    (G + "/visibility", "post", "Extend visibility timeouts", s.VisibilityRequest, s.VisibilityResponse),
+    (
+        G + "/nack",
+        "post",
+        "Nack by receipts, visible again after a delay",
+        s.NackRequest,
+        s.NackResponse,
+    ),
+    (
+        G + "/visibility",
+        "post",
+        "Extend visibility timeouts",
+        s.VisibilityRequest,
+        s.VisibilityResponse,
+    ),
     (G + "/consume", "get", "WebSocket: streaming consume (docs/protocol.md)", None, None),
     (G + "/dlq", "get", "Browse the group's DLQ", None, s.DlqResponse),
     (G + "/dlq/merge", "post", "Deliver the DLQ's messages again to this group only", None, None),
@@ -53,7 +77,9 @@ _OPERATIONS: list[tuple[str, str, str, type | None, type | None]] = [
 def openapi_document() -> dict[str, Any]:
     types = {t for _, _, _, a, b in _OPERATIONS for t in (a, b) if t is not None}
     ordered = sorted(types, key=lambda t: t.__name__)
-    refs, components = msgspec.json.schema_components(ordered, ref_template="#/components/schemas/{name}")
+    refs, components = msgspec.json.schema_components(
+        ordered, ref_template="#/components/schemas/{name}"
+    )
     ref = dict(zip(ordered, refs, strict=True))
     paths: dict[str, dict[str, Any]] = {}
     for path, method, summary, req, resp in _OPERATIONS:
@@ -77,8 +103,12 @@ def openapi_document() -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "Cherami HTTP API", "version": "1"},
         "paths": {
-            "/healthz": {"get": {"summary": "200 once ready", "responses": {"200": {"description": "ok"}}}},
-            "/metrics": {"get": {"summary": "Prometheus text", "responses": {"200": {"description": "ok"}}}},
+            "/healthz": {
+                "get": {"summary": "200 once ready", "responses": {"200": {"description": "ok"}}}
+            },
+            "/metrics": {
+                "get": {"summary": "Prometheus text", "responses": {"200": {"description": "ok"}}}
+            },
             **paths,
         },
         "components": {"schemas": components},

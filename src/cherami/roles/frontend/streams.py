@@ -59,7 +59,9 @@ class StreamHandlers:
         async for msg in ws:
             if msg.type != WSMsgType.BINARY:
                 if msg.type == WSMsgType.TEXT:
-                    await ws.send_bytes(f.encode(f.Error(0, "invalid_request", "binary frames only")))
+                    await ws.send_bytes(
+                        f.encode(f.Error(0, "invalid_request", "binary frames only"))
+                    )
                 continue
             try:
                 frame = f.decode_client(msg.data)

@@ -46,7 +46,9 @@ class ExtentWriter:
         try:
             try:
                 # no await between the sends: every replica sees appends in seq order
-                futures = [r.append_nowait(self.id, first, records, delivery_ms) for r in self.replicas]
+                futures = [
+                    r.append_nowait(self.id, first, records, delivery_ms) for r in self.replicas
+                ]
             except Unavailable:
                 self.failed = True
                 raise

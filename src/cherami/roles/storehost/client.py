@@ -69,7 +69,9 @@ class StoreClient:
             self._reader_task = asyncio.create_task(self._read_replies(reader, writer))
             return writer
 
-    async def _read_replies(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _read_replies(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         try:
             while True:
                 reply = w.decode_reply(await read_frame(reader))

@@ -63,7 +63,9 @@ class StoreProcess:
             raise Unavailable(f"store host {self.store_id} did not start") from None
         if not line.startswith(b"READY "):
             await proc.wait()
-            raise Unavailable(f"store host {self.store_id} failed to start (exit {proc.returncode})")
+            raise Unavailable(
+                f"store host {self.store_id} failed to start (exit {proc.returncode})"
+            )
         self._proc = proc
         self.address = line.split()[1].decode()
         log.info("store host %s ready at %s (pid %d)", self.store_id, self.address, proc.pid)

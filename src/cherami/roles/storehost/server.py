@@ -70,7 +70,9 @@ class StoreHostService:
             while True:
                 request = w.decode_request(await read_frame(reader))
                 if isinstance(request, w.Append):
-                    op = AppendOp(request.extent, request.first_seq, request.records, request.delivery_ms)
+                    op = AppendOp(
+                        request.extent, request.first_seq, request.records, request.delivery_ms
+                    )
                     self._pending.append(_PendingAppend(op, request.rid, writer))
                     self._kick.set()
                 else:
@@ -132,10 +134,14 @@ class StoreHostService:
         if isinstance(request, w.Read):
             return await self._read(request)
         if isinstance(request, w.CreateExtent):
-            await loop.run_in_executor(self._writes, store.create_extent, request.extent, request.kind)
+            await loop.run_in_executor(
+                self._writes, store.create_extent, request.extent, request.kind
+            )
             return w.Done(request.rid)
         if isinstance(request, w.Seal):
-            last = await loop.run_in_executor(self._writes, store.seal, request.extent, request.at_seq)
+            last = await loop.run_in_executor(
+                self._writes, store.seal, request.extent, request.at_seq
+            )
             self._wake(request.extent)
             return w.Done(request.rid, last)
         if isinstance(request, w.Info):

@@ -1,0 +1,53 @@
+# Every verb sets up what it needs: a fresh machine only needs python3 (3.11+) and, for
+# the Spark parts, Java 17.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+DATA   ?= ./data
+PORT   ?= 8080
+
+export PYSPARK_PYTHON := $(abspath $(PY))
+export SPARK_LOCAL_IP := 127.0.0.1
+
+.PHONY: install run demo test test-fast lint bench bench-quick bench-throughput clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,spark]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## run: start a node on the embedded default (RocksDB store hosts + SQLite) on $(PORT)
+run: $(STAMP)
+	$(VENV)/bin/cherami serve --data-dir $(DATA) --port $(PORT)
+
+## demo: the crash-report pipeline end to end (node, workers, DLQ, Spark), then a report
+demo: $(STAMP)
+	$(PY) demo/crash_reports.py
+
+## test: the whole suite (unit, contract, integration, Spark, faults)
+test: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider tests/unit tests/contract
+
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench.py
+
+bench-quick: $(STAMP)
+	$(PY) benchmarks/bench.py --quick
+
+bench-throughput: $(STAMP)
+	$(PY) benchmarks/throughput.py
+
+clean:
+	rm -rf $(VENV) $(DATA) build *.egg-info
