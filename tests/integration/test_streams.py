@@ -1,0 +1,156 @@
+"""WebSocket streaming publish and consume, at the frame level and through the client."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from cherami.client.asyncclient import AsyncClient
+from cherami.errors import GroupNotFound, MessageTooLarge, QueueNotFound
+from cherami.wire import stream as f
+from tests.support.server import ServerProcess, unique
+
+
+async def _queue(client: AsyncClient, *groups: str, **cfg: float) -> str:
+    q = unique()
+    await client.create_queue(q)
+    for g in groups:
+        await client.create_group(q, g, **cfg)
+    return q
+
+
+async def test_stream_publish_and_consume_round_trip(client: AsyncClient) -> None:
+    q = await _queue(client, "g")
+    async with client.publisher(q) as pub:
+        futures = [await pub.send([f"b{i}-{j}" for j in range(100)]) for i in range(20)]
+        ids = [i for fut in futures for i in await fut]
+    assert len(set(ids)) == 2000
+    got: list[str] = []
+    async with client.consumer(q, "g", credit=300) as c:
+        while len(got) < 2000:
+            batch = await c.get_batch(500, timeout=5)
+            assert batch, f"stalled after {len(got)}"
+            got += [m.text for m in batch]
+            c.ack(*batch)
+        await c.flush()
+    assert sorted(got) == sorted(f"b{i}-{j}" for i in range(20) for j in range(100))
+    for _ in range(50):
+        stats = (await client.get_group(q, "g"))["stats"]
+        if stats["backlog"] == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert stats["backlog"] == 0 and stats["acked"] == 2000
+
+
+async def test_credit_bounds_deliveries(server: ServerProcess, client: AsyncClient) -> None:
+    q = await _queue(client, "g")
+    await client.publish(q, [f"m{i}" for i in range(50)])
+    async with aiohttp.ClientSession() as s:
+        url = server.url.replace("http", "ws") + f"/v1/queues/{q}/groups/g/consume"
+        async with s.ws_connect(url) as ws:
+            await ws.send_bytes(f.encode(f.Credit(10)))
+            frame = f.decode_server((await ws.receive(timeout=5)).data)
+            assert isinstance(frame, f.Deliver) and len(frame.messages) == 10
+            with pytest.raises(asyncio.TimeoutError):
+                await ws.receive(timeout=0.5)
+            await ws.send_bytes(f.encode(f.Ack([m.handle for m in frame.messages])))
+            await ws.send_bytes(f.encode(f.Credit(5)))
+            frame = f.decode_server((await ws.receive(timeout=5)).data)
+            assert isinstance(frame, f.Deliver) and len(frame.messages) == 5
+            held = frame.messages
+            await ws.send_bytes(f.encode(f.Ack([held[0].handle, held[0].handle, 999_999_999])))
+            settled = f.decode_server((await ws.receive(timeout=5)).data)
+            assert isinstance(settled, f.Settled)
+            assert settled.kind == "ack" and settled.stale == [held[0].handle, 999_999_999]
+    # what the closed stream held is delivered again at once
+    got = []
+    while len(got) < 4 + 35:
+        more = await client.receive(q, "g", max_messages=100, wait_seconds=5)
+        assert more
+        got += more
+    again = {m.id: m.delivery_count for m in got}
+    assert all(again[m.id] == 2 for m in held[1:])
+
+
+async def test_stream_nack_and_extend(client: AsyncClient) -> None:
+    q = await _queue(client, "g", visibility_timeout_seconds=1)
+    await client.publish(q, ["a", "b"])
+    async with client.consumer(q, "g", credit=10) as c:
+        first = await c.get_batch(2, timeout=5)
+        while len(first) < 2:
+            first += await c.get_batch(2, timeout=5)
+        by_text = {m.text: m for m in first}
+        t0 = time.monotonic()
+        await c.nack(by_text["a"], delay_seconds=0.3)
+        again = await c.get(timeout=5)
+        assert again is not None and again.text == "a" and again.delivery_count == 2
+        assert time.monotonic() - t0 >= 0.3
+        c.ack(again)
+        for _ in range(3):
+            await asyncio.sleep(0.5)
+            await c.extend(by_text["b"], visibility_timeout_seconds=1)
+        assert await c.get(timeout=0.5) is None  # "b" never timed out
+        c.ack(by_text["b"])
+        await c.flush()
+    await asyncio.sleep(0.1)
+    assert (await client.get_group(q, "g"))["stats"]["backlog"] == 0
+
+
+async def test_stream_publish_errors_per_batch(server: ServerProcess, client: AsyncClient) -> None:
+    q = unique()
+    await client.create_queue(q, max_message_bytes=100)
+    async with client.publisher(q) as pub:
+        with pytest.raises(MessageTooLarge):
+            await pub.publish([b"x" * 101])
+        assert len(await pub.publish([b"x" * 100])) == 1
+    async with aiohttp.ClientSession() as s:
+        url = server.url.replace("http", "ws") + f"/v1/queues/{q}/publish"
+        async with s.ws_connect(url) as ws:
+            await ws.send_bytes(b"\xc1garbage")
+            err = f.decode_server((await ws.receive(timeout=5)).data)
+            assert isinstance(err, f.Error) and err.code == "invalid_request"
+            await ws.send_str("text frame")
+            err = f.decode_server((await ws.receive(timeout=5)).data)
+            assert isinstance(err, f.Error) and err.code == "invalid_request"
+            await ws.send_bytes(f.encode(f.Credit(5)))
+            err = f.decode_server((await ws.receive(timeout=5)).data)
+            assert isinstance(err, f.Error) and err.code == "invalid_request"
+            await ws.send_bytes(f.encode(f.Publish(7, [f.OutMessage(b"ok")])))
+            ok = f.decode_server((await ws.receive(timeout=5)).data)
+            assert isinstance(ok, f.Published) and ok.id == 7 and len(ok.ids) == 1
+    assert (await client.get_queue(q))["stats"]["messages_published"] == 2
+
+
+async def test_stream_to_unknown_queue_or_group(client: AsyncClient) -> None:
+    with pytest.raises(QueueNotFound):
+        async with client.publisher(unique()):
+            pass
+    q = await _queue(client)
+    with pytest.raises(GroupNotFound):
+        async with client.consumer(q, "nope"):
+            pass
+
+
+async def test_competing_stream_consumers_share_the_work(client: AsyncClient) -> None:
+    q = await _queue(client, "g")
+    await client.publish(q, [f"m{i}" for i in range(3000)])
+    seen: list[list[str]] = [[], []]
+
+    async def run(k: int) -> None:
+        async with client.consumer(q, "g", credit=100) as c:
+            while True:
+                batch = await c.get_batch(100, timeout=1.5)
+                if not batch:
+                    return
+                seen[k] += [m.text for m in batch]
+                await asyncio.sleep(0.005)
+                c.ack(*batch)
+
+    t0 = time.monotonic()
+    await asyncio.gather(run(0), run(1))
+    assert time.monotonic() - t0 < 60
+    assert set(seen[0]).isdisjoint(seen[1]) and seen[0] and seen[1]
+    assert len(seen[0]) + len(seen[1]) == 3000
