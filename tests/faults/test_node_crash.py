@@ -104,3 +104,31 @@ async def test_sigkill_loses_no_acked_message(fresh_server: ServerProcess) -> No
     assert report["unexpected"] == 0
     assert not redelivered_acked, "a delivery acked before the crash came back"
     assert report["delivered"] >= report["acked"]
+
+
+async def test_clean_restart_keeps_messages_and_ack_levels(fresh_server: ServerProcess) -> None:
+    fresh_server.start()
+    async with AsyncClient(fresh_server.url) as client:
+        await client.create_queue("restart")
+        await client.create_group("restart", "g")
+        await client.create_group("restart", "idle")
+        await client.publish("restart", [f"m{i}" for i in range(1000)])
+        acked: set[str] = set()
+        while len(acked) < 400:
+            got = await client.receive("restart", "g", max_messages=100, wait_seconds=2)
+            assert (await client.ack("restart", "g", [m.receipt or "" for m in got]))["acked"] == len(got)
+            acked.update(m.text for m in got)
+    assert fresh_server.stop() == 0
+    fresh_server.start()
+    async with AsyncClient(fresh_server.url) as client:
+        rest: list[str] = []
+        while True:
+            got = await client.receive("restart", "g", max_messages=1000, wait_seconds=1)
+            if not got:
+                break
+            rest += [m.text for m in got]
+            await client.ack("restart", "g", [m.receipt or "" for m in got])
+        assert sorted(rest + sorted(acked)) == sorted(f"m{i}" for i in range(1000))
+        assert (await client.get_group("restart", "idle"))["stats"]["backlog"] == 1000
+        queue = await client.get_queue("restart")
+        assert queue["stats"]["messages_published"] == 1000
