@@ -117,7 +117,7 @@ def main() -> None:
         f"{args.messages} messages of {args.size} B, batches of {args.batch}, "
         "every batch synced on every replica"
     )
-    header = ["replicas", "publish msg/s", "pub p50 ms", "pub p99 ms", "consume+ack msg/s"]
+    header = ["replicas", "publish msg/s", "pub p50 ms", "pub p99 ms", "consume+ack/s"]
     print(" ".join(f"{h:>14}" for h in [*header, "peak RSS MiB"]))
     for replicas in [int(r) for r in args.replicas.split(",")]:
         with tempfile.TemporaryDirectory() as tmp:
@@ -129,10 +129,15 @@ def main() -> None:
             finally:
                 peak = sampler.stop()
                 server.stop()
-        print(
-            f"{replicas:>8} {r['publish_msgs_s']:>14,.0f} {r['publish_p50_ms']:>11.1f} "
-            f"{r['publish_p99_ms']:>11.1f} {r['consume_ack_msgs_s']:>18,.0f} {peak / 2**20:>13.0f}"
-        )
+        cells = [
+            f"{replicas}",
+            f"{r['publish_msgs_s']:,.0f}",
+            f"{r['publish_p50_ms']:.1f}",
+            f"{r['publish_p99_ms']:.1f}",
+            f"{r['consume_ack_msgs_s']:,.0f}",
+            f"{peak / 2**20:.0f}",
+        ]
+        print(" ".join(f"{c:>14}" for c in cells))
 
 
 if __name__ == "__main__":
