@@ -51,7 +51,7 @@ class Node:
         ]
         await asyncio.gather(*(p.start() for p in self.store_processes))
         self.inputs = InputHostService(
-            INPUT_HOST_ID, self.metadata, self.stores, self._replace_extent
+            INPUT_HOST_ID, self.metadata, self.stores, self._replace_extent, self._ensure_extents
         )
         self.outputs = OutputHostService(self.metadata, self.stores, self._publish_internal)
         self.controller = ControllerService(
@@ -79,9 +79,14 @@ class Node:
             await self.metadata.heartbeat(
                 Host(id=store_id, role="storehost", address=address, heartbeat_at=time.time())
             )
+        if hasattr(self, "controller"):  # a restart: seal what was sealed while it was away
+            await self.controller.reseal_replicas(store_id)
 
     async def _replace_extent(self, extent_id: str) -> None:
         await self.controller.replace_extent(extent_id)
+
+    async def _ensure_extents(self, queue: str) -> None:
+        await self.controller.ensure_extents(queue, patience=0)
 
     def _extents_changed(self, queue: str) -> None:
         self.inputs.extents_changed(queue)

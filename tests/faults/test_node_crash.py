@@ -116,7 +116,9 @@ async def test_clean_restart_keeps_messages_and_ack_levels(fresh_server: ServerP
         acked: set[str] = set()
         while len(acked) < 400:
             got = await client.receive("restart", "g", max_messages=100, wait_seconds=2)
-            assert (await client.ack("restart", "g", [m.receipt or "" for m in got]))["acked"] == len(got)
+            assert (await client.ack("restart", "g", [m.receipt or "" for m in got]))[
+                "acked"
+            ] == len(got)
             acked.update(m.text for m in got)
     assert fresh_server.stop() == 0
     fresh_server.start()

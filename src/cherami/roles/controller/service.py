@@ -9,7 +9,13 @@ import secrets
 import time
 from collections.abc import Callable
 
-from cherami.errors import AlreadyExists, InvalidRequest, QueueNotFound, Unavailable
+from cherami.errors import (
+    AlreadyExists,
+    CheramiError,
+    InvalidRequest,
+    QueueNotFound,
+    Unavailable,
+)
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import (
     DELETED,
@@ -206,7 +212,7 @@ class ControllerService:
         return extent
 
     async def _place(self, replicas: int) -> list[str]:
-        ids = self.stores.ids()
+        ids = [s for s in self.stores.ids() if await self._reachable(s)]
         if len(ids) < replicas:
             raise Unavailable(f"{replicas} replicas wanted, {len(ids)} store hosts up")
         load: dict[str, int] = dict.fromkeys(ids, 0)
@@ -216,6 +222,13 @@ class ControllerService:
                     if store_id in load:
                         load[store_id] += 1
         return sorted(ids, key=lambda s: (load[s], s))[:replicas]
+
+    async def _reachable(self, store_id: str) -> bool:
+        try:
+            await self.stores.get(store_id).connect()
+        except Unavailable:
+            return False
+        return True
 
     async def seal_extent(self, extent: Extent) -> int:
         """Seal every reachable replica at the last sequence number all of them hold.
@@ -241,18 +254,40 @@ class ControllerService:
         return at
 
     async def replace_extent(self, extent_id: str) -> None:
-        """Seal a failed extent and open its successor, so publishing goes on."""
+        """Seal a failed extent and open what the queue needs, so publishing goes on."""
         extent = await self.metadata.get_extent(extent_id)
-        if extent is None or extent.status != OPEN:
+        if extent is None:
             return
         async with self._lock(extent.queue):
             current = await self.metadata.get_extent(extent_id)
-            if current is None or current.status != OPEN:
+            if current is not None and current.status == OPEN:
+                await self.seal_extent(current)
+        await self.ensure_extents(extent.queue)
+
+    async def ensure_extents(self, queue_name: str, patience: float = 10.0) -> None:
+        """Open extents up to the queue's minimum, waiting for store hosts to come back
+        (a restarted store host is back within a second) for up to ``patience`` seconds."""
+        deadline = asyncio.get_running_loop().time() + patience
+        while True:
+            try:
+                async with self._lock(queue_name):
+                    await self._ensure_extents(await self.metadata.get_queue(queue_name))
                 return
-            await self.seal_extent(current)
-            queue = await self.metadata.get_queue(extent.queue)
-            await self._create_extent(queue, extent.kind, predecessor=extent.id)
-            self._on_extents_changed(extent.queue)
+            except Unavailable as err:
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise
+                log.warning("queue %s: cannot open extents yet: %s", queue_name, err)
+                await asyncio.sleep(0.2)
+
+    async def reseal_replicas(self, store_id: str) -> None:
+        """A store host came back: seal its replicas of extents sealed while it was away."""
+        for queue in await self.metadata.list_queues():
+            for extent in await self.metadata.list_extents(queue.name, (SEALED,)):
+                if store_id in extent.stores and extent.sealed_seq is not None:
+                    try:
+                        await self.stores.get(store_id).seal(extent.id, extent.sealed_seq)
+                    except CheramiError as err:
+                        log.warning("reseal of %s on %s failed: %s", extent.id, store_id, err)
 
     async def recover(self) -> None:
         """At start: seal the extents left open by the last run and open fresh ones."""

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from cherami.errors import ExtentSealed, Unavailable
+from cherami.errors import CheramiError, ExtentSealed, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN, Queue
 from cherami.roles.inputhost.extentwriter import ExtentWriter
@@ -50,11 +50,13 @@ class InputHostService:
         metadata: MetadataStore,
         stores: StoreDirectory,
         replace_extent: Callable[[str], Awaitable[None]],
+        ensure_extents: Callable[[str], Awaitable[None]],
     ) -> None:
         self.host_id = host_id
         self.metadata = metadata
         self.stores = stores
         self._replace_extent = replace_extent
+        self._ensure_extents = ensure_extents
         self._queues: dict[str, _QueueWriters] = {}
         self.published = 0
 
@@ -155,7 +157,7 @@ class InputHostService:
         raise Unavailable(f"queue {queue}: no extent accepted the append")
 
     async def _pick(self, queue: str, kind: str) -> ExtentWriter:
-        for _ in range(50):
+        for attempt in range(100):
             writers = await self._writers(queue)
             if kind == TIMER:
                 if writers.timer is not None and not writers.timer.failed:
@@ -165,5 +167,10 @@ class InputHostService:
                 if live:
                     return live[next(writers.turn) % len(live)]
             writers.loaded = False
-            await asyncio.sleep(0.05)
+            if attempt % 10 == 0:
+                try:
+                    await self._ensure_extents(queue)
+                except CheramiError as err:
+                    log.warning("queue %s: no open %s extent: %s", queue, kind, err)
+            await asyncio.sleep(0.1)
         raise Unavailable(f"queue {queue} has no open {kind} extent")
