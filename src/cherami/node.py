@@ -55,7 +55,7 @@ class Node:
         )
         self.outputs = OutputHostService(self.metadata, self.stores, self._publish_internal)
         self.controller = ControllerService(
-            self.metadata, self.stores, INPUT_HOST_ID, self._extents_changed
+            self.metadata, self.stores, self._input_host, self._extents_changed
         )
         await self.controller.recover()
         await self.outputs.start()
@@ -81,6 +81,9 @@ class Node:
             )
         if hasattr(self, "controller"):  # a restart: seal what was sealed while it was away
             await self.controller.reseal_replicas(store_id)
+
+    async def _input_host(self) -> str:
+        return INPUT_HOST_ID
 
     async def _replace_extent(self, extent_id: str) -> None:
         await self.controller.replace_extent(extent_id)

@@ -53,7 +53,8 @@ class MetadataStore(Protocol):
     async def get_ack_levels(self, queue: str, group: str) -> list[AckLevel]: ...
 
     async def put_ack_levels(self, levels: list[AckLevel]) -> None:
-        """Upsert all of them in one transaction."""
+        """Upsert all of them in one transaction. A level never moves backward: an
+        update with a smaller ``acked`` than the stored one changes nothing."""
 
     async def delete_ack_levels(self, queue: str, group: str, extents: list[str]) -> None: ...
 
@@ -61,6 +62,9 @@ class MetadataStore(Protocol):
     async def heartbeat(self, host: Host) -> None: ...
 
     async def list_hosts(self, role: str, alive_within: float) -> list[Host]: ...
+
+    async def lease_holder(self, name: str) -> str | None:
+        """Who holds the lease now (None when nobody holds an unexpired one)."""
 
     async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> bool:
         """Take or renew the lease; true when ``holder`` holds it now."""

@@ -14,6 +14,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=365 * 86400)]
 
 OPEN, SEALED, CONSUMED, DELETED = "open", "sealed", "consumed", "deleted"
+FAILING = "failing"  # open, but its input host saw a replica fail: the controller seals it
 COMPETING, STREAM = "competing", "stream"
 
 

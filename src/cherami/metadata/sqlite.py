@@ -295,7 +295,8 @@ class SqliteMetadataStore:
     async def put_ack_levels(self, levels: list[AckLevel]) -> None:
         sql = (
             "INSERT INTO ack_levels VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (queue, grp, extent) "
-            "DO UPDATE SET level = excluded.level, acked = excluded.acked, lim = excluded.lim"
+            "DO UPDATE SET level = excluded.level, acked = excluded.acked, lim = excluded.lim "
+            "WHERE excluded.acked >= ack_levels.acked"  # ack levels never move backward
         )
         await self._run(
             lambda: self._tx(
@@ -328,6 +329,14 @@ class SqliteMetadataStore:
             ).fetchall()
         )
         return [Host(id=i, role=r, address=a, heartbeat_at=h) for i, r, a, h in rows]
+
+    async def lease_holder(self, name: str) -> str | None:
+        row = await self._run(
+            lambda: self._db.execute(
+                "SELECT holder FROM leases WHERE name = ? AND expires_at >= ?", (name, time.time())
+            ).fetchone()
+        )
+        return str(row[0]) if row else None
 
     async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> bool:
         def take() -> bool:

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from cherami.errors import (
     AlreadyExists,
@@ -19,6 +19,7 @@ from cherami.errors import (
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import (
     DELETED,
+    FAILING,
     OPEN,
     SEALED,
     AckLevel,
@@ -67,13 +68,19 @@ class ControllerService:
         self,
         metadata: MetadataStore,
         stores: StoreDirectory,
-        input_host_id: str,
+        pick_input_host: Callable[[], Awaitable[str]],
         on_extents_changed: Callable[[str], None] = lambda queue: None,
+        manage_extents: bool = True,
+        live_stores: Callable[[], set[str]] | None = None,
     ) -> None:
+        """``manage_extents`` false: only the leading controller opens extents (a
+        frontend in a cluster writes queues and groups and leaves extents to it)."""
         self.metadata = metadata
         self.stores = stores
-        self.input_host_id = input_host_id
+        self._pick_input_host = pick_input_host
         self._on_extents_changed = on_extents_changed
+        self.manage_extents = manage_extents
+        self._live_stores = live_stores
         self._queue_locks: dict[str, asyncio.Lock] = {}
 
     def _lock(self, queue: str) -> asyncio.Lock:
@@ -183,6 +190,8 @@ class ControllerService:
 
     # extents
     async def _ensure_extents(self, queue: Queue) -> list[Extent]:
+        if not self.manage_extents:
+            return []
         open_extents = await self.metadata.list_extents(queue.name, (OPEN,))
         plain = [e for e in open_extents if e.kind == PLAIN]
         created: list[Extent] = []
@@ -201,7 +210,7 @@ class ControllerService:
         stores = await self._place(replicas)
         extent = Extent(
             id=new_extent_id(), queue=queue.name, kind=kind, status=OPEN,
-            input_host=self.input_host_id, stores=stores, created_at=time.time(),
+            input_host=await self._pick_input_host(), stores=stores, created_at=time.time(),
             predecessor=predecessor if queue.config.type == "cp" else None,
         )  # fmt: skip
         for store_id in stores:
@@ -212,7 +221,10 @@ class ControllerService:
         return extent
 
     async def _place(self, replicas: int) -> list[str]:
-        ids = [s for s in self.stores.ids() if await self._reachable(s)]
+        live = self._live_stores() if self._live_stores else None
+        ids = [
+            s for s in self.stores.ids() if (live is None or s in live) and await self._reachable(s)
+        ]
         if len(ids) < replicas:
             raise Unavailable(f"{replicas} replicas wanted, {len(ids)} store hosts up")
         load: dict[str, int] = dict.fromkeys(ids, 0)
@@ -260,7 +272,7 @@ class ControllerService:
             return
         async with self._lock(extent.queue):
             current = await self.metadata.get_extent(extent_id)
-            if current is not None and current.status == OPEN:
+            if current is not None and current.status in (OPEN, FAILING):
                 await self.seal_extent(current)
         await self.ensure_extents(extent.queue)
 
@@ -292,7 +304,7 @@ class ControllerService:
     async def recover(self) -> None:
         """At start: seal the extents left open by the last run and open fresh ones."""
         for queue in await self.metadata.list_queues():
-            for extent in await self.metadata.list_extents(queue.name, (OPEN,)):
+            for extent in await self.metadata.list_extents(queue.name, (OPEN, FAILING)):
                 await self.seal_extent(extent)
             await self._ensure_extents(queue)
 
@@ -304,7 +316,7 @@ class ControllerService:
         """Each DLQ extent with its cursor and last sequence number."""
         cursor = await self.dlq_cursor(dlq)
         ranges = []
-        for extent in await self.metadata.list_extents(dlq, (OPEN, SEALED)):
+        for extent in await self.metadata.list_extents(dlq, (OPEN, FAILING, SEALED)):
             (info,) = await self.stores.get(extent.stores[0]).info([extent.id])
             level = cursor.get(extent.id) or AckLevel(queue=dlq, group=DLQ_CURSOR, extent=extent.id)
             ranges.append((extent, level, info.last_seq))

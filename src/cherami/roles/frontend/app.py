@@ -11,9 +11,10 @@ from typing import Any, TypeVar
 import msgspec
 from aiohttp import web
 
-from cherami.errors import CheramiError, InvalidRequest, MessageTooLarge
+from cherami.errors import CheramiError, InvalidRequest, MessageTooLarge, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import (
+    FAILING,
     OPEN,
     SEALED,
     Group,
@@ -30,6 +31,7 @@ from cherami.roles.frontend.auth import KeyRing, Scope
 from cherami.roles.frontend.convert import body_fields, rfc3339, to_messages
 from cherami.roles.frontend.metrics import Metrics
 from cherami.roles.frontend.openapi import openapi_document
+from cherami.roles.frontend.proxy import Forward, Router, forward
 from cherami.roles.inputhost.service import InputHostService
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
 from cherami.roles.outputhost.service import OutputHostService
@@ -39,6 +41,7 @@ from cherami.wire.records import decode_record
 log = logging.getLogger("cherami.frontend.app")
 
 T = TypeVar("T")
+ROUTER: web.AppKey[Router | None] = web.AppKey("router")
 MAX_REQUEST_BYTES = 64 << 20
 _json = msgspec.json.Encoder()
 
@@ -48,11 +51,12 @@ class Roles:
     metadata: MetadataStore
     stores: StoreDirectory
     controller: ControllerService
-    inputs: InputHostService
-    outputs: OutputHostService
+    inputs: InputHostService | None  # None: another process serves publishes
+    outputs: OutputHostService | None  # None: other processes serve the groups
     keys: KeyRing
     metrics: Metrics
     ready: Callable[[], bool]
+    router: Router | None = None  # forwards what this process does not serve
 
 
 def json_response(body: Any, status: int = 200) -> web.Response:
@@ -104,7 +108,13 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
-        return await handler(request)
+        try:
+            return await handler(request)
+        except Forward as fwd:
+            router = request.app[ROUTER]
+            if router is None:
+                raise Unavailable("this process does not route requests") from None
+            return await forward(router, request, fwd.address)
     except CheramiError as err:
         return error_response(err)
     except web.HTTPRequestEntityTooLarge:
@@ -142,9 +152,30 @@ class Frontend:
         return await self.r.metadata.get_queue(name)
 
     async def consumer(self, request: web.Request, scope: Scope | None) -> GroupConsumer:
+        """The group's consumer here, or Forward to the output host that serves it."""
         queue = await self.queue(request, scope)
         name = check_name("group", request.match_info["group"])
-        return await self.r.outputs.group(queue.name, name)
+        outputs = self.r.outputs
+        if outputs is not None and outputs.owns(queue.name, name):
+            return await outputs.group(queue.name, name)
+        await self.r.metadata.get_group(queue.name, name)
+        raise Forward(await self._router().output_host(queue.name, name))
+
+    async def input_host(self, queue: Queue) -> InputHostService:
+        """The input host here, or Forward to one that serves the queue."""
+        inputs = self.r.inputs
+        if inputs is not None and await inputs.serves(queue.name):
+            return inputs
+        raise Forward(await self._router().input_host(queue.name))
+
+    def _outputs(self) -> OutputHostService:
+        assert self.r.outputs is not None  # consumer() forwarded otherwise
+        return self.r.outputs
+
+    def _router(self) -> Router:
+        if self.r.router is None:
+            raise Unavailable("this process does not route requests")
+        return self.r.router
 
     # health and operations
     async def healthz(self, request: web.Request) -> web.Response:
@@ -174,7 +205,7 @@ class Frontend:
 
     async def get_queue(self, request: web.Request) -> web.Response:
         queue = await self.queue(request, None)
-        extents = await self.r.metadata.list_extents(queue.name, (OPEN, SEALED))
+        extents = await self.r.metadata.list_extents(queue.name, (OPEN, FAILING, SEALED))
         published = stored = 0
         for extent in extents:
             (info,) = await self.r.stores.get(extent.stores[0]).info([extent.id])
@@ -182,7 +213,7 @@ class Frontend:
             stored += info.bytes
         stats = s.QueueStats(
             messages_published=published,
-            open_extents=sum(e.status == OPEN for e in extents),
+            open_extents=sum(e.status in (OPEN, FAILING) for e in extents),
             sealed_extents=sum(e.status == SEALED for e in extents),
             bytes_stored=stored,
         )
@@ -197,15 +228,17 @@ class Frontend:
         )
         queue.config = config
         await self.r.controller.update_queue(queue)
-        for consumer in self.r.outputs.groups.values():
-            if consumer.group.queue == queue.name:
-                consumer.queue = queue
+        if self.r.outputs is not None:
+            for consumer in self.r.outputs.groups.values():
+                if consumer.group.queue == queue.name:
+                    consumer.queue = queue
         return json_response(queue_json(queue))
 
     async def delete_queue(self, request: web.Request) -> web.Response:
         queue = await self.queue(request, "admin")
         contents_only = request.query.get("contents_only", "false").lower() in ("1", "true", "yes")
-        await self.r.outputs.unload(queue.name)  # groups reload from the new ack levels
+        if self.r.outputs is not None:
+            await self.r.outputs.unload(queue.name)  # groups reload from the new ack levels
         await self.r.controller.delete_queue(queue.name, contents_only=contents_only)
         return web.Response(status=204)
 
@@ -215,7 +248,8 @@ class Frontend:
         name = check_name("group", request.match_info["group"])
         config = await decode(request, GroupConfig)
         group, created = await self.r.controller.create_group(queue.name, name, config)
-        await self.r.outputs.group(queue.name, name)
+        if self.r.outputs is not None and self.r.outputs.owns(queue.name, name):
+            await self.r.outputs.group(queue.name, name)
         return json_response(group_json(group), 201 if created else 200)
 
     async def list_groups(self, request: web.Request) -> web.Response:
@@ -255,14 +289,16 @@ class Frontend:
             **{k: v for k, v in msgspec.structs.asdict(patch).items() if v is not None},
         )
         await self.r.metadata.update_group(group)
-        self.r.outputs.update_group(group)
+        if self.r.outputs is not None:
+            self.r.outputs.update_group(group)
         return json_response(group_json(group))
 
     async def delete_group(self, request: web.Request) -> web.Response:
         queue = await self.queue(request, "admin")
         name = check_name("group", request.match_info["group"])
         await self.r.metadata.get_group(queue.name, name)
-        await self.r.outputs.unload(queue.name, name)
+        if self.r.outputs is not None:
+            await self.r.outputs.unload(queue.name, name)
         await self.r.controller.delete_group(queue.name, name)
         return web.Response(status=204)
 
@@ -271,7 +307,8 @@ class Frontend:
         queue = await self.queue(request, "produce")
         body = await decode(request, s.PublishRequest, empty_ok=False)
         messages = to_messages(queue, body.messages)
-        ids = await self.r.inputs.publish(queue, messages)
+        inputs = await self.input_host(queue)
+        ids = await inputs.publish(queue, messages)
         self.r.metrics.published(queue.name, len(ids))
         return json_response(s.PublishResponse(ids))
 
@@ -279,7 +316,7 @@ class Frontend:
     async def receive(self, request: web.Request) -> web.Response:
         consumer = await self.consumer(request, "consume")
         body = await decode(request, s.ReceiveRequest)
-        taken = await self.r.outputs.receive(
+        taken = await self._outputs().receive(
             consumer, body.max_messages, body.wait_seconds, body.visibility_timeout_seconds
         )
         messages = [
@@ -298,15 +335,16 @@ class Frontend:
     async def ack(self, request: web.Request) -> web.Response:
         consumer = await self.consumer(request, "consume")
         body = await decode(request, s.AckRequest, empty_ok=False)
-        n, stale = self.r.outputs.settle(consumer, body.receipts, consumer.ack)
+        outputs = self._outputs()
+        n, stale = outputs.settle(consumer, body.receipts, consumer.ack)
         if n:
-            await self.r.outputs.flushed()
+            await outputs.flushed()
         return json_response(s.AckResponse(n, stale))
 
     async def nack(self, request: web.Request) -> web.Response:
         consumer = await self.consumer(request, "consume")
         body = await decode(request, s.NackRequest, empty_ok=False)
-        n, stale = self.r.outputs.settle(
+        n, stale = self._outputs().settle(
             consumer, body.receipts, lambda nos: consumer.nack(nos, body.delay_seconds)
         )
         return json_response(s.NackResponse(n, stale))
@@ -314,15 +352,21 @@ class Frontend:
     async def visibility(self, request: web.Request) -> web.Response:
         consumer = await self.consumer(request, "consume")
         body = await decode(request, s.VisibilityRequest, empty_ok=False)
-        n, stale = self.r.outputs.settle(
+        n, stale = self._outputs().settle(
             consumer, body.receipts,
             lambda nos: consumer.extend(nos, body.visibility_timeout_seconds),
         )  # fmt: skip
         return json_response(s.VisibilityResponse(n, stale))
 
     # dead-letter queue
+    async def group_record(self, request: web.Request, scope: Scope | None) -> Group:
+        queue = await self.queue(request, scope)
+        return await self.r.metadata.get_group(
+            queue.name, check_name("group", request.match_info["group"])
+        )
+
     async def dlq_browse(self, request: web.Request) -> web.Response:
-        consumer = await self.consumer(request, "consume")
+        group = await self.group_record(request, "consume")
         try:
             limit = int(request.query.get("limit", "100"))
         except ValueError:
@@ -331,7 +375,7 @@ class Frontend:
             raise InvalidRequest("limit must be from 1 to 1000")
         messages: list[dict[str, Any]] = []
         depth = 0
-        for extent, level, last_seq in await self.r.controller.dlq_ranges(consumer.group.dlq):
+        for extent, level, last_seq in await self.r.controller.dlq_ranges(group.dlq):
             depth += max(0, last_seq - level.acked)
             if len(messages) >= limit or last_seq <= level.acked:
                 continue
@@ -349,13 +393,13 @@ class Frontend:
         return json_response({"messages": messages, "depth": depth})
 
     async def dlq_merge(self, request: web.Request) -> web.Response:
-        consumer = await self.consumer(request, "admin")
-        merged = await self.r.controller.move_dlq_cursor(consumer.group.dlq, consumer.group)
+        group = await self.group_record(request, "admin")
+        merged = await self.r.controller.move_dlq_cursor(group.dlq, group)
         return json_response({"merged": merged})
 
     async def dlq_purge(self, request: web.Request) -> web.Response:
-        consumer = await self.consumer(request, "admin")
-        purged = await self.r.controller.move_dlq_cursor(consumer.group.dlq, None)
+        group = await self.group_record(request, "admin")
+        purged = await self.r.controller.move_dlq_cursor(group.dlq, None)
         return json_response({"purged": purged})
 
 
@@ -364,6 +408,7 @@ def build_app(roles: Roles) -> web.Application:
     from cherami.roles.frontend.streams import StreamHandlers
 
     app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[errors_middleware])
+    app[ROUTER] = roles.router
     f = Frontend(roles)
     streams = StreamHandlers(f)
     q = "/v1/queues/{queue}"

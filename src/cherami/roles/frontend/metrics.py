@@ -38,8 +38,8 @@ class Metrics:
     def published(self, queue: str, n: int) -> None:
         self._published.labels(queue).inc(n)
 
-    def render(self, outputs: OutputHostService) -> tuple[bytes, str]:
-        for consumer in outputs.groups.values():
+    def render(self, outputs: OutputHostService | None) -> tuple[bytes, str]:
+        for consumer in outputs.groups.values() if outputs else ():
             labels = (consumer.group.queue, consumer.group.name)
             self._delivered.labels(*labels).set(consumer.delivered)
             self._acked.labels(*labels).set(consumer.acked)

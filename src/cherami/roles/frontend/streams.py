@@ -33,6 +33,7 @@ class StreamHandlers:
 
     async def publish(self, request: web.Request) -> web.StreamResponse:
         queue = await self.f.queue(request, "produce")
+        inputs = await self.f.input_host(queue)
         ws = web.WebSocketResponse(max_msg_size=WS_MAX_MSG, heartbeat=30)
         await ws.prepare(request)
         slots = asyncio.Semaphore(MAX_BATCHES_IN_FLIGHT)
@@ -46,7 +47,7 @@ class StreamHandlers:
                     if m.delay_ms < 0:
                         raise InvalidRequest(f"messages[{i}].delay_ms must not be negative")
                 messages = [Message(m.body, m.attributes, m.delay_ms) for m in frame.messages]
-                ids = await self.f.r.inputs.publish(queue, messages)
+                ids = await inputs.publish(queue, messages)
                 self.f.r.metrics.published(queue.name, len(ids))
                 reply: f.ServerFrame = f.Published(frame.id, ids)
             except CheramiError as err:

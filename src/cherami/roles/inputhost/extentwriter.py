@@ -13,6 +13,8 @@ from cherami.roles.storehost.client import StoreClient, check_appended
 
 log = logging.getLogger("cherami.inputhost.extentwriter")
 
+APPEND_TIMEOUT = 5.0  # a replica that does not ack by then is treated as failed
+
 
 class ExtentWriter:
     def __init__(self, extent: Extent, replicas: list[StoreClient]) -> None:
@@ -54,7 +56,12 @@ class ExtentWriter:
                 raise
             for replica in self.replicas:
                 await replica.drain()
-            replies = await asyncio.gather(*futures, return_exceptions=True)
+            try:
+                replies = await asyncio.wait_for(
+                    asyncio.gather(*futures, return_exceptions=True), APPEND_TIMEOUT
+                )
+            except TimeoutError:
+                raise Unavailable(f"a replica did not ack within {APPEND_TIMEOUT}s") from None
             for reply in replies:
                 if isinstance(reply, BaseException):
                     raise reply

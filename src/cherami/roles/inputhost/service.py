@@ -22,6 +22,7 @@ from cherami.wire.store import PLAIN, TIMER
 log = logging.getLogger("cherami.inputhost.service")
 
 MAX_ATTEMPTS = 5
+RELOAD_INTERVAL = 1.0
 
 
 class Message(msgspec.Struct, frozen=True, gc=False):
@@ -40,6 +41,7 @@ class _QueueWriters:
         self.timer: ExtentWriter | None = None
         self.turn = itertools.count()
         self.loaded = False
+        self.loaded_at = 0.0
         self.lock = asyncio.Lock()
 
 
@@ -51,26 +53,43 @@ class InputHostService:
         stores: StoreDirectory,
         replace_extent: Callable[[str], Awaitable[None]],
         ensure_extents: Callable[[str], Awaitable[None]],
+        serves_every_queue: bool = True,
     ) -> None:
+        """``replace_extent`` is called with an extent whose replica failed;
+        ``ensure_extents`` when a queue has no open extent here. In a cluster an input
+        host serves only the queues that have extents placed on it."""
         self.host_id = host_id
         self.metadata = metadata
         self.stores = stores
         self._replace_extent = replace_extent
         self._ensure_extents = ensure_extents
+        self._serves_every_queue = serves_every_queue
         self._queues: dict[str, _QueueWriters] = {}
         self.published = 0
+
+    async def serves(self, queue: str) -> bool:
+        if self._serves_every_queue:
+            return True
+        writers = await self._writers(queue)
+        return bool(writers.plain or writers.timer)
 
     def extents_changed(self, queue: str) -> None:
         writers = self._queues.get(queue)
         if writers is not None:
             writers.loaded = False
 
+    def _fresh(self, writers: _QueueWriters) -> bool:
+        # in a cluster the controller moves extents between input hosts: look again often
+        return writers.loaded and (
+            self._serves_every_queue or time.monotonic() - writers.loaded_at < RELOAD_INTERVAL
+        )
+
     async def _writers(self, queue: str) -> _QueueWriters:
         writers = self._queues.setdefault(queue, _QueueWriters())
-        if writers.loaded:
+        if self._fresh(writers):
             return writers
         async with writers.lock:
-            if writers.loaded:
+            if self._fresh(writers):
                 return writers
             known = {w.id: w for w in [*writers.plain, writers.timer] if w is not None}
             plain: list[ExtentWriter] = []
@@ -93,6 +112,7 @@ class InputHostService:
                     plain.append(writer)
             writers.plain, writers.timer = plain, timer
             writers.loaded = True
+            writers.loaded_at = time.monotonic()
         return writers
 
     async def _replace(self, extent_id: str) -> None:

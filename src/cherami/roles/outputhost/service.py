@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from cherami.errors import GroupNotFound
 from cherami.metadata.base import MetadataStore
-from cherami.metadata.models import CONSUMED, OPEN, SEALED, Group
+from cherami.metadata.models import CONSUMED, FAILING, OPEN, SEALED, Group
 from cherami.roles.outputhost.deadletterqueue import DeadLetterMover, Publish
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
@@ -21,12 +21,21 @@ from cherami.roles.storehost.directory import StoreDirectory
 log = logging.getLogger("cherami.outputhost.service")
 
 FLUSH_INTERVAL = 0.01
-REFRESH_INTERVAL = 2.0
+REFRESH_INTERVAL = 1.0
 
 
 class OutputHostService:
-    def __init__(self, metadata: MetadataStore, stores: StoreDirectory, publish: Publish) -> None:
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        stores: StoreDirectory,
+        publish: Publish,
+        owns: Callable[[str, str], bool] | None = None,
+    ) -> None:
+        """``owns`` tells which groups this output host serves (a cluster hands groups
+        out by lease); without it, it serves every group."""
         self.metadata = metadata
+        self._owns = owns
         self.stores = stores
         self.signer = ReceiptSigner()
         self._dead_letter = DeadLetterMover(metadata, publish)
@@ -37,10 +46,14 @@ class OutputHostService:
         self._flush_kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
+    def owns(self, queue: str, group: str) -> bool:
+        return self._owns is None or self._owns(queue, group)
+
     async def start(self) -> None:
-        for queue in await self.metadata.list_queues():
-            for group in await self.metadata.list_groups(queue.name):
-                await self.group(group.queue, group.name)
+        if self._owns is None:
+            for queue in await self.metadata.list_queues():
+                for group in await self.metadata.list_groups(queue.name):
+                    await self.group(group.queue, group.name)
         self._tasks = [
             asyncio.create_task(self._flush_loop()),
             asyncio.create_task(self._refresh_loop()),
@@ -76,9 +89,11 @@ class OutputHostService:
             return consumer
 
     async def _sync(self, consumer: GroupConsumer) -> None:
-        group = consumer.group
+        group = await self.metadata.get_group(consumer.group.queue, consumer.group.name)
+        consumer.group = group
+        consumer.queue = await self.metadata.get_queue(group.queue)
         levels = {a.extent: a for a in await self.metadata.get_ack_levels(group.queue, group.name)}
-        extents = await self.metadata.list_extents(group.queue, (OPEN, SEALED, CONSUMED))
+        extents = await self.metadata.list_extents(group.queue, (OPEN, FAILING, SEALED, CONSUMED))
         merged = [lv for lv in levels.values() if lv.limit is not None]
         if merged:
             dlq_extents = {e.id: e for e in await self.metadata.list_extents(group.dlq)}

@@ -1,0 +1,1 @@
+"""Running the roles as separate processes on many hosts, sharing metadata."""

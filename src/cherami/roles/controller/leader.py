@@ -1,0 +1,87 @@
+"""The leading controller of a cluster. Controllers race for a lease in the metadata
+store; the holder seals the extents that lost their input host or a replica (or that
+their input host reported failing), opens extents up to each queue's minimum on live
+hosts, and seals the replicas of store hosts that come back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from cherami.cluster.membership import INPUTHOST, StoreWatcher, live_hosts
+from cherami.errors import CheramiError
+from cherami.metadata.base import MetadataStore
+from cherami.metadata.models import FAILING, OPEN, Extent
+from cherami.roles.controller.service import ControllerService
+
+log = logging.getLogger("cherami.controller.leader")
+
+LEASE = "controller-leader"
+LEASE_TTL = 3.0
+TICK = 0.5
+
+
+class Leader:
+    def __init__(
+        self,
+        controller: ControllerService,
+        metadata: MetadataStore,
+        controller_id: str,
+        stores: StoreWatcher,
+    ) -> None:
+        self.controller = controller
+        self.metadata = metadata
+        self.id = controller_id
+        self.stores = stores
+        self.leading = False
+        self._seen_stores: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                leading = await self.metadata.try_lease(LEASE, self.id, LEASE_TTL)
+                if leading != self.leading:
+                    log.info("controller %s %s", self.id, "leads" if leading else "follows")
+                self.leading = leading
+                if leading:
+                    await self.tick()
+            except Exception:
+                log.exception("controller tick failed")
+            await asyncio.sleep(TICK)
+
+    async def tick(self) -> None:
+        live_stores = await self.stores.refresh()
+        live_inputs = {h.id for h in await live_hosts(self.metadata, INPUTHOST)}
+        back = live_stores - self._seen_stores
+        self._seen_stores = live_stores
+        for store_id in back:
+            await self.controller.reseal_replicas(store_id)
+        for queue in await self.metadata.list_queues():
+            for extent in await self.metadata.list_extents(queue.name, (OPEN, FAILING)):
+                if _needs_seal(extent, live_inputs, live_stores):
+                    try:
+                        await self.controller.seal_extent(extent)
+                    except CheramiError as err:
+                        log.warning("cannot seal extent %s yet: %s", extent.id, err)
+            if live_inputs:
+                try:
+                    await self.controller.ensure_extents(queue.name, patience=0)
+                except CheramiError as err:
+                    log.warning("queue %s: cannot open extents: %s", queue.name, err)
+
+
+def _needs_seal(extent: Extent, live_inputs: set[str], live_stores: set[str]) -> bool:
+    return (
+        extent.status == FAILING
+        or extent.input_host not in live_inputs
+        or any(s not in live_stores for s in extent.stores)
+    )

@@ -1,0 +1,137 @@
+"""Routing in a cluster: a request for a queue's input host or a group's output host that
+this process does not serve is forwarded to the host that does (HTTP and WebSocket)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+from aiohttp import WSMsgType, web
+
+from cherami.cluster.membership import INPUTHOST, OUTPUTHOST, live_hosts
+from cherami.errors import Unavailable
+from cherami.metadata.base import MetadataStore
+from cherami.metadata.models import OPEN
+from cherami.roles.outputhost.ownership import group_lease
+
+log = logging.getLogger("cherami.frontend.proxy")
+
+ROUTE_PATIENCE = 10.0  # how long to wait for a host to serve a new queue or group
+_HOP_HEADERS = {"Authorization", "Content-Type"}
+
+
+class Router:
+    def __init__(self, metadata: MetadataStore) -> None:
+        self.metadata = metadata
+        self._turn = itertools.count()
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def input_host(self, queue: str) -> str:
+        """The address of an input host with open extents of the queue."""
+
+        async def find() -> str | None:
+            live = {h.id: h.address for h in await live_hosts(self.metadata, INPUTHOST)}
+            hosts = sorted(
+                {e.input_host for e in await self.metadata.list_extents(queue, (OPEN,))} & set(live)
+            )
+            return live[hosts[next(self._turn) % len(hosts)]] if hosts else None
+
+        return await _patiently(find, f"no input host serves queue {queue}")
+
+    async def output_host(self, queue: str, group: str) -> str:
+        async def find() -> str | None:
+            holder = await self.metadata.lease_holder(group_lease(queue, group))
+            live = {h.id: h.address for h in await live_hosts(self.metadata, OUTPUTHOST)}
+            return live.get(holder) if holder else None
+
+        return await _patiently(find, f"no output host serves group {queue}/{group}")
+
+    async def http(self, request: web.Request, address: str) -> web.Response:
+        headers = {k: v for k, v in request.headers.items() if k in _HOP_HEADERS}
+        url = f"http://{address}{request.rel_url}"
+        try:
+            async with self.session.request(
+                request.method, url, data=await request.read(), headers=headers,
+                timeout=aiohttp.ClientTimeout(total=60),
+            ) as resp:  # fmt: skip
+                body = await resp.read()
+                return web.Response(
+                    body=body, status=resp.status, content_type=resp.content_type or None
+                )
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise Unavailable(f"host {address} did not answer: {err}") from err
+
+    async def websocket(self, request: web.Request, address: str) -> web.WebSocketResponse:
+        headers = {k: v for k, v in request.headers.items() if k == "Authorization"}
+        try:
+            upstream = await self.session.ws_connect(
+                f"ws://{address}{request.rel_url}", headers=headers, max_msg_size=64 << 20,
+                heartbeat=10,
+            )  # fmt: skip
+        except (aiohttp.ClientError, OSError) as err:
+            raise Unavailable(f"host {address} did not answer: {err}") from err
+        client = web.WebSocketResponse(max_msg_size=64 << 20, heartbeat=30)
+        await client.prepare(request)
+        pumps = [
+            asyncio.create_task(_pump(client, upstream)),
+            asyncio.create_task(_pump(upstream, client)),
+        ]
+        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        for pump in pumps:
+            pump.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+        await upstream.close()
+        await client.close()
+        return client
+
+
+async def _pump(
+    source: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
+    sink: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
+) -> None:
+    async for msg in source:
+        if msg.type == WSMsgType.BINARY:
+            await sink.send_bytes(msg.data)
+        elif msg.type == WSMsgType.TEXT:
+            await sink.send_str(msg.data)
+        elif msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.ERROR):
+            break
+
+
+async def _patiently(find: Callable[[], Awaitable[str | None]], message: str) -> str:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ROUTE_PATIENCE
+    while True:
+        found = await find()
+        if found:
+            return found
+        if loop.time() >= deadline:
+            raise Unavailable(message)
+        await asyncio.sleep(0.1)
+
+
+class Forward(Exception):  # noqa: N818 (a signal, not an error)
+    """Raised by a handler whose request another host serves; the middleware forwards it."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self.address = address
+
+
+async def forward(router: Router, request: web.Request, address: str) -> web.StreamResponse:
+    if request.headers.get("Upgrade", "").lower() == "websocket":
+        return await router.websocket(request, address)
+    return await router.http(request, address)
