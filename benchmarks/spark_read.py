@@ -1,0 +1,125 @@
+"""Streaming-read throughput of the Spark source against the plain Python consumer.
+
+Publishes N retained messages of S bytes to a queue, then reads all of them twice:
+
+* Spark: ``readStream.format("cherami")`` on a stream-mode group, ``Trigger.AvailableNow``,
+  into the ``noop`` sink (the rows are materialised, then dropped);
+* Python: ``AsyncClient.consumer`` on a competing group, acking every message.
+
+    python benchmarks/spark_read.py [--messages 1000000] [--size 256] [--extents 2]
+
+Prints msgs/s for both. The Spark figure is given over the whole query (start to
+termination) and over the micro-batches alone (the sum of their trigger times)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.support.server import ServerProcess  # noqa: E402
+
+import cherami.spark  # noqa: E402  (sets PYSPARK_PYTHON and SPARK_LOCAL_IP)
+from cherami.client.asyncclient import AsyncClient  # noqa: E402
+
+QUEUE, SPARK_GROUP, PYTHON_GROUP = "bench-spark-read", "spark", "python"
+
+
+async def prepare(url: str, messages: int, size: int, extents: int) -> float:
+    """Create the queue and groups, publish; returns the publish rate."""
+    async with AsyncClient(url) as client:
+        await client.create_queue(QUEUE, min_extents=extents)
+        await client.create_group(QUEUE, SPARK_GROUP, type="stream")
+        await client.create_group(QUEUE, PYTHON_GROUP)
+        body = os.urandom(size)
+        started = time.perf_counter()
+        async with client.publisher(QUEUE, max_in_flight=16) as publisher:
+            futures = []
+            for start in range(0, messages, 1000):
+                futures.append(await publisher.send([body] * min(1000, messages - start)))
+            await asyncio.gather(*futures)
+        return messages / (time.perf_counter() - started)
+
+
+def spark_read(url: str, master: str, per_trigger: int | None) -> tuple[int, float, float]:
+    """Rows read, seconds for the whole query, seconds in micro-batches."""
+    spark = cherami.spark.session("bench-spark-read", master=master,
+                                  **{"spark.ui.showConsoleProgress": "false"})  # fmt: skip
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        reader = spark.readStream.format("cherami").option("url", url).option("queue", QUEUE)
+        reader = reader.option("group", SPARK_GROUP)
+        if per_trigger:
+            reader = reader.option("maxMessagesPerTrigger", str(per_trigger))
+        with tempfile.TemporaryDirectory() as checkpoint:
+            started = time.perf_counter()
+            query = (
+                reader.load().writeStream.format("noop").option("checkpointLocation", checkpoint)
+                .trigger(availableNow=True).start()
+            )  # fmt: skip
+            query.awaitTermination()
+            elapsed = time.perf_counter() - started
+            progress = query.recentProgress
+        rows = sum(p["numInputRows"] for p in progress)
+        batches = sum(
+            p["durationMs"].get("triggerExecution", 0) for p in progress if p["numInputRows"]
+        )
+        return rows, elapsed, batches / 1000
+    finally:
+        spark.stop()
+
+
+async def python_read(url: str, messages: int) -> tuple[int, float]:
+    async with (
+        AsyncClient(url) as client,
+        client.consumer(QUEUE, PYTHON_GROUP, credit=4000) as consumer,
+    ):
+        got = 0
+        started = time.perf_counter()
+        while got < messages:
+            batch = await consumer.get_batch(1000, timeout=30)
+            if not batch:
+                break
+            consumer.ack(*batch)
+            got += len(batch)
+        await consumer.flush()
+        return got, time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--extents", type=int, default=2, help="open plain extents (partitions)")
+    parser.add_argument("--stores", type=int, default=3)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--per-trigger", type=int, default=None, help="maxMessagesPerTrigger")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
+
+    with tempfile.TemporaryDirectory() as data:
+        node = ServerProcess(Path(data) / "node", stores=args.stores).start()
+        try:
+            rate = asyncio.run(prepare(node.url, args.messages, args.size, args.extents))
+            print(f"published {args.messages:,} x {args.size} B in {args.extents} extents "
+                  f"({args.stores} store hosts): {rate:,.0f} msgs/s")  # fmt: skip
+            rows, total, batches = spark_read(node.url, args.master, args.per_trigger)
+            print(f"spark streaming read ({args.master}, AvailableNow, noop sink): {rows:,} rows, "
+                  f"{rows / total:,.0f} msgs/s over the query ({total:.1f} s), "
+                  f"{rows / batches:,.0f} msgs/s in micro-batches ({batches:.1f} s)")  # fmt: skip
+            got, seconds = asyncio.run(python_read(node.url, args.messages))
+            print(f"python consumer (AsyncClient.consumer, competing group, acks): {got:,} msgs, "
+                  f"{got / seconds:,.0f} msgs/s ({seconds:.1f} s)")  # fmt: skip
+        finally:
+            node.stop()
+
+
+if __name__ == "__main__":
+    main()
