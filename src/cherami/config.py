@@ -11,6 +11,8 @@ import msgspec
 
 from cherami.errors import InvalidRequest
 
+ROLES = ("frontend", "controller", "inputhost", "outputhost", "storehost")
+
 
 class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     data_dir: str = "./data"
@@ -20,8 +22,15 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     auth_file: str | None = None
     allow_remote_without_auth: bool = False
     log_level: str = "INFO"
+    role: str | None = None  # one role per process (a cluster); None: every role (a node)
+    metadata: str | None = None  # sqlite:///path or postgresql://...; node default DIR/metadata.db
+    advertise: str | None = None  # HOST:PORT other hosts reach this one at
 
     def check(self, auth_enabled: bool) -> None:
+        if self.role is not None and self.role not in ROLES:
+            raise InvalidRequest(f"--role must be one of {', '.join(ROLES)}")
+        if self.role is not None and not self.metadata:
+            raise InvalidRequest("--role needs --metadata (sqlite:///path or postgresql://...)")
         if self.stores < 1:
             raise InvalidRequest("--stores must be at least 1")
         if not auth_enabled and not self.allow_remote_without_auth and not _is_loopback(self.host):

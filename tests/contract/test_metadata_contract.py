@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
 
-from cherami.errors import AlreadyExists, GroupNotFound, QueueNotFound
+from cherami.errors import AlreadyExists, GroupNotFound, InvalidRequest, QueueNotFound
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import (
+    DELETED,
     OPEN,
     SEALED,
     AckLevel,
@@ -21,14 +24,13 @@ from cherami.metadata.models import (
     Queue,
     QueueConfig,
 )
+from cherami.metadata.open import MetadataTarget, open_metadata, parse_metadata_url
+from cherami.metadata.postgres import MIGRATIONS, PostgresMetadataStore
 from cherami.metadata.sqlite import SqliteMetadataStore
+from tests.contract.conftest import POSTGRES_URL, MetadataBackend
 
-
-@pytest.fixture(params=["sqlite"])
-async def meta(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MetadataStore]:
-    store = SqliteMetadataStore(str(tmp_path / "metadata.db"))
-    yield store
-    await store.close()
+# The `meta` and `metadata_backend` fixtures (conftest.py) run each test on SQLite and on
+# PostgreSQL.
 
 
 def _queue(name: str = "q1") -> Queue:
@@ -125,3 +127,239 @@ async def test_hosts_and_lease(meta: MetadataStore) -> None:
     assert await meta.try_lease("controller", "c1", ttl_seconds=5)
     assert not await meta.try_lease("controller", "c2", ttl_seconds=5)
     assert await meta.try_lease("other", "c2", ttl_seconds=5)
+
+
+async def test_records_round_trip_and_list_in_code_point_order(meta: MetadataStore) -> None:
+    for name in ("b", "B", "a", "A", "_z"):
+        await meta.insert_queue(_queue(name))
+    assert [q.name for q in await meta.list_queues()] == ["A", "B", "_z", "a", "b"]
+    queue = Queue(
+        name="full",
+        config=QueueConfig(type="cp", replicas=2, delay_seconds=1.5, retention_seconds=60),
+        created_at=1234.5,
+        dlq_of="other/g",
+    )
+    await meta.insert_queue(queue)
+    assert await meta.get_queue("full") == queue
+    extent = _extent("e1")
+    extent.sealed_seq = 1 << 40
+    assert await meta.insert_extent(extent)
+    assert await meta.get_extent("e1") == extent
+
+
+async def test_extent_status_and_duplicate_ids(meta: MetadataStore) -> None:
+    assert await meta.insert_extent(_extent("e1"))
+    assert not await meta.insert_extent(_extent("e1"))
+    assert await meta.insert_extent(_extent("e2"))
+    await meta.set_extent_status("e1", SEALED, sealed_seq=7)
+    await meta.set_extent_status("e1", SEALED)  # keeps the sealed sequence number
+    sealed = await meta.get_extent("e1")
+    assert sealed is not None and sealed.sealed_seq == 7
+    assert {e.id for e in await meta.list_extents("q1", (OPEN, SEALED))} == {"e1", "e2"}
+    assert await meta.list_extents("q1", (DELETED,)) == []
+    assert await meta.list_extents("other") == []
+
+
+async def test_delete_queue_takes_groups_and_ack_levels(meta: MetadataStore) -> None:
+    await meta.insert_queue(_queue())
+    await meta.insert_group(
+        Group(queue="q1", name="g", config=GroupConfig(), created_at=0, start_ms=0, dlq="d")
+    )
+    assert await meta.insert_extent(_extent("e1"))
+    await meta.put_ack_levels([AckLevel(queue="q1", group="g", extent="e1", acked=1)])
+    await meta.delete_ack_levels("q1", "g", [])
+    await meta.delete_queue("q1")
+    assert await meta.list_groups("q1") == []
+    assert await meta.get_ack_levels("q1", "g") == []
+    assert [e.status for e in await meta.list_extents("q1")] == [DELETED]
+
+
+async def test_ack_levels_never_move_backward(meta: MetadataStore) -> None:
+    await meta.put_ack_levels(
+        [AckLevel(queue="q1", group="g", extent="e1", level=b"\x05", acked=5)]
+    )
+    await meta.put_ack_levels(
+        [
+            AckLevel(queue="q1", group="g", extent="e1", level=b"\x03", acked=3),
+            AckLevel(queue="q1", group="g", extent="e2", level=b"\x01", acked=1),
+        ]
+    )
+    levels = {a.extent: (a.level, a.acked) for a in await meta.get_ack_levels("q1", "g")}
+    assert levels == {"e1": (b"\x05", 5), "e2": (b"\x01", 1)}
+
+
+async def test_lease_holder(meta: MetadataStore) -> None:
+    assert await meta.lease_holder("controller") is None
+    assert await meta.try_lease("controller", "c1", ttl_seconds=5)
+    assert await meta.lease_holder("controller") == "c1"
+    assert await meta.try_lease("expired", "c1", ttl_seconds=0)
+    assert await meta.lease_holder("expired") is None
+
+
+async def test_expired_lease_passes_to_another_holder(meta: MetadataStore) -> None:
+    assert await meta.try_lease("controller", "c1", ttl_seconds=0)
+    assert await meta.try_lease("controller", "c2", ttl_seconds=5)
+    assert await meta.lease_holder("controller") == "c2"
+    assert not await meta.try_lease("controller", "c1", ttl_seconds=5)
+
+
+async def test_reopening_keeps_the_data(metadata_backend: MetadataBackend) -> None:
+    first = await metadata_backend.open()
+    await first.insert_queue(_queue())
+    second = await metadata_backend.open()  # PostgreSQL: migrations already applied
+    assert (await second.get_queue("q1")).name == "q1"
+
+
+async def test_concurrent_successors_only_one_is_inserted(
+    metadata_backend: MetadataBackend,
+) -> None:
+    stores = [await metadata_backend.open(), await metadata_backend.open()]
+    one = stores[0]
+    assert await one.insert_extent(_extent("e0"))
+    results = await asyncio.gather(
+        one.insert_extent(_extent("a", predecessor="e0")),
+        one.insert_extent(_extent("b", predecessor="e0")),
+    )
+    assert sorted(results) == [False, True]
+    for i in range(1, 11):  # across connections, where the database does the arbitration
+        racers = await asyncio.gather(
+            *(
+                stores[j % 2].insert_extent(_extent(f"e{i}-{j}", predecessor=f"p{i}"))
+                for j in range(4)
+            )
+        )
+        assert racers.count(True) == 1
+    extents = await one.list_extents("q1")
+    assert len(extents) == 1 + 1 + 10
+    assert len({e.predecessor for e in extents if e.predecessor}) == 11
+
+
+async def test_concurrent_lease_takers_only_one_wins(metadata_backend: MetadataBackend) -> None:
+    stores = [await metadata_backend.open(), await metadata_backend.open()]
+    results = await asyncio.gather(
+        *(stores[i % 2].try_lease("controller", f"c{i}", ttl_seconds=30) for i in range(8))
+    )
+    assert results.count(True) == 1
+    winner = f"c{results.index(True)}"
+    assert await stores[1].try_lease("controller", winner, ttl_seconds=30)
+    assert not await stores[0].try_lease("controller", "late", ttl_seconds=30)
+
+
+# PostgreSQL schema and migrations
+
+
+async def _migration_versions(schema: str) -> list[int]:
+    async with await psycopg.AsyncConnection.connect(POSTGRES_URL) as conn:
+        query = sql.SQL("SELECT version FROM {}.schema_migrations ORDER BY version")
+        cur = await conn.execute(query.format(sql.Identifier(schema)))
+        return [v for (v,) in await cur.fetchall()]
+
+
+@pytest.mark.postgres
+async def test_postgres_migrations_apply_once(pg_schema: str) -> None:
+    stores = await asyncio.gather(
+        *(PostgresMetadataStore.connect(POSTGRES_URL, pg_schema) for _ in range(3))
+    )
+    await stores[0].insert_queue(_queue())
+    for store in stores:
+        await store.close()
+    again = await PostgresMetadataStore.connect(POSTGRES_URL, pg_schema)
+    assert (await again.get_queue("q1")).name == "q1"
+    await again.close()
+    assert await _migration_versions(pg_schema) == list(range(1, len(MIGRATIONS) + 1))
+
+
+@pytest.mark.postgres
+async def test_postgres_rejects_a_bad_schema_name() -> None:
+    with pytest.raises(InvalidRequest):
+        await PostgresMetadataStore.connect(POSTGRES_URL, 'x"; DROP TABLE queues; --')
+
+
+# open_metadata
+
+
+def _sqlite(path: str) -> MetadataTarget:
+    return MetadataTarget(kind="sqlite", location=path)
+
+
+def _postgres(url: str) -> MetadataTarget:
+    return MetadataTarget(kind="postgres", location=url)
+
+
+@pytest.mark.parametrize(
+    ("url", "target"),
+    [
+        ("sqlite:///var/lib/cherami/metadata.db", _sqlite("/var/lib/cherami/metadata.db")),
+        ("sqlite://data/metadata.db", _sqlite("data/metadata.db")),
+        ("SQLite:///a%20b.db", _sqlite("/a b.db")),
+        ("sqlite://:memory:", _sqlite(":memory:")),
+        ("/var/lib/cherami/metadata.db", _sqlite("/var/lib/cherami/metadata.db")),
+        ("metadata.db", _sqlite("metadata.db")),
+        ("./data:1/metadata.db", _sqlite("./data:1/metadata.db")),
+        ("postgresql://u@h:5432/db", _postgres("postgresql://u@h:5432/db")),
+        ("postgres://h/db?sslmode=require", _postgres("postgres://h/db?sslmode=require")),
+        ("POSTGRESQL://h/db", _postgres("postgresql://h/db")),
+    ],
+)
+def test_parse_metadata_url(url: str, target: MetadataTarget) -> None:
+    assert parse_metadata_url(url) == target
+
+
+@pytest.mark.parametrize(
+    ("url", "location", "schema"),
+    [
+        ("postgresql://h/db?schema=tenant_1", "postgresql://h/db", "tenant_1"),
+        (
+            "postgresql://h/db?sslmode=require&schema=s&options=-c%20a%3Db",
+            "postgresql://h/db?sslmode=require&options=-c%20a%3Db",
+            "s",
+        ),
+    ],
+)
+def test_parse_metadata_url_strips_the_schema(url: str, location: str, schema: str) -> None:
+    assert parse_metadata_url(url) == MetadataTarget(
+        kind="postgres", location=location, schema=schema
+    )
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "   ",
+        "mysql://h/db",
+        "redis://h",
+        "sqlite:metadata.db",
+        "postgresql:/h/db",
+        "sqlite://",
+        "sqlite:///m.db?mode=ro",
+        "postgresql://h/db?schema=a&schema=b",
+        "postgresql://h/db?schema=Bad-Name",
+    ],
+)
+def test_parse_metadata_url_rejects(url: str) -> None:
+    with pytest.raises(InvalidRequest):
+        parse_metadata_url(url)
+
+
+async def test_open_metadata_sqlite(tmp_path: Path) -> None:
+    for url in (f"sqlite://{tmp_path}/a.db", str(tmp_path / "b.db")):
+        store = await open_metadata(url)
+        try:
+            assert isinstance(store, SqliteMetadataStore)
+            await store.insert_queue(_queue())
+        finally:
+            await store.close()
+    assert (tmp_path / "a.db").exists() and (tmp_path / "b.db").exists()
+
+
+@pytest.mark.postgres
+async def test_open_metadata_postgres_uses_the_schema(pg_schema: str) -> None:
+    sep = "&" if "?" in POSTGRES_URL else "?"
+    store = await open_metadata(f"{POSTGRES_URL}{sep}schema={pg_schema}")
+    try:
+        assert isinstance(store, PostgresMetadataStore)
+        await store.insert_queue(_queue())
+    finally:
+        await store.close()
+    assert await _migration_versions(pg_schema) == list(range(1, len(MIGRATIONS) + 1))

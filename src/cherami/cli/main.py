@@ -35,6 +35,13 @@ def cli() -> None:
 @click.option("--stores", type=int, help="Number of store hosts (default 3).")
 @click.option("--auth-file", help="JSON list of API keys with scopes and prefixes.")
 @click.option("--allow-remote-without-auth", is_flag=True, default=None)
+@click.option(
+    "--role",
+    type=click.Choice(["frontend", "controller", "inputhost", "outputhost", "storehost"]),
+    help="Run one role (a cluster process) instead of every role.",
+)
+@click.option("--metadata", help="sqlite:///path or postgresql://... (needed with --role).")
+@click.option("--advertise", help="HOST:PORT at which other hosts reach this one.")
 @click.option("--config", "config_file", help="JSON config file.")
 @click.option("--log-level")
 def serve(config_file: str | None, **args: Any) -> None:
@@ -48,7 +55,7 @@ def serve(config_file: str | None, **args: Any) -> None:
 def main() -> None:
     # import the package module, not ``__main__``: under ``python -m cherami.cli.main``
     # this file runs as a second module whose ``cli`` the commands never see
-    from cherami.cli import commands  # noqa: F401
+    from cherami.cli import cluster, commands  # noqa: F401
     from cherami.cli import main as package_main
 
     package_main.cli()

@@ -8,19 +8,24 @@ import signal
 
 import uvloop
 
+from cherami.cluster.roles import RoleProcess
 from cherami.config import NodeConfig
 from cherami.node import Node
 
 
 async def _serve(config: NodeConfig) -> None:
-    node = Node(config)
+    node: Node | RoleProcess = RoleProcess(config) if config.role else Node(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await node.start()
-        print(f"cherami listening on http://{config.host}:{node.port}", flush=True)
+        if isinstance(node, RoleProcess):
+            address = await node.start()
+            print(f"cherami {config.role} {node.id} listening on http://{address}", flush=True)
+        else:
+            await node.start()
+            print(f"cherami listening on http://{config.host}:{node.port}", flush=True)
         await stop.wait()
     finally:
         await node.stop()

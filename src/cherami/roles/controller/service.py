@@ -190,6 +190,8 @@ class ControllerService:
 
     # extents
     async def _ensure_extents(self, queue: Queue) -> list[Extent]:
+        """Open plain extents up to the queue's minimum, and a timer extent beside them on
+        every input host that has a plain one, so one input host takes a whole batch."""
         if not self.manage_extents:
             return []
         open_extents = await self.metadata.list_extents(queue.name, (OPEN,))
@@ -197,20 +199,26 @@ class ControllerService:
         created: list[Extent] = []
         for _ in range(queue.config.min_extents - len(plain)):
             created.append(await self._create_extent(queue, PLAIN))
-        if not any(e.kind == TIMER for e in open_extents):
-            created.append(await self._create_extent(queue, TIMER))
+        with_timer = {e.input_host for e in open_extents if e.kind == TIMER}
+        for host in sorted({e.input_host for e in plain + created} - with_timer):
+            created.append(await self._create_extent(queue, TIMER, input_host=host))
         if created:
             self._on_extents_changed(queue.name)
         return created
 
     async def _create_extent(
-        self, queue: Queue, kind: str, predecessor: str | None = None
+        self,
+        queue: Queue,
+        kind: str,
+        predecessor: str | None = None,
+        input_host: str | None = None,
     ) -> Extent:
         replicas = queue.config.replicas or self.default_replicas()
         stores = await self._place(replicas)
         extent = Extent(
             id=new_extent_id(), queue=queue.name, kind=kind, status=OPEN,
-            input_host=await self._pick_input_host(), stores=stores, created_at=time.time(),
+            input_host=input_host or await self._pick_input_host(), stores=stores,
+            created_at=time.time(),
             predecessor=predecessor if queue.config.type == "cp" else None,
         )  # fmt: skip
         for store_id in stores:

@@ -142,11 +142,14 @@ class InputHostService:
                 plain_idx.append(i)
                 plain_records.append(record)
         ids: list[str] = [""] * len(messages)
+        # find every extent the batch needs before writing any of it
+        plain = await self._pick(queue.name, PLAIN) if plain_records else None
+        timer = await self._pick(queue.name, TIMER) if timer_records else None
         parts = []
-        if plain_records:
-            parts.append(self._append(queue.name, PLAIN, plain_idx, plain_records, None, ids))
-        if timer_records:
-            parts.append(self._append(queue.name, TIMER, timer_idx, timer_records, timer_due, ids))
+        if plain is not None:
+            parts.append(self._append(queue.name, plain, plain_idx, plain_records, None, ids))
+        if timer is not None:
+            parts.append(self._append(queue.name, timer, timer_idx, timer_records, timer_due, ids))
         await asyncio.gather(*parts)
         self.published += len(messages)
         return ids
@@ -154,25 +157,24 @@ class InputHostService:
     async def _append(
         self,
         queue: str,
-        kind: str,
+        writer: ExtentWriter,
         indexes: list[int],
         records: list[bytes],
         due: list[int] | None,
         ids: list[str],
     ) -> None:
+        kind = writer.extent.kind
         for attempt in range(MAX_ATTEMPTS):
-            writer = await self._pick(queue, kind)
             try:
                 first = await writer.append(records, due)
             except ExtentSealed:
-                writers = self._queues[queue]
-                writers.loaded = False
+                self._queues[queue].loaded = False
                 await self._replace(writer.id)
                 await asyncio.sleep(0.05 * attempt)
+                writer = await self._pick(queue, kind)
                 continue
-            extent = writer.id
             for offset, index in enumerate(indexes):
-                ids[index] = message_id(extent, first + offset)
+                ids[index] = message_id(writer.id, first + offset)
             return
         raise Unavailable(f"queue {queue}: no extent accepted the append")
 

@@ -1,0 +1,182 @@
+"""One role per process, for a cluster: ``cherami serve --role R --metadata URL``.
+
+Every process heartbeats into the shared metadata store. Processes other than store
+hosts also serve the whole HTTP API: what they do not serve themselves (a queue's input
+host, a group's output host) they forward to the host that does."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from cherami.cluster.membership import (
+    CONTROLLER,
+    INPUTHOST,
+    OUTPUTHOST,
+    STOREHOST,
+    Membership,
+    StoreWatcher,
+    host_id,
+    live_hosts,
+)
+from cherami.config import NodeConfig
+from cherami.errors import Unavailable
+from cherami.metadata.base import MetadataStore
+from cherami.metadata.models import FAILING, OPEN
+from cherami.metadata.open import open_metadata
+from cherami.roles.controller.leader import Leader
+from cherami.roles.controller.service import ControllerService
+from cherami.roles.frontend.app import Roles, build_app
+from cherami.roles.frontend.auth import KeyRing
+from cherami.roles.frontend.metrics import Metrics
+from cherami.roles.frontend.proxy import Router
+from cherami.roles.inputhost.service import InputHostService, Message
+from cherami.roles.outputhost.ownership import GroupOwnership
+from cherami.roles.outputhost.service import OutputHostService
+from cherami.roles.storehost.directory import StoreDirectory
+from cherami.roles.storehost.server import StoreHostService
+from cherami.storage.rocks import RocksExtentStore
+
+log = logging.getLogger("cherami.cluster.roles")
+
+INTERNAL_PUBLISH = "/internal/v1/queues/{queue}/messages"
+_messages = msgspec.msgpack.Decoder(list[Message])
+_encoder = msgspec.msgpack.Encoder()
+
+
+class RoleProcess:
+    """The services of one role, started and stopped together."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        assert config.role is not None and config.metadata is not None
+        self.config = config
+        self.role = config.role
+        self.keys = KeyRing.load(config.auth_file)
+        config.check(self.keys.enabled)
+        self.id = host_id(config.data_dir, self.role)
+        self.address = ""
+        self.ready = False
+        self._stoppers: list[Any] = []
+
+    async def start(self) -> str:
+        cfg = self.config
+        assert cfg.metadata is not None
+        self.metadata = await open_metadata(cfg.metadata)
+        if self.role == STOREHOST:
+            await self._start_storehost()
+        else:
+            await self._start_api_role()
+        self.membership = Membership(self.metadata, self.id, self.role, self.address)
+        await self.membership.start()
+        self._stoppers.insert(0, self.membership.stop)
+        self.ready = True
+        return self.address
+
+    def _advertise(self, bound: str) -> str:
+        return self.config.advertise or bound
+
+    async def _start_storehost(self) -> None:
+        store = RocksExtentStore(os.path.join(self.config.data_dir, "rocksdb"))
+        service = StoreHostService(store, self.config.host, self.config.port)
+        await service.start()
+        self.address = self._advertise(service.address)
+        self._stoppers.append(service.stop)
+
+    async def _start_api_role(self) -> None:
+        stores = StoreDirectory()
+        watcher = StoreWatcher(self.metadata, stores)
+        await watcher.start()
+        self.router = Router(self.metadata)
+        controller = ControllerService(
+            self.metadata, stores, self._pick_input_host,
+            manage_extents=self.role == CONTROLLER,
+            live_stores=lambda: watcher.live,
+        )  # fmt: skip
+        inputs = outputs = None
+        if self.role == INPUTHOST:
+            inputs = InputHostService(
+                self.id, self.metadata, stores, self._mark_failing, _nothing,
+                serves_every_queue=False,
+            )  # fmt: skip
+        if self.role == OUTPUTHOST:
+            self.ownership = GroupOwnership(None, self.metadata, self.id)  # type: ignore[arg-type]
+            outputs = OutputHostService(
+                self.metadata, stores, self._publish_remote, owns=self.ownership.owns
+            )
+            self.ownership.outputs = outputs
+            await outputs.start()
+            self.ownership.start()
+            self._stoppers += [self.ownership.stop, outputs.stop]
+        if self.role == CONTROLLER:
+            self.leader = Leader(controller, self.metadata, self.id, watcher)
+            self.leader.start()
+            self._stoppers.append(self.leader.stop)
+        roles = Roles(
+            metadata=self.metadata, stores=stores, controller=controller, inputs=inputs,
+            outputs=outputs, keys=self.keys, metrics=Metrics(), ready=lambda: self.ready,
+            router=self.router,
+        )  # fmt: skip
+        app = build_app(roles)
+        if inputs is not None:
+            app.router.add_post(INTERNAL_PUBLISH, _internal_publish(inputs, self.metadata))
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.config.host, self.config.port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.address = self._advertise(f"{self.config.host}:{port}")
+        self._stoppers += [runner.cleanup, self.router.close, watcher.stop, stores.close]
+
+    async def _pick_input_host(self) -> str:
+        """The live input host with the fewest open extents."""
+        hosts = [h.id for h in await live_hosts(self.metadata, INPUTHOST)]
+        if not hosts:
+            raise Unavailable("no input host is alive")
+        load: Counter[str] = Counter()
+        for queue in await self.metadata.list_queues():
+            for extent in await self.metadata.list_extents(queue.name, (OPEN,)):
+                load[extent.input_host] += 1
+        return min(hosts, key=lambda h: (load[h], h))
+
+    async def _mark_failing(self, extent_id: str) -> None:
+        """A replica failed under this input host: the leading controller seals it."""
+        await self.metadata.set_extent_status(extent_id, FAILING)
+
+    async def _publish_remote(self, queue: str, messages: list[Message]) -> list[str]:
+        """Publish (to a DLQ) through an input host that serves the queue."""
+        address = await self.router.input_host(queue)
+        url = f"http://{address}{INTERNAL_PUBLISH.format(queue=queue)}"
+        async with self.router.session.post(url, data=_encoder.encode(messages)) as resp:
+            body = await resp.read()
+            if resp.status != 200:
+                raise Unavailable(f"publish to {queue} via {address} failed: {resp.status}")
+            return msgspec.msgpack.decode(body, type=list[str])
+
+    async def stop(self) -> None:
+        self.ready = False
+        for stop in self._stoppers:
+            try:
+                await stop()
+            except Exception:
+                log.exception("stopping %s failed", self.role)
+        await self.metadata.close()
+
+
+async def _nothing(queue: str) -> None:
+    """In a cluster only the leading controller opens extents."""
+
+
+def _internal_publish(inputs: InputHostService, metadata: MetadataStore) -> Any:
+    async def handler(request: web.Request) -> web.Response:
+        queue = await metadata.get_queue(request.match_info["queue"])
+        if not await inputs.serves(queue.name):
+            raise Unavailable(f"queue {queue.name} has no extent on this input host")
+        ids = await inputs.publish(queue, _messages.decode(await request.read()))
+        return web.Response(body=_encoder.encode(ids), content_type="application/msgpack")
+
+    return handler

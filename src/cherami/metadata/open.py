@@ -1,0 +1,76 @@
+"""Open a metadata store from a URL: ``sqlite:///path`` (or a plain path) for one
+machine, ``postgresql://...`` for a cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Literal
+from urllib.parse import unquote
+
+import msgspec
+
+from cherami.errors import InvalidRequest
+from cherami.metadata.base import MetadataStore
+from cherami.metadata.postgres import PostgresMetadataStore, check_schema
+from cherami.metadata.sqlite import SqliteMetadataStore
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+_POSTGRES = ("postgresql", "postgres")
+
+
+class MetadataTarget(msgspec.Struct, frozen=True, kw_only=True):
+    kind: Literal["sqlite", "postgres"]
+    location: str  # a file path, or a libpq URL without the schema parameter
+    schema: str = "cherami"
+
+
+def parse_metadata_url(url: str) -> MetadataTarget:
+    """Raises InvalidRequest for anything but a sqlite or postgres URL or a plain path."""
+    if not url.strip():
+        raise InvalidRequest("the metadata URL is empty")
+    match = _SCHEME.match(url)
+    scheme = match.group(1).lower() if match else ""
+    has_authority = url[len(scheme) + 1 :].startswith("//")
+    if scheme == "sqlite" and has_authority:
+        return MetadataTarget(kind="sqlite", location=_sqlite_path(url))
+    if scheme in _POSTGRES and has_authority:
+        location, schema = _strip_schema(scheme + url[len(scheme) :])
+        return MetadataTarget(kind="postgres", location=location, schema=schema)
+    if scheme in ("sqlite", *_POSTGRES):
+        raise InvalidRequest(f"metadata URL {url!r} must start with {scheme}://")
+    if match and has_authority:
+        raise InvalidRequest(
+            f"metadata URL {url!r}: expected sqlite://, postgresql:// or postgres://"
+        )
+    return MetadataTarget(kind="sqlite", location=url)
+
+
+def _sqlite_path(url: str) -> str:
+    rest = url[len("sqlite://") :]  # "/absolute/path" or "relative/path"
+    if "?" in rest or "#" in rest:
+        raise InvalidRequest(f"metadata URL {url!r}: sqlite URLs take no parameters")
+    if not rest:
+        raise InvalidRequest(f"metadata URL {url!r} names no file")
+    return unquote(rest)
+
+
+def _strip_schema(url: str) -> tuple[str, str]:
+    """Split off the ``schema`` query parameter, passing the rest to libpq untouched."""
+    base, _, fragment = url.partition("#")
+    base, _, query = base.partition("?")
+    params = [p for p in query.split("&") if p]
+    schemas = [unquote(p.partition("=")[2]) for p in params if p.partition("=")[0] == "schema"]
+    if len(schemas) > 1:
+        raise InvalidRequest(f"metadata URL {url!r} names more than one schema")
+    kept = [p for p in params if p.partition("=")[0] != "schema"]
+    location = base + ("?" + "&".join(kept) if kept else "") + ("#" + fragment if fragment else "")
+    return location, check_schema(schemas[0]) if schemas else "cherami"
+
+
+async def open_metadata(url: str) -> MetadataStore:
+    target = parse_metadata_url(url)
+    if target.kind == "postgres":
+        return await PostgresMetadataStore.connect(target.location, target.schema)
+    # Opening creates the file and its tables: keep that off the event loop.
+    return await asyncio.to_thread(SqliteMetadataStore, target.location)

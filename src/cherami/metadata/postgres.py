@@ -1,0 +1,411 @@
+"""PostgreSQL metadata (psycopg 3, async): the store for a cluster of hosts.
+
+Every call borrows a connection from a pool, so many asyncio tasks can use one store at
+once. The tables live in their own schema, created and migrated by ``connect``."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any, LiteralString
+
+import msgspec
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from cherami.errors import AlreadyExists, GroupNotFound, InvalidRequest, QueueNotFound
+from cherami.metadata.models import (
+    DELETED,
+    AckLevel,
+    Extent,
+    Group,
+    GroupConfig,
+    Host,
+    Queue,
+    QueueConfig,
+)
+
+log = logging.getLogger("cherami.metadata.postgres")
+
+Row = tuple[Any, ...]
+Pool = AsyncConnectionPool[psycopg.AsyncConnection[Row]]
+
+# Applied in order, each once, each in its own transaction; append, never edit.
+# Keys are COLLATE "C" so listings sort by code point, as SQLite's BINARY collation does.
+MIGRATIONS: tuple[LiteralString, ...] = (
+    """
+    CREATE TABLE queues (
+        name text COLLATE "C" PRIMARY KEY, config jsonb NOT NULL,
+        created_at double precision NOT NULL, dlq_of text
+    );
+    CREATE TABLE groups (
+        queue text COLLATE "C" NOT NULL, name text COLLATE "C" NOT NULL, config jsonb NOT NULL,
+        created_at double precision NOT NULL, start_ms bigint NOT NULL, dlq text NOT NULL,
+        PRIMARY KEY (queue, name)
+    );
+    CREATE TABLE extents (
+        id text COLLATE "C" PRIMARY KEY, queue text NOT NULL, kind text NOT NULL,
+        status text NOT NULL, input_host text NOT NULL, stores text[] NOT NULL,
+        created_at double precision NOT NULL, sealed_seq bigint,
+        predecessor text UNIQUE
+    );
+    CREATE INDEX extents_by_queue ON extents (queue, status);
+    CREATE TABLE ack_levels (
+        queue text NOT NULL, grp text NOT NULL, extent text NOT NULL, level bytea NOT NULL,
+        acked bigint NOT NULL, lim bytea, PRIMARY KEY (queue, grp, extent)
+    );
+    CREATE TABLE hosts (
+        id text COLLATE "C" PRIMARY KEY, role text NOT NULL, address text NOT NULL,
+        heartbeat_at double precision NOT NULL
+    );
+    CREATE TABLE leases (
+        name text PRIMARY KEY, holder text NOT NULL, expires_at double precision NOT NULL
+    );
+    """,
+)
+
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_MIGRATION_LOCK = 0x43484552  # "CHER": the advisory lock class; the schema hash is the key
+_NOW = "extract(epoch FROM clock_timestamp())::double precision"
+_EXTENT_COLUMNS = "id, queue, kind, status, input_host, stores, created_at, sealed_seq, predecessor"
+
+_json = msgspec.json.Encoder()
+
+
+def _queue(row: Row) -> Queue:
+    name, config, created_at, dlq_of = row
+    return Queue(
+        name=name,
+        config=msgspec.convert(config, QueueConfig),
+        created_at=created_at,
+        dlq_of=dlq_of,
+    )
+
+
+def _group(row: Row) -> Group:
+    queue, name, config, created_at, start_ms, dlq = row
+    return Group(
+        queue=queue,
+        name=name,
+        config=msgspec.convert(config, GroupConfig),
+        created_at=created_at,
+        start_ms=start_ms,
+        dlq=dlq,
+    )
+
+
+def _extent(row: Row) -> Extent:
+    id_, queue, kind, status, input_host, stores, created_at, sealed_seq, predecessor = row
+    return Extent(
+        id=id_,
+        queue=queue,
+        kind=kind,
+        status=status,
+        input_host=input_host,
+        stores=stores,
+        created_at=created_at,
+        sealed_seq=sealed_seq,
+        predecessor=predecessor,
+    )
+
+
+def _config(value: msgspec.Struct) -> Jsonb:
+    return Jsonb(value, dumps=_json.encode)
+
+
+def check_schema(schema: str) -> str:
+    if not _SCHEMA_NAME.match(schema):
+        raise InvalidRequest(
+            f"schema name {schema!r} must be 1-63 characters from a-z 0-9 _ "
+            "not starting with a digit"
+        )
+    return schema
+
+
+async def migrate(url: str, schema: str) -> int:
+    """Create ``schema`` if missing and apply the migrations it lacks; returns its version.
+
+    An advisory lock serialises processes that start at once against one database."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        # Held until this connection closes.
+        await conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (_MIGRATION_LOCK, schema))
+        await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+        await conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations "
+            "(version integer PRIMARY KEY, applied_at double precision NOT NULL)"
+        )
+        cur = await conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations")
+        row = await cur.fetchone()
+        current: int = row[0] if row else 0
+        if current > len(MIGRATIONS):
+            log.warning(
+                "schema %s is at version %d, newer than this code (%d)",
+                schema,
+                current,
+                len(MIGRATIONS),
+            )
+        for version, script in enumerate(MIGRATIONS[current:], start=current + 1):
+            async with conn.transaction():
+                await conn.execute(script)
+                await conn.execute(
+                    f"INSERT INTO schema_migrations VALUES (%s, {_NOW})",
+                    (version,),
+                )
+            log.info("migrated metadata schema %s to version %d", schema, version)
+            current = version
+        return current
+
+
+def _with_search_path(url: str, schema: str) -> str:
+    options = conninfo_to_dict(url).get("options") or ""
+    return make_conninfo(url, options=f"{options} -c search_path={schema}".strip())
+
+
+class PostgresMetadataStore:
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+
+    @classmethod
+    async def connect(
+        cls, url: str, schema: str = "cherami", *, max_connections: int = 10
+    ) -> PostgresMetadataStore:
+        """Migrate ``schema`` (creating it if missing), then open a pool of connections."""
+        check_schema(schema)
+        await migrate(url, schema)
+        pool: Pool = AsyncConnectionPool(
+            _with_search_path(url, schema),
+            min_size=1,
+            max_size=max_connections,
+            kwargs={"autocommit": True},
+            check=AsyncConnectionPool.check_connection,
+            name=f"cherami-metadata-{schema}",
+            open=False,
+        )
+        try:
+            await pool.open(wait=True)
+        except BaseException:
+            await pool.close()
+            raise
+        return cls(pool)
+
+    async def _execute(self, query: Any, args: Any = ()) -> int:
+        async with self._pool.connection() as conn:
+            return (await conn.execute(query, args)).rowcount
+
+    async def _fetchone(self, query: Any, args: Any) -> Row | None:
+        async with self._pool.connection() as conn:
+            return await (await conn.execute(query, args)).fetchone()
+
+    async def _fetchall(self, query: Any, args: Any) -> list[Row]:
+        async with self._pool.connection() as conn:
+            return await (await conn.execute(query, args)).fetchall()
+
+    async def _tx(self, statements: list[tuple[Any, Any]]) -> None:
+        async with self._pool.connection() as conn, conn.transaction():
+            for query, args in statements:
+                await conn.execute(query, args)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    # queues
+    async def insert_queue(self, queue: Queue) -> None:
+        try:
+            await self._execute(
+                "INSERT INTO queues VALUES (%s, %s, %s, %s)",
+                (queue.name, _config(queue.config), queue.created_at, queue.dlq_of),
+            )
+        except psycopg.errors.UniqueViolation:
+            raise AlreadyExists(f"queue {queue.name} exists") from None
+
+    async def get_queue(self, name: str) -> Queue:
+        row = await self._fetchone(
+            "SELECT name, config, created_at, dlq_of FROM queues WHERE name = %s", (name,)
+        )
+        if row is None:
+            raise QueueNotFound(f"no queue {name}")
+        return _queue(row)
+
+    async def list_queues(self) -> list[Queue]:
+        rows = await self._fetchall(
+            "SELECT name, config, created_at, dlq_of FROM queues ORDER BY name", ()
+        )
+        return [_queue(r) for r in rows]
+
+    async def update_queue(self, queue: Queue) -> None:
+        await self._execute(
+            "UPDATE queues SET config = %s WHERE name = %s",
+            (_config(queue.config), queue.name),
+        )
+
+    async def delete_queue(self, name: str) -> None:
+        await self._tx(
+            [
+                ("DELETE FROM queues WHERE name = %s", (name,)),
+                ("DELETE FROM groups WHERE queue = %s", (name,)),
+                ("DELETE FROM ack_levels WHERE queue = %s", (name,)),
+                ("UPDATE extents SET status = %s WHERE queue = %s", (DELETED, name)),
+            ]
+        )
+
+    # groups
+    async def insert_group(self, group: Group) -> None:
+        try:
+            await self._execute(
+                "INSERT INTO groups VALUES (%s, %s, %s, %s, %s, %s)",
+                (
+                    group.queue,
+                    group.name,
+                    _config(group.config),
+                    group.created_at,
+                    group.start_ms,
+                    group.dlq,
+                ),
+            )
+        except psycopg.errors.UniqueViolation:
+            raise AlreadyExists(f"group {group.name} exists") from None
+
+    async def get_group(self, queue: str, name: str) -> Group:
+        row = await self._fetchone(
+            "SELECT queue, name, config, created_at, start_ms, dlq FROM groups "
+            "WHERE queue = %s AND name = %s",
+            (queue, name),
+        )
+        if row is None:
+            raise GroupNotFound(f"no group {name} on queue {queue}")
+        return _group(row)
+
+    async def list_groups(self, queue: str) -> list[Group]:
+        rows = await self._fetchall(
+            "SELECT queue, name, config, created_at, start_ms, dlq FROM groups "
+            "WHERE queue = %s ORDER BY name",
+            (queue,),
+        )
+        return [_group(r) for r in rows]
+
+    async def update_group(self, group: Group) -> None:
+        await self._execute(
+            "UPDATE groups SET config = %s WHERE queue = %s AND name = %s",
+            (_config(group.config), group.queue, group.name),
+        )
+
+    async def delete_group(self, queue: str, name: str) -> None:
+        await self._tx(
+            [
+                ("DELETE FROM groups WHERE queue = %s AND name = %s", (queue, name)),
+                ("DELETE FROM ack_levels WHERE queue = %s AND grp = %s", (queue, name)),
+            ]
+        )
+
+    # extents
+    async def insert_extent(self, extent: Extent) -> bool:
+        # A clash on the id or on the predecessor (UNIQUE: one successor each) inserts
+        # nothing; a racing insert of the same predecessor waits for the first to commit.
+        inserted = await self._execute(
+            f"INSERT INTO extents ({_EXTENT_COLUMNS}) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            (
+                extent.id,
+                extent.queue,
+                extent.kind,
+                extent.status,
+                extent.input_host,
+                extent.stores,
+                extent.created_at,
+                extent.sealed_seq,
+                extent.predecessor,
+            ),
+        )
+        return inserted == 1
+
+    async def get_extent(self, extent_id: str) -> Extent | None:
+        row = await self._fetchone(
+            f"SELECT {_EXTENT_COLUMNS} FROM extents WHERE id = %s", (extent_id,)
+        )
+        return _extent(row) if row else None
+
+    async def list_extents(self, queue: str, statuses: tuple[str, ...] = ()) -> list[Extent]:
+        query = f"SELECT {_EXTENT_COLUMNS} FROM extents WHERE queue = %s"
+        args: tuple[Any, ...] = (queue,)
+        if statuses:
+            query += " AND status = ANY(%s)"
+            args += (list(statuses),)
+        rows = await self._fetchall(query + " ORDER BY created_at, id", args)
+        return [_extent(r) for r in rows]
+
+    async def set_extent_status(
+        self, extent_id: str, status: str, sealed_seq: int | None = None
+    ) -> None:
+        await self._execute(
+            "UPDATE extents SET status = %s, sealed_seq = COALESCE(%s, sealed_seq) WHERE id = %s",
+            (status, sealed_seq, extent_id),
+        )
+
+    # ack levels
+    async def get_ack_levels(self, queue: str, group: str) -> list[AckLevel]:
+        rows = await self._fetchall(
+            "SELECT extent, level, acked, lim FROM ack_levels WHERE queue = %s AND grp = %s",
+            (queue, group),
+        )
+        return [
+            AckLevel(queue=queue, group=group, extent=e, level=lv, acked=n, limit=lim)
+            for e, lv, n, lim in rows
+        ]
+
+    async def put_ack_levels(self, levels: list[AckLevel]) -> None:
+        query = (
+            "INSERT INTO ack_levels VALUES (%s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (queue, grp, extent) DO UPDATE SET "
+            "level = excluded.level, acked = excluded.acked, lim = excluded.lim "
+            "WHERE excluded.acked >= ack_levels.acked"  # ack levels never move backward
+        )
+        rows = [(a.queue, a.group, a.extent, a.level, a.acked, a.limit) for a in levels]
+        async with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            await cur.executemany(query, rows)
+
+    async def delete_ack_levels(self, queue: str, group: str, extents: list[str]) -> None:
+        if extents:
+            await self._execute(
+                "DELETE FROM ack_levels WHERE queue = %s AND grp = %s AND extent = ANY(%s)",
+                (queue, group, extents),
+            )
+
+    # membership and leadership
+    async def heartbeat(self, host: Host) -> None:
+        await self._execute(
+            "INSERT INTO hosts VALUES (%s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
+            "role = excluded.role, address = excluded.address, "
+            "heartbeat_at = excluded.heartbeat_at",
+            (host.id, host.role, host.address, host.heartbeat_at),
+        )
+
+    async def list_hosts(self, role: str, alive_within: float) -> list[Host]:
+        since = time.time() - alive_within
+        rows = await self._fetchall(
+            "SELECT id, role, address, heartbeat_at FROM hosts "
+            "WHERE role = %s AND heartbeat_at >= %s ORDER BY id",
+            (role, since),
+        )
+        return [Host(id=i, role=r, address=a, heartbeat_at=h) for i, r, a, h in rows]
+
+    async def lease_holder(self, name: str) -> str | None:
+        row = await self._fetchone(
+            f"SELECT holder FROM leases WHERE name = %s AND expires_at >= {_NOW}", (name,)
+        )
+        return str(row[0]) if row else None
+
+    async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> bool:
+        # Expiry is judged by the server's clock, the one clock every contender shares.
+        taken = await self._execute(
+            "INSERT INTO leases AS l (name, holder, expires_at) "
+            f"VALUES (%s, %s, {_NOW} + %s) ON CONFLICT (name) DO UPDATE SET "
+            "holder = excluded.holder, expires_at = excluded.expires_at "
+            f"WHERE l.holder = excluded.holder OR l.expires_at < {_NOW}",
+            (name, holder, ttl_seconds),
+        )
+        return taken == 1
