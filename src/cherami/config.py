@@ -60,7 +60,11 @@ def load_config(
             merged[name] = value
     if file:
         with open(file, "rb") as fh:
-            merged.update(msgspec.json.decode(fh.read()))
+            raw = fh.read()
+        try:
+            merged.update(msgspec.json.decode(raw, type=dict[str, Any]))
+        except (msgspec.ValidationError, msgspec.DecodeError) as err:
+            raise InvalidRequest(f"config file {file}: {err}") from None
     merged.update({k: v for k, v in args.items() if v is not None})
     try:
         return msgspec.convert(merged, NodeConfig, strict=False)

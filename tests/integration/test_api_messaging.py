@@ -307,3 +307,29 @@ async def test_attributes_and_ids(client: AsyncClient) -> None:
     (m,) = await client.receive(q, "g", wait_seconds=5)
     assert m.id == mid and m.attributes == {"k": "v", "trace": "t1"}
     assert isinstance(m.enqueued_at, str) and m.enqueued_at.endswith("Z")
+
+
+async def test_shorter_visibility_after_a_longer_one_still_times_out(client: AsyncClient) -> None:
+    q = await _setup(client, "g")
+    await client.publish(q, ["long", "short"])
+    (first,) = await client.receive(
+        q, "g", max_messages=1, wait_seconds=5, visibility_timeout_seconds=30
+    )
+    (second,) = await client.receive(
+        q, "g", max_messages=1, wait_seconds=5, visibility_timeout_seconds=0.5
+    )
+    t0 = time.monotonic()
+    (again,) = await client.receive(q, "g", wait_seconds=5)
+    assert again.id == second.id and again.delivery_count == 2
+    assert time.monotonic() - t0 < 3
+    await client.ack(q, "g", [first.receipt or "", again.receipt or ""])
+
+
+async def test_explicit_zero_delay_overrides_the_queue_default(client: AsyncClient) -> None:
+    q = unique()
+    await client.create_queue(q, delay_seconds=30)
+    await client.create_group(q, "g")
+    await client.publish(q, [OutgoingMessage("now", delay_seconds=0), OutgoingMessage("later")])
+    got = await client.receive(q, "g", max_messages=10, wait_seconds=3)
+    assert [m.text for m in got] == ["now"]
+    assert await client.receive(q, "g", wait_seconds=0.5) == []

@@ -61,6 +61,10 @@ def test_keys_and_scopes(secured: ServerProcess) -> None:
             == 403
         )
         assert http.get("/v1/queues", headers=_h("cons-key")).status_code == 200
+        assert http.get("/v1/queues/other", headers=_h("cons-key")).status_code == 403
+        assert http.get("/v1/queues/orders", headers=_h("cons-key")).status_code == 200
+        assert http.get("/metrics").status_code == 401
+        assert http.get("/metrics", headers=_h("cons-key")).status_code == 200
 
 
 def test_remote_listen_without_keys_is_refused(tmp_path: Path) -> None:

@@ -154,3 +154,31 @@ async def test_competing_stream_consumers_share_the_work(client: AsyncClient) ->
     assert time.monotonic() - t0 < 60
     assert set(seen[0]).isdisjoint(seen[1]) and seen[0] and seen[1]
     assert len(seen[0]) + len(seen[1]) == 3000
+
+
+async def test_large_messages_are_split_across_frames(client: AsyncClient) -> None:
+    q = unique()
+    await client.create_queue(q, max_message_bytes=2 << 20)
+    await client.create_group(q, "g")
+    big = [bytes([i]) * (1 << 20) for i in range(20)]
+    async with client.publisher(q) as pub:
+        for i in range(0, 20, 5):
+            await pub.publish(big[i : i + 5])
+    got = []
+    async with client.consumer(q, "g", credit=100) as c:
+        while len(got) < 20:
+            batch = await c.get_batch(100, timeout=10)
+            assert batch
+            got += batch
+            c.ack(*batch)
+    assert sorted(m.body for m in got) == sorted(big)
+    assert all(m.delivery_count == 1 for m in got)
+
+
+async def test_plain_get_on_a_stream_path_is_a_json_400(server: ServerProcess) -> None:
+    q = unique()
+    async with aiohttp.ClientSession() as s:
+        await s.put(f"{server.url}/v1/queues/{q}")
+        async with s.get(f"{server.url}/v1/queues/{q}/publish") as resp:
+            assert resp.status == 400
+            assert (await resp.json())["error"]["code"] == "invalid_request"

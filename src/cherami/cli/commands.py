@@ -198,12 +198,18 @@ def group_delete(client: ClientFactory, queue_name: str, name: str) -> None:
 @click.argument("bodies", metavar="[BODY]...", nargs=-1)
 @click.option("--attr", "attrs", multiple=True, metavar="KEY=VALUE",
               help="An attribute of every message (repeatable).")  # fmt: skip
-@click.option("--delay-seconds", type=float, default=0.0, help="Deliver no earlier than this.")
+@click.option("--delay-seconds", type=float, default=None, help="Deliver no earlier than this.")
 @click.option("--batch-size", type=click.IntRange(1, 1000), default=STDIN_BATCH,
               show_default=True, help="Messages per batch when reading stdin.")  # fmt: skip
 @connection_options
-def publish(client: ClientFactory, queue_name: str, bodies: tuple[str, ...],
-            attrs: tuple[str, ...], delay_seconds: float, batch_size: int) -> None:  # fmt: skip
+def publish(
+    client: ClientFactory,
+    queue_name: str,
+    bodies: tuple[str, ...],
+    attrs: tuple[str, ...],
+    delay_seconds: float | None,
+    batch_size: int,
+) -> None:
     """Publish each BODY to QUEUE and print the message ids; without BODY, publish each
     line of stdin (streamed in batches) and print how many were published."""
     attributes = parse_attributes(attrs) or None

@@ -14,7 +14,7 @@ class OutgoingMessage:
 
     body: bytes | str
     attributes: dict[str, str] | None = None
-    delay_seconds: float = 0.0
+    delay_seconds: float | None = None  # None: the queue's default delay
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = (
@@ -24,7 +24,7 @@ class OutgoingMessage:
         )
         if self.attributes:
             out["attributes"] = self.attributes
-        if self.delay_seconds:
+        if self.delay_seconds is not None:
             out["delay_seconds"] = self.delay_seconds
         return out
 

@@ -119,8 +119,8 @@ class Publisher:
         """Send one batch; returns a future of its ids (waits while too many are in flight)."""
         batch = [outgoing(m) for m in messages]
         frame = f.Publish(next(self._ids), [
-            f.OutMessage(m.body.encode() if isinstance(m.body, str) else m.body,
-                         m.attributes, int(m.delay_seconds * 1000))
+            f.OutMessage(m.body.encode() if isinstance(m.body, str) else m.body, m.attributes,
+                         None if m.delay_seconds is None else int(m.delay_seconds * 1000))
             for m in batch
         ])  # fmt: skip
         await self._slots.acquire()

@@ -361,7 +361,9 @@ class PostgresMetadataStore:
         query = (
             "INSERT INTO ack_levels VALUES (%s, %s, %s, %s, %s, %s) "
             "ON CONFLICT (queue, grp, extent) DO UPDATE SET "
-            "level = excluded.level, acked = excluded.acked, lim = excluded.lim "
+            "level = excluded.level, acked = excluded.acked, lim = CASE "
+            "WHEN ack_levels.lim IS NULL OR excluded.lim > ack_levels.lim THEN excluded.lim "
+            "ELSE ack_levels.lim END "  # a merged DLQ range only grows
             "WHERE excluded.acked >= ack_levels.acked"  # ack levels never move backward
         )
         rows = [(a.queue, a.group, a.extent, a.level, a.acked, a.limit) for a in levels]

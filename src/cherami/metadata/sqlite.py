@@ -101,7 +101,7 @@ class SqliteMetadataStore:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cherami-sqlite")
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
 
@@ -295,7 +295,9 @@ class SqliteMetadataStore:
     async def put_ack_levels(self, levels: list[AckLevel]) -> None:
         sql = (
             "INSERT INTO ack_levels VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (queue, grp, extent) "
-            "DO UPDATE SET level = excluded.level, acked = excluded.acked, lim = excluded.lim "
+            "DO UPDATE SET level = excluded.level, acked = excluded.acked, lim = CASE "
+            "WHEN ack_levels.lim IS NULL OR excluded.lim > ack_levels.lim THEN excluded.lim "
+            "ELSE ack_levels.lim END "  # a merged DLQ range only grows
             "WHERE excluded.acked >= ack_levels.acked"  # ack levels never move backward
         )
         await self._run(

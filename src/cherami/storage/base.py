@@ -93,6 +93,8 @@ def check_append(meta: ExtentMeta | None, op: AppendOp) -> int:
             "sequence_gap",
             f"extent {op.extent} holds {meta.last_seq}, append starts {op.first_seq}",
         )
-    if op.delivery_ms is not None and len(op.delivery_ms) != len(op.records):
-        raise StorageError("invalid_request", "delivery_ms must match records")
+    if (op.delivery_ms is not None) != (meta.kind == "timer") or (
+        op.delivery_ms is not None and len(op.delivery_ms) != len(op.records)
+    ):
+        raise StorageError("invalid_request", "timer appends carry one delivery_ms per record")
     return len(op.records)

@@ -9,7 +9,7 @@ import msgspec
 class OutMessage(msgspec.Struct, array_like=True, frozen=True, gc=False):
     body: bytes
     attributes: dict[str, str] | None = None
-    delay_ms: int = 0
+    delay_ms: int | None = None  # None (or left out): the queue's default delay
 
 
 class Publish(msgspec.Struct, array_like=True, tag="pub", frozen=True, gc=False):

@@ -122,6 +122,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except web.HTTPException as exc:
         if exc.status == 404:
             return error_response(_RouteNotFound())
+        if exc.status == 400:  # e.g. a plain GET on a WebSocket path
+            return json_response({"error": {"code": "invalid_request", "message": exc.text}}, 400)
         if exc.status == 405:
             return json_response(
                 {"error": {"code": "invalid_request", "message": "method not allowed"}}, 405
@@ -184,6 +186,7 @@ class Frontend:
         return json_response({"status": "ok"})
 
     async def metrics(self, request: web.Request) -> web.Response:
+        self.auth(request, None, None)
         body, content_type = self.r.metrics.render(self.r.outputs)
         return web.Response(body=body, headers={"Content-Type": content_type})
 

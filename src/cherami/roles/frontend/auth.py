@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from cherami.errors import Forbidden, Unauthorized
+from cherami.errors import Forbidden, InvalidRequest, Unauthorized
 
 Scope = Literal["admin", "produce", "consume"]
 
@@ -30,7 +30,11 @@ class KeyRing:
         if not path:
             return cls([])
         with open(path, "rb") as f:
-            return cls(msgspec.json.decode(f.read(), type=list[ApiKey]))
+            raw = f.read()
+        try:
+            return cls(msgspec.json.decode(raw, type=list[ApiKey]))
+        except (msgspec.ValidationError, msgspec.DecodeError) as err:
+            raise InvalidRequest(f"auth file {path}: {err}") from None
 
     def check(self, header: str | None, scope: Scope | None, queue: str | None) -> None:
         """Raise unless the Authorization header carries a key good for this request."""
@@ -41,9 +45,7 @@ class KeyRing:
         key = self._keys.get(header[7:].strip())
         if key is None:
             raise Unauthorized("unknown API key")
-        if scope is None:
-            return
-        if scope not in key.scopes and "admin" not in key.scopes:
+        if scope is not None and scope not in key.scopes and "admin" not in key.scopes:
             raise Forbidden(f"the key lacks the {scope} scope")
         if queue is not None and not any(queue.startswith(p) for p in key.prefixes):
             raise Forbidden(f"the key does not cover queue {queue}")

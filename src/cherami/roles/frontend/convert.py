@@ -50,7 +50,7 @@ def to_messages(queue: Queue, items: list[PublishMessage]) -> list[Message]:
             Message(
                 body,
                 item.attributes or None,
-                int(item.delay_seconds * 1000),
+                None if item.delay_seconds is None else int(item.delay_seconds * 1000),
                 None,
                 item.body is not None,
             )

@@ -13,7 +13,9 @@ class PublishMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     body: str | None = None
     body_b64: str | None = None
     attributes: Attributes | None = None
-    delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] = 0.0
+    delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] | None = (
+        None  # None: queue default
+    )
 
 
 class PublishRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -22,8 +22,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("cherami.frontend.streams")
 
 MAX_BATCHES_IN_FLIGHT = 64
+MAX_BATCH = 1000
+MAX_DELAY_MS = 30 * 86400 * 1000
+MAX_SETTLE_DELAY_MS = 12 * 3600 * 1000
 MAX_CREDIT = 100_000
 DELIVER_BATCH = 1000
+DELIVER_BYTES = 8 << 20  # a frame holds at least one message, and stops growing past this
 WS_MAX_MSG = 64 << 20
 
 
@@ -41,17 +45,22 @@ class StreamHandlers:
 
         async def handle(frame: f.Publish) -> None:
             try:
+                if not 1 <= len(frame.messages) <= MAX_BATCH:
+                    raise InvalidRequest(f"a batch holds 1 to {MAX_BATCH} messages")
                 limit = queue.config.max_message_bytes
                 for i, m in enumerate(frame.messages):
                     check_size(queue, i, len(m.body), limit)
-                    if m.delay_ms < 0:
-                        raise InvalidRequest(f"messages[{i}].delay_ms must not be negative")
+                    if m.delay_ms is not None and not 0 <= m.delay_ms <= MAX_DELAY_MS:
+                        raise InvalidRequest(f"messages[{i}].delay_ms must be 0 to {MAX_DELAY_MS}")
                 messages = [Message(m.body, m.attributes, m.delay_ms) for m in frame.messages]
                 ids = await inputs.publish(queue, messages)
                 self.f.r.metrics.published(queue.name, len(ids))
                 reply: f.ServerFrame = f.Published(frame.id, ids)
             except CheramiError as err:
                 reply = f.Error(frame.id, err.code, err.message)
+            except Exception:
+                log.exception("publish of batch %d failed", frame.id)
+                reply = f.Error(frame.id, "internal", "internal error")
             finally:
                 slots.release()
             if not ws.closed:
@@ -119,11 +128,13 @@ class _ConsumeStream:
             if stale:
                 await self.ws.send_bytes(f.encode(f.Settled("ack", stale)))
         elif isinstance(frame, f.Nack):
-            stale = c.nack(frame.handles, max(0, frame.delay_ms) / 1000, owner=self)
+            delay = min(max(0, frame.delay_ms), MAX_SETTLE_DELAY_MS) / 1000
+            stale = c.nack(frame.handles, delay, owner=self)
             if stale:
                 await self.ws.send_bytes(f.encode(f.Settled("nack", stale)))
         elif isinstance(frame, f.Extend):
-            stale = c.extend(frame.handles, max(1, frame.visibility_ms) / 1000, owner=self)
+            visibility = min(max(1, frame.visibility_ms), MAX_SETTLE_DELAY_MS) / 1000
+            stale = c.extend(frame.handles, visibility, owner=self)
             if stale:
                 await self.ws.send_bytes(f.encode(f.Settled("extend", stale)))
         else:
@@ -136,7 +147,9 @@ class _ConsumeStream:
                 self._credited.clear()
                 await self._credited.wait()
                 continue
-            taken = consumer.take(min(self.credit, DELIVER_BATCH), None, owner=self)
+            taken = consumer.take(
+                min(self.credit, DELIVER_BATCH), None, owner=self, max_bytes=DELIVER_BYTES
+            )
             if not taken:
                 await consumer.readable.wait()
                 continue

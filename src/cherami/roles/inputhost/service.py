@@ -30,7 +30,7 @@ class Message(msgspec.Struct, frozen=True, gc=False):
 
     body: bytes
     attributes: dict[str, str] | None = None
-    delay_ms: int = 0
+    delay_ms: int | None = None  # None: the queue's default delay
     orig_id: str | None = None
     text: bool | None = None
 
@@ -131,7 +131,7 @@ class InputHostService:
         timer_records: list[bytes] = []
         timer_due: list[int] = []
         for i, m in enumerate(messages):
-            delay = m.delay_ms or default_delay
+            delay = default_delay if m.delay_ms is None else m.delay_ms
             due = now + delay
             record = encode_record(Record(now, due, m.body, m.attributes, m.orig_id, m.text))
             if delay > 0:

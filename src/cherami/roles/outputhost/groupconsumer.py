@@ -147,10 +147,20 @@ class GroupConsumer:
         self.on_ready()
 
     # delivery
-    def take(self, limit: int, visibility: float | None, owner: Any = None) -> list[Entry]:
-        """Deliver up to ``limit`` ready messages."""
+    def take(
+        self, limit: int, visibility: float | None, owner: Any = None, max_bytes: int = 0
+    ) -> list[Entry]:
+        """Deliver up to ``limit`` ready messages (and, with ``max_bytes``, no more bodies
+        than fit in that many bytes, but always at least one)."""
         ready = self.ready
         count = min(limit, len(ready))
+        if max_bytes and count:
+            size = 0
+            for i in range(count):
+                size += len(ready[i].record.body)
+                if size > max_bytes:
+                    count = max(1, i)
+                    break
         if not count:
             return []
         deadline = time.monotonic() + (visibility if visibility is not None else self.visibility)
@@ -167,7 +177,7 @@ class GroupConsumer:
             taken.append(entry)
             if entry.count > 1:
                 self.redelivered += 1
-        timeouts.append((deadline, taken[-1].no))  # one timer per batch; see _expire
+        heapq.heappush(timeouts, (deadline, taken[-1].no))  # one timer per batch; see _expire
         self.delivered += count
         if not ready:
             self.readable.clear()

@@ -43,7 +43,6 @@ class OutputHostService:
         self.groups: dict[str, GroupConsumer] = {}
         self._loading: dict[str, asyncio.Lock] = {}
         self._flushed: asyncio.Future[None] | None = None
-        self._flush_kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
     def owns(self, queue: str, group: str) -> bool:
@@ -136,17 +135,11 @@ class OutputHostService:
         if self._flushed is None or self._flushed.done():
             self._flushed = asyncio.get_running_loop().create_future()
         waiter = self._flushed
-        self._flush_kick.set()
         await asyncio.shield(waiter)
 
     async def _flush_loop(self) -> None:
         while True:
-            try:
-                await asyncio.wait_for(self._flush_kick.wait(), FLUSH_INTERVAL * 10)
-            except TimeoutError:
-                pass
-            await asyncio.sleep(FLUSH_INTERVAL)  # let acks gather: one write for many
-            self._flush_kick.clear()
+            await asyncio.sleep(FLUSH_INTERVAL)  # acks gather meanwhile: one write for many
             waiter, self._flushed = self._flushed, None
             try:
                 await self._flush_once()
