@@ -31,6 +31,7 @@ class RoleProc:
     pid: int = 0
     address: str = ""
     log_offset: int = 0  # where this run's lines start in the log
+    advertise: str | None = None  # another address to announce (e.g. a proxy in front)
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
 
@@ -88,6 +89,8 @@ class LocalCluster:
             "--metadata", self.metadata, "--data-dir", str(proc.data_dir),
             "--host", "127.0.0.1", "--port", str(port), *self.extra_args,
         ]  # fmt: skip
+        if proc.advertise:
+            cmd += ["--advertise", proc.advertise]
         proc.log_offset = proc.log.stat().st_size if proc.log.exists() else 0
         with open(proc.log, "ab") as log:
             proc.popen = subprocess.Popen(

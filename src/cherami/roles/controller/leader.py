@@ -65,6 +65,7 @@ class Leader:
         self._seen_stores = live_stores
         for store_id in back:
             await self.controller.reseal_replicas(store_id)
+        await self.controller.seal_stragglers()
         for queue in await self.metadata.list_queues():
             for extent in await self.metadata.list_extents(queue.name, (OPEN, FAILING)):
                 if _needs_seal(extent, live_inputs, live_stores):

@@ -36,6 +36,7 @@ from cherami.wire.store import PLAIN, TIMER
 log = logging.getLogger("cherami.controller.service")
 
 DLQ_CURSOR = "_dlq_cursor"  # internal group on a DLQ queue: how far it was merged or purged
+PING = "_ping"  # an extent name no extent has: asking for it tests that a store answers
 
 
 def new_extent_id() -> str:
@@ -81,6 +82,8 @@ class ControllerService:
         self._on_extents_changed = on_extents_changed
         self.manage_extents = manage_extents
         self._live_stores = live_stores
+        # replicas a seal could not reach; sealed when they answer again
+        self.unsealed_replicas: set[tuple[str, str]] = set()
         self._queue_locks: dict[str, asyncio.Lock] = {}
 
     def _lock(self, queue: str) -> asyncio.Lock:
@@ -245,8 +248,8 @@ class ControllerService:
 
     async def _reachable(self, store_id: str) -> bool:
         try:
-            await self.stores.get(store_id).connect()
-        except Unavailable:
+            await self.stores.get(store_id).info([PING])
+        except CheramiError:
             return False
         return True
 
@@ -261,13 +264,18 @@ class ControllerService:
                 (info,) = await self.stores.get(store_id).info([extent.id])
                 if info.exists:
                     infos.append((store_id, info))
-            except Unavailable as err:
+            except CheramiError as err:
                 log.warning("replica %s of %s unreachable at seal: %s", store_id, extent.id, err)
+                self.unsealed_replicas.add((extent.id, store_id))
         if not infos:
             raise Unavailable(f"no replica of extent {extent.id} is reachable")
         at = min(info.last_seq for _, info in infos)
         for store_id, _ in infos:
-            await self.stores.get(store_id).seal(extent.id, at)
+            try:
+                await self.stores.get(store_id).seal(extent.id, at)
+            except CheramiError as err:
+                log.warning("replica %s of %s not sealed: %s", store_id, extent.id, err)
+                self.unsealed_replicas.add((extent.id, store_id))
         await self.metadata.set_extent_status(extent.id, SEALED, sealed_seq=at)
         log.info("extent %s of queue %s sealed at %d", extent.id, extent.queue, at)
         self._on_extents_changed(extent.queue)
@@ -298,6 +306,20 @@ class ControllerService:
                     raise
                 log.warning("queue %s: cannot open extents yet: %s", queue_name, err)
                 await asyncio.sleep(0.2)
+
+    async def seal_stragglers(self) -> None:
+        """Seal the replicas that earlier seals could not reach, at the sealed seq."""
+        for extent_id, store_id in sorted(self.unsealed_replicas):
+            extent = await self.metadata.get_extent(extent_id)
+            if extent is None or extent.sealed_seq is None:
+                self.unsealed_replicas.discard((extent_id, store_id))
+                continue
+            try:
+                await self.stores.get(store_id).seal(extent_id, extent.sealed_seq)
+            except CheramiError:
+                continue
+            self.unsealed_replicas.discard((extent_id, store_id))
+            log.info("replica %s of %s sealed at %d", store_id, extent_id, extent.sealed_seq)
 
     async def reseal_replicas(self, store_id: str) -> None:
         """A store host came back: seal its replicas of extents sealed while it was away."""

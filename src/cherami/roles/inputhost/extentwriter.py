@@ -61,6 +61,9 @@ class ExtentWriter:
                     asyncio.gather(*futures, return_exceptions=True), APPEND_TIMEOUT
                 )
             except TimeoutError:
+                for replica, future in zip(self.replicas, futures, strict=True):
+                    if not future.done():
+                        replica.reset(f"no append ack in {APPEND_TIMEOUT}s")
                 raise Unavailable(f"a replica did not ack within {APPEND_TIMEOUT}s") from None
             for reply in replies:
                 if isinstance(reply, BaseException):

@@ -18,6 +18,7 @@ from cherami.wire.framing import READ_BUFFER, pack_frame, read_frame
 log = logging.getLogger("cherami.storehost.client")
 
 _HIGH_WATER = 4 << 20
+CALL_TIMEOUT = 3.0
 
 
 class StoreError(CheramiError):
@@ -39,7 +40,7 @@ def _raise_for(reply: w.Reply) -> w.Reply:
 
 
 class StoreClient:
-    def __init__(self, store_id: str, address: str, connect_timeout: float = 5.0) -> None:
+    def __init__(self, store_id: str, address: str, connect_timeout: float = 2.0) -> None:
         self.store_id = store_id
         self.address = address
         self._timeout = connect_timeout
@@ -105,8 +106,25 @@ class StoreClient:
             await writer.drain()
         return future
 
-    async def call(self, make: Any, *args: Any, **kwargs: Any) -> w.Reply:
-        return _raise_for(await (await self.send(make, *args, **kwargs)))
+    async def call(
+        self, make: Any, *args: Any, timeout: float = CALL_TIMEOUT, **kwargs: Any
+    ) -> w.Reply:
+        """One request and its reply. A store host that does not answer in ``timeout``
+        seconds is cut off or stuck: the connection is dropped (failing what else waits
+        on it) and the next request connects again."""
+        future = await self.send(make, *args, **kwargs)
+        try:
+            reply = await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TimeoutError:
+            self.reset(f"no answer in {timeout}s")
+            raise Unavailable(f"store {self.store_id} did not answer in {timeout}s") from None
+        return _raise_for(reply)
+
+    def reset(self, why: str) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+        self._fail_pending(Unavailable(f"store {self.store_id}: {why}"))
 
     async def connect(self) -> None:
         await self._connection()
@@ -136,7 +154,10 @@ class StoreClient:
     async def read(
         self, extent: str, after: bytes, max_count: int, until_ms: int = 0, wait_ms: int = 0
     ) -> w.ReadResult:
-        reply = await self.call(w.Read, extent, after, max_count, until_ms, wait_ms)
+        timeout = wait_ms / 1000 + CALL_TIMEOUT
+        reply = await self.call(
+            w.Read, extent, after, max_count, until_ms, wait_ms, timeout=timeout
+        )
         assert isinstance(reply, w.ReadResult)
         return reply
 
