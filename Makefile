@@ -10,7 +10,7 @@ PORT   ?= 8080
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: install run demo test test-fast lint bench bench-quick bench-throughput clean
+.PHONY: install run demo test test-fast test-spark lint bench bench-quick bench-throughput bench-spark clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ demo: $(STAMP)
 ## test: the whole suite (unit, contract, integration, Spark, faults)
 test: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider
+
+test-spark: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider tests/spark
+
+bench-spark: $(STAMP)
+	$(PY) benchmarks/spark_read.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests/unit tests/contract

@@ -50,6 +50,8 @@ def peer(module: str, **opts: Any) -> DriverFactory:
 # returning a Driver (harness.Driver). A driver may also define `async def start()` and
 # `async def stop()` (e.g. to run its own server); they are called around its runs.
 DRIVERS: dict[str, DriverFactory] = {
+    "cherami-stream": peer("peers.cherami", mode="stream"),
+    "cherami-http": peer("peers.cherami", mode="http"),
     "rabbitmq": peer("peers.rabbitmq"),
     "nats": peer("peers.nats"),
     "redis": peer("peers.redis"),
@@ -120,9 +122,11 @@ async def _run_one(key: str, driver: Driver, wl: Workload, pause_s: float) -> di
 def _progress_line(r: dict[str, Any]) -> str:
     if r.get("skipped"):
         return f"skipped: {r['skipped']}"
-    return (f"pub {_num(r.get('publish_msgs_s'))}/s  consume {_num(r.get('consume_msgs_s'))}/s  "
-            f"{_status(r)}  ({r.get('wall_seconds')} s wall, CPU s server "
-            f"{r.get('server_cpu_seconds')} / client {r.get('client_cpu_seconds')})")
+    return (
+        f"pub {_num(r.get('publish_msgs_s'))}/s  consume {_num(r.get('consume_msgs_s'))}/s  "
+        f"{_status(r)}  ({r.get('wall_seconds')} s wall, CPU s server "
+        f"{r.get('server_cpu_seconds')} / client {r.get('client_cpu_seconds')})"
+    )
 
 
 # --------------------------------------------------------------------------- formatting
@@ -161,9 +165,17 @@ def _ratio(value: float | None, base: float | None) -> str:
     return f"{value / base:.2f}x"
 
 
-COLUMNS = ("system", "durability", "publish msgs/s", "consume+ack msgs/s",
-           "pub p50/p99/p99.9 ms", "e2e p50/p99 ms", "peak server RSS MiB",
-           "vs baseline pub / cons", "status")
+COLUMNS = (
+    "system",
+    "durability",
+    "publish msgs/s",
+    "consume+ack msgs/s",
+    "pub p50/p99/p99.9 ms",
+    "e2e p50/p99 ms",
+    "peak server RSS MiB",
+    "vs baseline pub / cons",
+    "status",
+)
 
 
 def table_rows(results: list[dict[str, Any]], baseline: str | None) -> list[list[str]]:
@@ -172,25 +184,34 @@ def table_rows(results: list[dict[str, Any]], baseline: str | None) -> list[list
     for r in results:
         ratio = "-"
         if base is not None:
-            ratio = (f"{_ratio(r.get('publish_msgs_s'), base.get('publish_msgs_s'))} / "
-                     f"{_ratio(r.get('consume_msgs_s'), base.get('consume_msgs_s'))}")
-        rows.append([r["system"], r["durability"], _num(r.get("publish_msgs_s")),
-                     _num(r.get("consume_msgs_s")),
-                     _ms(r.get("publish_latency_ms"), ("p50", "p99", "p99.9")),
-                     _ms(r.get("e2e_latency_ms"), ("p50", "p99")),
-                     "-" if r.get("peak_rss_mib") is None else f"{r['peak_rss_mib']:,.0f}",
-                     ratio, _status(r)])
+            ratio = (
+                f"{_ratio(r.get('publish_msgs_s'), base.get('publish_msgs_s'))} / "
+                f"{_ratio(r.get('consume_msgs_s'), base.get('consume_msgs_s'))}"
+            )
+        rows.append(
+            [
+                r["system"],
+                r["durability"],
+                _num(r.get("publish_msgs_s")),
+                _num(r.get("consume_msgs_s")),
+                _ms(r.get("publish_latency_ms"), ("p50", "p99", "p99.9")),
+                _ms(r.get("e2e_latency_ms"), ("p50", "p99")),
+                "-" if r.get("peak_rss_mib") is None else f"{r['peak_rss_mib']:,.0f}",
+                ratio,
+                _status(r),
+            ]
+        )
     return rows
 
 
-def print_tables(workloads: list[Workload], results: list[dict[str, Any]],
-                 baseline: str | None) -> None:
+def print_tables(
+    workloads: list[Workload], results: list[dict[str, Any]], baseline: str | None
+) -> None:
     for wl in workloads:
         rows = table_rows([r for r in results if r["workload"] == wl.name], baseline)
         if not rows:
             continue
-        size = (f"{wl.messages:,} msgs" if wl.messages is not None
-                else f"{wl.duration_seconds:g} s")
+        size = f"{wl.messages:,} msgs" if wl.messages is not None else f"{wl.duration_seconds:g} s"
         title = f"{wl.name} [{size}]: {wl.description}"
         title += f" (ratios vs {baseline})" if baseline else ""
         _print_table(title, rows)
@@ -209,8 +230,11 @@ def _print_table(title: str, rows: list[list[str]]) -> None:
     table = Table(title=title, title_justify="left", show_lines=True)
     for i, column in enumerate(COLUMNS):
         numeric = 2 <= i <= 6
-        table.add_column(column, justify="right" if numeric else "left",
-                         max_width=52 if column == "durability" else None)
+        table.add_column(
+            column,
+            justify="right" if numeric else "left",
+            max_width=52 if column == "durability" else None,
+        )
     for row in rows:
         table.add_row(*row)
     Console(width=max(shutil.get_terminal_size((200, 40)).columns, 200)).print(table)
@@ -219,8 +243,9 @@ def _print_table(title: str, rows: list[list[str]]) -> None:
 # --------------------------------------------------------------------------- saving
 
 
-def save_results(stamp: str, meta: dict[str, Any], results: list[dict[str, Any]],
-                 workloads: list[Workload]) -> Path:
+def save_results(
+    stamp: str, meta: dict[str, Any], results: list[dict[str, Any]], workloads: list[Workload]
+) -> Path:
     RESULTS_DIR.mkdir(exist_ok=True)
     path = RESULTS_DIR / f"{stamp}.json"
     path.write_text(json.dumps({**meta, "results": results}, indent=2))
@@ -238,15 +263,20 @@ def plot_throughput(results: list[dict[str, Any]], workloads: list[Workload], ou
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [wl for wl in workloads if any(r["workload"] == wl.name and not r.get("skipped")
-                                           for r in results)]
+    shown = [
+        wl
+        for wl in workloads
+        if any(r["workload"] == wl.name and not r.get("skipped") for r in results)
+    ]
     if not shown:
         return False
-    fig, axes = plt.subplots(1, len(shown), figsize=(max(3.6 * len(shown), 6.0), 4.4),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(shown), figsize=(max(3.6 * len(shown), 6.0), 4.4), squeeze=False
+    )
     for ax, wl in zip(axes[0], shown, strict=True):
-        _plot_workload(ax, wl.name, [r for r in results if r["workload"] == wl.name
-                                     and not r.get("skipped")])
+        _plot_workload(
+            ax, wl.name, [r for r in results if r["workload"] == wl.name and not r.get("skipped")]
+        )
     axes[0][0].set_ylabel("messages / s (log scale)")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper right", fontsize=8)
@@ -260,21 +290,38 @@ def plot_throughput(results: list[dict[str, Any]], workloads: list[Workload], ou
 def _plot_workload(ax: Any, name: str, results: list[dict[str, Any]]) -> None:
     xs = list(range(len(results)))
     width = 0.38
-    for offset, key, label in ((-width / 2, "publish_msgs_s", "publish"),
-                               (width / 2, "consume_msgs_s", "consume+ack")):
+    for offset, key, label in (
+        (-width / 2, "publish_msgs_s", "publish"),
+        (width / 2, "consume_msgs_s", "consume+ack"),
+    ):
         values = [r.get(key) or 0 for r in results]
         bars = ax.bar([x + offset for x in xs], values, width, label=label)
         ax.bar_label(bars, labels=[_short(v) for v in values], fontsize=6, padding=1)
     ax.set_yscale("log")
-    ax.set_ylim(bottom=100, top=max([100.0, *(r.get("publish_msgs_s") or 0 for r in results),
-                                     *(r.get("consume_msgs_s") or 0 for r in results)]) * 2.5)
+    ax.set_ylim(
+        bottom=100,
+        top=max(
+            [
+                100.0,
+                *(r.get("publish_msgs_s") or 0 for r in results),
+                *(r.get("consume_msgs_s") or 0 for r in results),
+            ]
+        )
+        * 2.5,
+    )
     ax.set_xticks(xs)
     ax.set_xticklabels([r["system"] for r in results], rotation=20, ha="right", fontsize=7)
     ax.set_title(name, fontsize=9)
     for x, r in zip(xs, results, strict=True):
         if not r.get("complete"):
-            ax.annotate("incomplete", (x, 0.02), xycoords=("data", "axes fraction"),
-                        ha="center", fontsize=7, color="red")
+            ax.annotate(
+                "incomplete",
+                (x, 0.02),
+                xycoords=("data", "axes fraction"),
+                ha="center",
+                fontsize=7,
+                color="red",
+            )
 
 
 def _short(value: float) -> str:
@@ -291,8 +338,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="use each workload's quick counts")
     parser.add_argument("--only", help="comma-separated driver keys (default: all registered)")
     parser.add_argument("--workloads", help="comma-separated workload names (default: all)")
-    parser.add_argument("--baseline", help="driver key or name for the ratio columns "
-                        "(default: cherami-stream if selected, else none)")
+    parser.add_argument(
+        "--baseline",
+        help="driver key or name for the ratio columns "
+        "(default: cherami-stream if selected, else none)",
+    )
     parser.add_argument("--pause", type=float, default=1.0, help="seconds between runs")
     parser.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop")
     return parser.parse_args(argv)
@@ -316,10 +366,18 @@ async def main_async(args: argparse.Namespace) -> int:
     keys = select_drivers(_split(args.only))
     baseline = args.baseline or ("cherami-stream" if "cherami-stream" in keys else None)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    meta = {"started": stamp, "quick": args.quick, "drivers": keys, "baseline": baseline,
-            "host": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                     "python": platform.python_version()},
-            "workloads": [asdict(wl) for wl in workloads]}
+    meta = {
+        "started": stamp,
+        "quick": args.quick,
+        "drivers": keys,
+        "baseline": baseline,
+        "host": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "workloads": [asdict(wl) for wl in workloads],
+    }
     results: list[dict[str, Any]] = []
     for key in keys:
         results.extend(await run_driver(key, workloads, args.pause))

@@ -125,8 +125,9 @@ class DeliveryClock:
 class GroupTracker:
     """Per-group delivery state: one byte per message number."""
 
-    def __init__(self, index: int, nack_threshold: int, clock: DeliveryClock,
-                 on_complete: Callable[[], None]) -> None:
+    def __init__(
+        self, index: int, nack_threshold: int, clock: DeliveryClock, on_complete: Callable[[], None]
+    ) -> None:
         self.index = index
         self.state = bytearray()
         self.acked = 0
@@ -220,8 +221,11 @@ class Publisher:
         self.wl = wl
         self.log = PublishLog()
         self.pad = b"\0" * (wl.message_size - HEADER.size)
-        self.limit = wl.messages if wl.messages is not None else (
-            int(wl.rate * wl.duration_seconds) if wl.rate and wl.duration_seconds else None)
+        self.limit = (
+            wl.messages
+            if wl.messages is not None
+            else (int(wl.rate * wl.duration_seconds) if wl.rate and wl.duration_seconds else None)
+        )
         self.deadline = math.inf
 
     async def run(self) -> PublishLog:
@@ -359,8 +363,9 @@ def _own_cpu() -> float:
 # --------------------------------------------------------------------------- statistics
 
 
-def percentiles_ms(values_ns: array[int], weights: array[int] | None,
-                   qs: Mapping[str, float]) -> dict[str, float | None]:
+def percentiles_ms(
+    values_ns: array[int], weights: array[int] | None, qs: Mapping[str, float]
+) -> dict[str, float | None]:
     if not values_ns:
         return {k: None for k in qs}
     import numpy as np
@@ -401,14 +406,16 @@ class Run:
         self.done = asyncio.Event()
         self._complete_groups: set[int] = set()
         threshold = int(wl.nack_ratio * 2**32)
-        self.groups = [GroupTracker(g, threshold, self.clock, self._completer(g))
-                       for g in range(wl.groups)]
+        self.groups = [
+            GroupTracker(g, threshold, self.clock, self._completer(g)) for g in range(wl.groups)
+        ]
 
     def _completer(self, group: int) -> Callable[[], None]:
         def complete() -> None:
             self._complete_groups.add(group)
             if len(self._complete_groups) == len(self.groups):
                 self.done.set()
+
         return complete
 
     def set_target(self, published: int) -> None:
@@ -421,9 +428,11 @@ class Run:
 
 
 def _start_consumers(driver: Driver, run: Run) -> list[asyncio.Task[None]]:
-    return [asyncio.create_task(driver.consume(g.index, c, g.handle),
-                                name=f"consume-g{g.index}-c{c}")
-            for g in run.groups for c in range(run.wl.consumers_per_group)]
+    return [
+        asyncio.create_task(driver.consume(g.index, c, g.handle), name=f"consume-g{g.index}-c{c}")
+        for g in run.groups
+        for c in range(run.wl.consumers_per_group)
+    ]
 
 
 async def _await_watching(main: Awaitable[Any], watched: list[asyncio.Task[None]]) -> Any:
@@ -456,8 +465,9 @@ async def _cancel_all(tasks: list[asyncio.Task[None]]) -> list[str]:
     return sorted(task.get_name() for task in stuck)
 
 
-async def _execute(driver: Driver, run: Run, publisher: Publisher,
-                   consumers: list[asyncio.Task[None]]) -> None:
+async def _execute(
+    driver: Driver, run: Run, publisher: Publisher, consumers: list[asyncio.Task[None]]
+) -> None:
     if not run.wl.backlog:
         consumers.extend(_start_consumers(driver, run))
     log = await _await_watching(publisher.run(), consumers)
@@ -470,8 +480,12 @@ async def _execute(driver: Driver, run: Run, publisher: Publisher,
 async def run_workload(driver: Driver, workload: Mapping[str, Any] | Workload) -> dict[str, Any]:
     """Run one workload against one driver and return the measured figures."""
     wl = workload if isinstance(workload, Workload) else Workload.from_mapping(workload)
-    result: dict[str, Any] = {"system": driver.name, "durability": driver.durability,
-                              "workload": wl.name, "params": asdict(wl)}
+    result: dict[str, Any] = {
+        "system": driver.name,
+        "durability": driver.durability,
+        "workload": wl.name,
+        "params": asdict(wl),
+    }
     if wl.delay_seconds and not getattr(driver, "supports_delay", False):
         result["skipped"] = "driver cannot delay delivery"
         return result
@@ -483,8 +497,9 @@ async def run_workload(driver: Driver, workload: Mapping[str, Any] | Workload) -
     result.update(complete=False, timed_out=False, error=None)
     started = time.monotonic()
     try:
-        await asyncio.wait_for(driver.setup(f"{wl.name}-{uuid.uuid4().hex[:8]}", wl.groups),
-                               SETUP_TIMEOUT_S)
+        await asyncio.wait_for(
+            driver.setup(f"{wl.name}-{uuid.uuid4().hex[:8]}", wl.groups), SETUP_TIMEOUT_S
+        )
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         result["error"] = f"setup failed: {exc!r}"
         await _teardown(driver, result)
@@ -538,10 +553,12 @@ def summarize(run: Run, log: PublishLog, sampler: ServerSampler) -> dict[str, An
         "consume_msgs_s": _rate(round(acked / len(run.groups)), clock.first_ns, clock.last_ns),
         "consume_total_msgs_s": _rate(acked, clock.first_ns, clock.last_ns),
         "consume_seconds": _seconds(clock.first_ns, clock.last_ns) if clock.first_ns else None,
-        "publish_latency_ms": percentiles_ms(log.batch_latency_ns, log.batch_sizes,
-                                             {"p50": 50, "p99": 99, "p99.9": 99.9}),
-        "e2e_latency_ms": percentiles_ms(_merge(g.e2e_ns for g in run.groups), None,
-                                         {"p50": 50, "p99": 99}),
+        "publish_latency_ms": percentiles_ms(
+            log.batch_latency_ns, log.batch_sizes, {"p50": 50, "p99": 99, "p99.9": 99.9}
+        ),
+        "e2e_latency_ms": percentiles_ms(
+            _merge(g.e2e_ns for g in run.groups), None, {"p50": 50, "p99": 99}
+        ),
         "peak_rss_mib": round(sampler.peak_bytes / mib, 1) if sampler.peak_bytes else None,
         "start_rss_mib": round(sampler.start_bytes / mib, 1) if sampler.start_bytes else None,
         "server_cpu_seconds": sampler.server_cpu_s,

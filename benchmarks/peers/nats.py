@@ -29,16 +29,23 @@ from nats.js.api import (
 
 from ._common import Handler, pids_by_name, raise_if_cancelled, safe_name
 
-DURABILITY = ("file stream, 1 replica, acked once in the OS page cache: no fsync before "
-              "the ack (fsync every 2 min, NATS default), explicit acks")
+DURABILITY = (
+    "file stream, 1 replica, acked once in the OS page cache: no fsync before "
+    "the ack (fsync every 2 min, NATS default), explicit acks"
+)
 
 
 class NatsDriver:
     name = "nats-jetstream"
     durability = DURABILITY
 
-    def __init__(self, url: str = "nats://127.0.0.1:4222", fetch_batch: int = 256,
-                 max_ack_pending: int = 20_000, ack_wait_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str = "nats://127.0.0.1:4222",
+        fetch_batch: int = 256,
+        max_ack_pending: int = 20_000,
+        ack_wait_s: float = 30.0,
+    ) -> None:
         self.url = url
         self.fetch_batch = fetch_batch
         self.max_ack_pending = max_ack_pending
@@ -50,8 +57,9 @@ class NatsDriver:
 
     async def available(self) -> str | None:
         try:
-            nc = await nats.connect(self.url, connect_timeout=3, max_reconnect_attempts=0,
-                                    allow_reconnect=False)
+            nc = await nats.connect(
+                self.url, connect_timeout=3, max_reconnect_attempts=0, allow_reconnect=False
+            )
         except Exception as exc:  # noqa: BLE001 - the reason is the answer
             return f"cannot connect to {self.url}: {exc!r}"
         try:
@@ -68,14 +76,26 @@ class NatsDriver:
         self._nc = await nats.connect(self.url, connect_timeout=5)
         self._js = self._nc.jetstream(timeout=10)
         retention = RetentionPolicy.WORK_QUEUE if groups == 1 else RetentionPolicy.INTEREST
-        await self._js.add_stream(StreamConfig(name=self._stream, subjects=[self._subject],
-                                               storage=StorageType.FILE, retention=retention,
-                                               num_replicas=1))
+        await self._js.add_stream(
+            StreamConfig(
+                name=self._stream,
+                subjects=[self._subject],
+                storage=StorageType.FILE,
+                retention=retention,
+                num_replicas=1,
+            )
+        )
         for group in range(groups):
-            await self._js.add_consumer(self._stream, ConsumerConfig(
-                durable_name=f"g{group}", ack_policy=AckPolicy.EXPLICIT,
-                deliver_policy=DeliverPolicy.ALL, max_ack_pending=self.max_ack_pending,
-                ack_wait=self.ack_wait_s))
+            await self._js.add_consumer(
+                self._stream,
+                ConsumerConfig(
+                    durable_name=f"g{group}",
+                    ack_policy=AckPolicy.EXPLICIT,
+                    deliver_policy=DeliverPolicy.ALL,
+                    max_ack_pending=self.max_ack_pending,
+                    ack_wait=self.ack_wait_s,
+                ),
+            )
 
     async def publish(self, bodies: list[bytes]) -> None:
         assert self._js is not None, "setup() first"

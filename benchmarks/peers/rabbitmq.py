@@ -25,8 +25,10 @@ from pamqp.commands import Basic
 
 from ._common import Handler, pids_by_name, safe_name
 
-DURABILITY = ("quorum queue, 1 node, WAL fsync per batch before the confirm (RabbitMQ "
-              "default), publisher confirms, manual acks")
+DURABILITY = (
+    "quorum queue, 1 node, WAL fsync per batch before the confirm (RabbitMQ "
+    "default), publisher confirms, manual acks"
+)
 
 
 class _Acker:
@@ -72,8 +74,12 @@ class RabbitMQDriver:
     name = "rabbitmq-quorum"
     durability = DURABILITY
 
-    def __init__(self, url: str = "amqp://guest:guest@127.0.0.1:5672/",
-                 prefetch: int = 1000, ack_every: int = 100) -> None:
+    def __init__(
+        self,
+        url: str = "amqp://guest:guest@127.0.0.1:5672/",
+        prefetch: int = 1000,
+        ack_every: int = 100,
+    ) -> None:
         self.url = url
         self.prefetch = prefetch
         self.ack_every = ack_every
@@ -97,15 +103,19 @@ class RabbitMQDriver:
         self._conn = await aio_pika.connect(self.url, timeout=10)
         self._channel = await self._conn.channel(publisher_confirms=True)
         self._queues = [f"{base}.g{g}" for g in range(groups)]
-        declared = [await self._channel.declare_queue(queue, durable=True,
-                                                      arguments={"x-queue-type": "quorum"})
-                    for queue in self._queues]
+        declared = [
+            await self._channel.declare_queue(
+                queue, durable=True, arguments={"x-queue-type": "quorum"}
+            )
+            for queue in self._queues
+        ]
         self._raw = await self._channel.get_underlay_channel()
         if groups == 1:  # default exchange, routed by queue name
             self._exchange_name, self._routing_key = "", self._queues[0]
             return
-        exchange = await self._channel.declare_exchange(base, aio_pika.ExchangeType.FANOUT,
-                                                        durable=True)
+        exchange = await self._channel.declare_exchange(
+            base, aio_pika.ExchangeType.FANOUT, durable=True
+        )
         for queue in declared:
             await queue.bind(exchange)
         self._exchange_name, self._routing_key = base, ""
@@ -113,10 +123,17 @@ class RabbitMQDriver:
     async def publish(self, bodies: list[bytes]) -> None:
         assert self._raw is not None, "setup() first"
         publish, exchange, key = self._raw.basic_publish, self._exchange_name, self._routing_key
-        results = await asyncio.gather(*(
-            publish(body, exchange=exchange, routing_key=key,
-                    properties=Basic.Properties(delivery_mode=2))  # persistent
-            for body in bodies))
+        results = await asyncio.gather(
+            *(
+                publish(
+                    body,
+                    exchange=exchange,
+                    routing_key=key,
+                    properties=Basic.Properties(delivery_mode=2),
+                )  # persistent
+                for body in bodies
+            )
+        )
         for confirm in results:
             if not isinstance(confirm, Basic.Ack):
                 raise RuntimeError(f"broker did not confirm a message: {confirm!r}")

@@ -23,8 +23,9 @@ from ._common import Handler, pids_by_name, raise_if_cancelled, safe_name
 class RedisDriver:
     name = "redis-list"
 
-    def __init__(self, url: str = "redis://127.0.0.1:6379/0", batch: int = 100,
-                 block_timeout_s: int = 1) -> None:
+    def __init__(
+        self, url: str = "redis://127.0.0.1:6379/0", batch: int = 100, block_timeout_s: int = 1
+    ) -> None:
         self.url = url
         self.batch = batch
         self.block_timeout_s = block_timeout_s
@@ -79,8 +80,9 @@ class RedisDriver:
             more = await pipe.execute()
         return [first, *(body for body in more if body is not None)]
 
-    async def _settle(self, source: str, processing: str,
-                      decisions: list[tuple[bytes, bool]]) -> None:
+    async def _settle(
+        self, source: str, processing: str, decisions: list[tuple[bytes, bool]]
+    ) -> None:
         client = self._client
         assert client is not None
         async with client.pipeline(transaction=True) as pipe:
@@ -122,11 +124,13 @@ async def _describe_persistence(client: aioredis.Redis) -> str:
     save, aof = text.get("save", ""), text.get("appendonly", "no")
     fsync = text.get("appendfsync", "")
     if aof == "yes":
-        disk = f"AOF on, appendfsync {fsync}" + ("" if fsync == "always" else
-                                                   ", no fsync before the reply")
+        disk = f"AOF on, appendfsync {fsync}" + (
+            "" if fsync == "always" else ", no fsync before the reply"
+        )
     else:
         disk = f'in memory only, NO fsync: appendonly no, save "{save}"' + (
-            "" if save else " (no snapshots either)")
+            "" if save else " (no snapshots either)"
+        )
     return f"{disk}; list + processing list, LREM acks"
 
 

@@ -9,6 +9,7 @@ import msgspec
 
 from cherami.metadata.models import GroupConfig, GroupPatch, QueueConfig, QueuePatch
 from cherami.roles.frontend import schemas as s
+from cherami.roles.frontend.extents import OffsetsBody
 
 _ERRORS = {
     "400": "invalid_name or invalid_request",
@@ -70,6 +71,9 @@ _OPERATIONS: list[tuple[str, str, str, type | None, type | None]] = [
     (G + "/dlq", "get", "Browse the group's DLQ", None, s.DlqResponse),
     (G + "/dlq/merge", "post", "Deliver the DLQ's messages again to this group only", None, None),
     (G + "/dlq/purge", "post", "Delete the DLQ's messages", None, None),
+    (Q + "/extents", "get", "List extents with replicas (stream-mode readers)", None, None),
+    (G + "/offsets", "get", "A stream-mode group's offsets {extent: next_seq}", None, None),
+    (G + "/offsets", "post", "Move a stream-mode group's offsets forward", OffsetsBody, None),
 ]
 
 
@@ -103,6 +107,9 @@ def openapi_document() -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "Cherami HTTP API", "version": "1"},
         "paths": {
+            "/openapi.json": {
+                "get": {"summary": "This document", "responses": {"200": {"description": "ok"}}}
+            },
             "/healthz": {
                 "get": {"summary": "200 once ready", "responses": {"200": {"description": "ok"}}}
             },

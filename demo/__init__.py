@@ -1,0 +1,1 @@
+"""The crash-report demo: a Socorro-style pipeline on Cherami (``make demo``)."""

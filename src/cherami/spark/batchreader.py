@@ -1,0 +1,127 @@
+"""Batch read of a queue's retained messages, for analytics and replay.
+
+Reads every extent the queue still has (plain ones, and timer ones unless
+``includeDelayed=false``), split into partitions of at most ``partitionMessages``
+messages. Filters on ``enqueued_at``, ``extent`` and ``seq`` are pushed down: whole
+extents created after the time range are skipped, and records outside it are dropped in
+the worker, before they become rows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import (
+    DataSourceReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    IsNotNull,
+    LessThan,
+    LessThanOrEqual,
+)
+from pyspark.sql.types import StructType
+
+from cherami.spark.control import ControlClient, ExtentView
+from cherami.spark.options import Options
+from cherami.spark.partitions import ExtentRange
+from cherami.spark.schema import RecordFilter
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+_RANGE = (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual)
+
+
+def _epoch_us(value: Any) -> int | None:
+    """A timestamp literal in microseconds; naive datetimes are local time, as in Spark."""
+    if isinstance(value, datetime):
+        return round(value.timestamp() * 1_000_000)
+    return None
+
+
+class Bounds:
+    """An inclusive integer range narrowed by comparison filters."""
+
+    def __init__(self, low: int | None = None, high: int | None = None) -> None:
+        self.low, self.high = low, high
+
+    def narrow(self, f: Filter, value: int) -> None:
+        if isinstance(f, EqualTo | GreaterThan | GreaterThanOrEqual):
+            low = value + 1 if isinstance(f, GreaterThan) else value
+            self.low = low if self.low is None else max(self.low, low)
+        if isinstance(f, EqualTo | LessThan | LessThanOrEqual):
+            high = value - 1 if isinstance(f, LessThan) else value
+            self.high = high if self.high is None else min(self.high, high)
+
+
+class CheramiBatchReader(DataSourceReader):
+    def __init__(self, schema: StructType, options: Options) -> None:
+        self.schema = schema
+        self.options = options
+        start, end = options.start_ms, options.end_ms
+        self.time = Bounds(  # microseconds, like Spark timestamps
+            None if start is None else start * 1000, None if end is None else end * 1000 - 1
+        )
+        self.seq = Bounds()
+        self.extents: set[str] | None = set(options.extents) or None
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        for f in filters:
+            column = f.attribute if hasattr(f, "attribute") else ()
+            value = getattr(f, "value", None)
+            micros = _epoch_us(value)
+            if column == ("enqueued_at",) and isinstance(f, _RANGE) and micros is not None:
+                self.time.narrow(f, micros)
+            elif column == ("seq",) and isinstance(f, _RANGE) and isinstance(value, int):
+                self.seq.narrow(f, value)
+            elif isinstance(f, IsNotNull) and column and column[0] in self.schema.fieldNames():
+                continue  # no column of this source is ever null
+            elif column == ("extent",) and isinstance(f, EqualTo | In):
+                wanted = {f.value} if isinstance(f, EqualTo) else set(f.value)
+                self.extents = wanted if self.extents is None else self.extents & wanted
+            else:
+                yield f
+
+    def _keep(self) -> RecordFilter:
+        low, high = self.time.low, self.time.high
+        return RecordFilter(  # records carry milliseconds: round the bounds inward
+            min_ms=None if low is None else -(-low // 1000),
+            max_ms=None if high is None else high // 1000,
+            min_seq=self.seq.low,
+            max_seq=self.seq.high,
+        )
+
+    def _wanted(self, view: ExtentView, keep: RecordFilter) -> bool:
+        if self.extents is not None and view.id not in self.extents:
+            return False
+        if not view.plain and not self.options.include_delayed:
+            return False
+        # an extent holds nothing enqueued before it was created
+        return keep.max_ms is None or view.created_ms <= keep.max_ms + 1000
+
+    def partitions(self) -> Sequence[InputPartition]:
+        keep = self._keep()
+        views = ControlClient(self.options.url, self.options.api_key).extents(self.options.queue)
+        parts: list[InputPartition] = []
+        size = self.options.partition_messages
+        for view in views:
+            if not self._wanted(view, keep) or view.last_seq == 0:
+                continue
+            stores = list(view.stores)
+            if not view.plain:
+                parts.append(ExtentRange(view.id, stores, 1, 0, keep))
+                continue
+            first = max(1, keep.min_seq or 1)
+            last = min(view.last_seq, keep.max_seq or view.last_seq)
+            for low in range(first, last + 1, size):
+                parts.append(ExtentRange(view.id, stores, low, min(low + size, last + 1), keep))
+        return parts
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, ExtentRange)
+        return partition.read(self.schema)

@@ -1,0 +1,196 @@
+"""A small synchronous client of the store protocol, for Spark workers.
+
+Workers are plain Python processes without an event loop; they read one extent range
+from one of its replicas over a blocking socket, with ``Read`` frames (wire/store.py)
+in length-prefixed framing (wire/framing.py). Two reads are kept in flight so the store
+host scans the next batch while the worker decodes this one. When a replica fails the
+reader goes on from the last key it got, on the next replica."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from cherami.errors import CheramiError, ProtocolError, Unavailable
+from cherami.storage.keys import plain_key, seq_of
+from cherami.wire import store as w
+from cherami.wire.framing import MAX_FRAME, pack_frame
+
+log = logging.getLogger("cherami.spark.storereader")
+
+READ_BATCH = 4096
+READ_BYTES = 4 << 20
+IN_FLIGHT = 2
+STALLS_PER_REPLICA = 20
+_HEADER = struct.Struct(">I")
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    keys: list[bytes]
+    records: list[bytes]
+
+
+class _Connection:
+    """One blocking connection to a store host; replies come back by request id."""
+
+    def __init__(self, address: str, timeout: float) -> None:
+        host, port = address.rsplit(":", 1)
+        self.address = address
+        self._sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._rids = itertools.count(1)
+        self._early: dict[int, w.Reply] = {}
+
+    def send_read(self, extent: str, after: bytes, max_count: int, wait_ms: int = 0) -> int:
+        rid = next(self._rids)
+        frame = w.Read(rid, extent, after, max_count, 0, wait_ms, READ_BYTES)
+        self._sock.sendall(pack_frame(w.encode(frame)))
+        return rid
+
+    def reply(self, rid: int) -> w.Reply:
+        while rid not in self._early:
+            reply = w.decode_reply(self._frame())
+            self._early[reply.rid] = reply
+        return self._early.pop(rid)
+
+    def _frame(self) -> bytes:
+        (size,) = _HEADER.unpack(self._exactly(4))
+        if size > MAX_FRAME:
+            raise ProtocolError(f"frame of {size} bytes exceeds {MAX_FRAME}")
+        return self._exactly(size)
+
+    def _exactly(self, size: int) -> bytes:
+        buf = bytearray(size)
+        view = memoryview(buf)
+        got = 0
+        while got < size:
+            n = self._sock.recv_into(view[got:], size - got)
+            if n == 0:
+                raise Unavailable(f"store {self.address} closed the connection")
+            got += n
+        return bytes(buf)
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def _result(reply: w.Reply) -> w.ReadResult:
+    if isinstance(reply, w.Failed):
+        raise (Unavailable if reply.code == "unavailable" else CheramiError)(
+            f"store read failed: {reply.code}: {reply.message}"
+        )
+    if not isinstance(reply, w.ReadResult):
+        raise ProtocolError(f"unexpected reply {type(reply).__name__} to a read")
+    return reply
+
+
+class StoreReader:
+    """Reads extents from any of the given replica addresses, failing over between them."""
+
+    def __init__(self, addresses: list[str], timeout: float = 30.0, retries: int = 6) -> None:
+        if not addresses:
+            raise Unavailable("no store host address for this extent")
+        self._addresses = addresses
+        self._timeout = timeout
+        self._retries = retries
+        self._turn = 0
+        self._conn: _Connection | None = None
+
+    def __enter__(self) -> StoreReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _connection(self) -> _Connection:
+        if self._conn is None:
+            address = self._addresses[self._turn % len(self._addresses)]
+            self._conn = _Connection(address, self._timeout)
+        return self._conn
+
+    def _failed(self, err: Exception, attempt: int) -> None:
+        log.warning("store read failed (attempt %d): %s", attempt + 1, err)
+        self.close()
+        self._turn += 1
+        if attempt + 1 >= self._retries:
+            raise Unavailable(f"extent read failed on every replica: {err}") from err
+        time.sleep(min(2.0, 0.1 * 2**attempt))
+
+    def read_range(self, extent: str, start_seq: int, end_seq: int) -> Iterator[Batch]:
+        """Records ``start_seq`` up to (not including) ``end_seq`` of a plain extent."""
+        last = end_seq - 1
+        attempt = stalls = 0
+        while start_seq <= last:
+            got = 0
+            try:
+                for batch in self._pipelined(extent, start_seq, last):
+                    start_seq = seq_of(batch.keys[-1]) + 1
+                    got += len(batch.keys)
+                    yield batch
+            except (OSError, Unavailable) as err:
+                self._failed(err, attempt)
+                attempt += 1
+                continue
+            attempt = 0
+            stalls = 0 if got else stalls + 1
+            if stalls and stalls % STALLS_PER_REPLICA == 0:
+                self.close()  # this replica has not caught up: try the next one
+                self._turn += 1
+            if stalls >= STALLS_PER_REPLICA * 2 * len(self._addresses):
+                raise Unavailable(f"extent {extent}: seq {start_seq} is on no replica")
+            if stalls:
+                time.sleep(0.05)
+
+    def _pipelined(self, extent: str, first: int, last: int) -> Iterator[Batch]:
+        """Reads of fixed ranges of a plain extent, ``IN_FLIGHT`` at once. Ends early when
+        a reply is short (a byte limit or a lagging replica): the caller asks again."""
+        conn = self._connection()
+        pending: list[tuple[int, int, int]] = []  # (rid, first seq, count)
+        next_seq = first
+        while next_seq <= last or pending:
+            while next_seq <= last and len(pending) < IN_FLIGHT:
+                count = min(READ_BATCH, last - next_seq + 1)
+                after = plain_key(next_seq - 1) if next_seq > 1 else b""
+                pending.append((conn.send_read(extent, after, count), next_seq, count))
+                next_seq += count
+            rid, _, count = pending.pop(0)
+            result = _result(conn.reply(rid))
+            if result.keys:
+                yield Batch(result.keys, result.records)
+            if len(result.keys) < count:
+                for stale, _, _ in pending:  # drop replies to reads past the gap
+                    conn.reply(stale)
+                if result.end:
+                    raise CheramiError(
+                        f"extent {extent} ends before seq {last}: sealed lower or dropped"
+                    )
+                return
+
+    def read_all(self, extent: str) -> Iterator[Batch]:
+        """Every record the replica holds now, in key order (plain or timer extents)."""
+        after = b""
+        attempt = 0
+        while True:
+            try:
+                conn = self._connection()
+                result = _result(conn.reply(conn.send_read(extent, after, READ_BATCH)))
+            except (OSError, Unavailable) as err:
+                self._failed(err, attempt)
+                attempt += 1
+                continue
+            attempt = 0
+            if not result.keys:
+                return
+            after = result.keys[-1]
+            yield Batch(result.keys, result.records)

@@ -1,0 +1,151 @@
+"""Streaming read of a queue for a stream-mode consumer group.
+
+One Spark partition per extent with new messages; offsets are ``{extent: next_seq}``.
+The Spark checkpoint is the source of truth: a new query starts from the group's
+committed offsets, a restarted one from its checkpoint. The group's ack levels follow
+the checkpoint: ``commit()`` (one micro-batch late) and the query listener (each batch's
+end offset, see ``listener``) move them forward, never back."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from cherami.errors import CheramiError, InvalidRequest, Unavailable
+from cherami.metadata.models import STREAM
+from cherami.spark import offsets as o
+from cherami.spark.control import ControlClient, ExtentView
+from cherami.spark.options import Options
+from cherami.spark.partitions import ExtentRange
+from cherami.spark.schema import RecordFilter
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger("cherami.spark.streamreader")
+
+
+class CheramiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, schema: StructType, options: Options) -> None:
+        self.schema = schema
+        self.options = options
+        self.group = options.require_group()
+        self._extents: dict[str, ExtentView] = {}
+        self._latest: o.Offsets | None = None
+        self._target: o.Offsets | None = None
+        self._committed: o.Offsets = {}
+        self._start_ms = 0
+        self._group_known = False
+
+    def _control(self) -> ControlClient:
+        return ControlClient(self.options.url, self.options.api_key)
+
+    def _group_offsets(self) -> o.Offsets:
+        """The group's committed offsets (and start time); refuses competing groups."""
+        reply = self._control().group_offsets(self.options.queue, self.group)
+        if reply.get("type", STREAM) != STREAM:
+            raise InvalidRequest(
+                f"group {self.group} is not a stream-mode group; create it with type 'stream'"
+            )
+        self._start_ms = int(reply.get("start_ms", 0))
+        self._group_known = True
+        return o.normalize(reply["offsets"])
+
+    def _refresh(self) -> o.Offsets:
+        views = self._control().extents(self.options.queue)
+        self._extents = {v.id: v for v in views}
+        self._latest = o.available(views)
+        return self._latest
+
+    # offsets
+    def initialOffset(self) -> dict[str, int]:
+        committed = self._group_offsets()
+        self._refresh()
+        self._committed = committed
+        return o.normalize({e: n for e, n in committed.items() if e in self._extents})
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.options.max_messages_per_trigger
+        return ReadMaxRows(limit) if limit else ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        try:
+            latest = o.cap(self._refresh(), self._target)
+        except Unavailable as err:  # the frontend restarts: no new data for now
+            log.warning("cannot list extents of %s: %s", self.options.queue, err)
+            return o.normalize(start)
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return o.advance(o.normalize(start), latest, max_rows)
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        return self._latest
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._refresh()
+
+    # planning and reading
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        if not self._group_known:
+            self._group_offsets()  # a restart from a checkpoint: learn the group's start time
+        plan = o.ranges(start, end)
+        if any(extent not in self._extents for extent, _, _ in plan):
+            self._refresh()
+        keep = RecordFilter(min_ms=self._start_ms) if self._start_ms else None
+        parts: list[InputPartition] = []
+        for extent, first, stop in plan:
+            view = self._extents.get(extent)
+            if view is None:
+                if self.options.fail_on_data_loss:
+                    raise CheramiError(
+                        f"extent {extent} of queue {self.options.queue} is gone (deleted) "
+                        f"before seq {first}..{stop - 1} was read; set failOnDataLoss=false "
+                        "to skip it"
+                    )
+                log.warning("extent %s is gone; skipping seq %d..%d", extent, first, stop - 1)
+                continue
+            parts.append(ExtentRange(extent, list(view.stores), first, stop, keep))
+        return parts
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, ExtentRange)
+        return partition.read(self.schema)
+
+    # acks follow the checkpoint
+    def commit(self, end: dict[str, int]) -> None:
+        if any(extent not in self._extents for extent in end):
+            self._refresh()
+        known = {e for e, view in self._extents.items() if view.plain}
+        commit_offsets(self._control(), self.options.queue, self.group, end, self._committed, known)
+
+    def stop(self) -> None:
+        pass
+
+
+def commit_offsets(
+    control: ControlClient,
+    queue: str,
+    group: str,
+    end: dict[str, int],
+    committed: o.Offsets,
+    known: set[str],
+) -> None:
+    """POST the offsets that move the group forward, for the extents the queue still
+    has; a failure is logged, never raised (the checkpoint is the truth, and the next
+    commit carries the same offsets again)."""
+    ahead = {e: n for e, n in o.normalize(end).items() if e in known and n > committed.get(e, 1)}
+    if not ahead:
+        return
+    try:
+        committed.update(control.commit(queue, group, ahead))
+    except CheramiError as err:
+        log.warning("could not commit offsets of group %s on %s: %s", group, queue, err)

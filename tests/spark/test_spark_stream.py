@@ -1,0 +1,128 @@
+"""Streaming read: exactly once into a sink across a restart, acks following the
+checkpoint, extents that appear mid-stream."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from cherami.spark import follow_acks
+from cherami.spark.control import ControlClient
+from tests.spark.support import eventually, group_offsets, publish, queue_ends, run, setup_queue
+from tests.support.server import ServerProcess, unique
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+pytestmark = pytest.mark.spark
+
+
+def stream(spark: SparkSession, url: str, queue: str, group: str, **options: Any) -> DataFrame:
+    reader = spark.readStream.format("cherami").option("url", url).option("queue", queue)
+    reader = reader.option("group", group)
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def end_offset(progress: dict[str, Any]) -> dict[str, int]:
+    return json.loads(progress["sources"][0]["endOffset"])  # type: ignore[no-any-return]
+
+
+def test_exactly_once_across_a_restart_and_acks_follow_the_checkpoint(
+    spark: SparkSession, server: ServerProcess, tmp_path: Path
+) -> None:
+    queue = unique()
+    setup_queue(server.url, queue, {"analytics": "stream"}, min_extents=2)
+    first = [f"first-{i}" for i in range(3000)]
+    publish(server.url, queue, first)
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+
+    def start(trigger: dict[str, Any], per_trigger: int) -> Any:
+        df = stream(spark, server.url, queue, "analytics", maxMessagesPerTrigger=per_trigger)
+        writer = df.selectExpr("id", "extent", "seq", "CAST(body AS STRING) AS body").writeStream
+        return writer.format("parquet").option("path", out).option(
+            "checkpointLocation", checkpoint
+        ).trigger(**trigger).start()  # fmt: skip
+
+    query = start({"processingTime": "100 milliseconds"}, 250)
+    listener = follow_acks(spark, server.url, queue, "analytics", query=query)
+    try:
+        eventually(lambda: sum(p["numInputRows"] > 0 for p in query.recentProgress) >= 3)
+    finally:
+        query.stop()
+    stopped_at = end_offset(query.lastProgress)
+    assert sum(n - 1 for n in stopped_at.values()) < len(first), "stopped before the end"
+    # the group's ack levels are where the checkpoint is: not ahead, not behind
+    eventually(lambda: group_offsets(server.url, queue, "analytics") == stopped_at, 15)
+
+    second = [f"second-{i}" for i in range(1000)]
+    publish(server.url, queue, second)
+    query = start({"availableNow": True}, 1500)  # same checkpoint: resumes where it stopped
+    query.awaitTermination(90)
+    assert not query.isActive and query.exception() is None
+
+    rows = spark.read.parquet(out).collect()
+    bodies = [r.body for r in rows]
+    assert len(bodies) == len(first) + len(second), "every message exactly once"
+    assert set(bodies) == set(first) | set(second)
+    assert len({r.id for r in rows}) == len(rows)
+
+    ends = queue_ends(server.url, queue)
+    assert end_offset(query.lastProgress) == ends
+    eventually(lambda: group_offsets(server.url, queue, "analytics") == ends, 15)
+    eventually(lambda: listener.committed == ends, 5)  # the listener posted the last batch
+
+    # acks never move backward
+    behind = {extent: 2 for extent in ends}
+    assert ControlClient(server.url).commit(queue, "analytics", behind) == ends
+    spark.streams.removeListener(listener)
+
+
+def test_a_new_extent_mid_stream_is_read(spark: SparkSession, server: ServerProcess) -> None:
+    queue = unique()
+    setup_queue(server.url, queue, {"live": "stream"}, min_extents=1)
+    publish(server.url, queue, [f"a-{i}" for i in range(300)])
+    name = unique("sink").replace("-", "_")
+    query = (
+        stream(spark, server.url, queue, "live")
+        .writeStream.format("memory")
+        .queryName(name)
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+
+        def count() -> int:
+            return spark.sql(f"SELECT count(*) AS n FROM {name}").first().n  # type: ignore[union-attr]
+
+        eventually(lambda: count() == 300)
+
+        async def widen(client: Any) -> None:
+            await client.update_queue(queue, min_extents=2)
+
+        run(server.url, widen)
+        eventually(lambda: len(ControlClient(server.url).extents(queue)) == 3)  # 2 plain, 1 timer
+        publish(server.url, queue, [f"b-{i}" for i in range(600)])
+        eventually(lambda: count() == 900)
+    finally:
+        query.stop()
+    rows = spark.sql(
+        f"SELECT extent, count(*) AS n, count(DISTINCT id) AS ids FROM {name} GROUP BY extent"
+    )
+    per_extent = {r.extent: (r.n, r.ids) for r in rows.collect()}
+    assert len(per_extent) == 2
+    assert sum(n for n, _ in per_extent.values()) == 900
+    assert all(n == ids for n, ids in per_extent.values())
+
+
+def test_a_competing_group_is_refused(spark: SparkSession, server: ServerProcess) -> None:
+    queue = unique()
+    setup_queue(server.url, queue, {"workers": "competing"})
+    query = stream(spark, server.url, queue, "workers").writeStream.format("noop").start()
+    with pytest.raises(Exception, match="stream-mode"):
+        query.awaitTermination(60)
+    assert not query.isActive
