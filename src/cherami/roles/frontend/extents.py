@@ -9,23 +9,17 @@ extents only."""
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+from typing import Any
 
-import msgspec
 from aiohttp import web
 
 from cherami.errors import CheramiError, InvalidRequest
 from cherami.metadata.models import DELETED, OPEN, STREAM, AckLevel, Extent, Group, check_name
 from cherami.roles.frontend.app import Frontend, decode, json_response
 from cherami.roles.frontend.convert import rfc3339
+from cherami.roles.frontend.schemas import OffsetsBody
 from cherami.storage.keys import plain_key
 from cherami.wire.store import PLAIN
-
-NextSeq = Annotated[int, msgspec.Meta(ge=1, le=(1 << 63) - 1)]
-
-
-class OffsetsBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    offsets: dict[str, NextSeq]
 
 
 def next_seqs(levels: list[AckLevel], plain: set[str]) -> dict[str, int]:

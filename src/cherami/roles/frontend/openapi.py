@@ -9,7 +9,6 @@ import msgspec
 
 from cherami.metadata.models import GroupConfig, GroupPatch, QueueConfig, QueuePatch
 from cherami.roles.frontend import schemas as s
-from cherami.roles.frontend.extents import OffsetsBody
 
 _ERRORS = {
     "400": "invalid_name or invalid_request",
@@ -73,7 +72,7 @@ _OPERATIONS: list[tuple[str, str, str, type | None, type | None]] = [
     (G + "/dlq/purge", "post", "Delete the DLQ's messages", None, None),
     (Q + "/extents", "get", "List extents with replicas (stream-mode readers)", None, None),
     (G + "/offsets", "get", "A stream-mode group's offsets {extent: next_seq}", None, None),
-    (G + "/offsets", "post", "Move a stream-mode group's offsets forward", OffsetsBody, None),
+    (G + "/offsets", "post", "Move a stream-mode group's offsets forward", s.OffsetsBody, None),
 ]
 
 

@@ -106,3 +106,12 @@ class GroupStats(msgspec.Struct):
     delivered: int
     acked: int
     redelivered: int
+
+
+NextSeq = Annotated[int, msgspec.Meta(ge=1, le=(1 << 63) - 1)]
+
+
+class OffsetsBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Offsets of a stream-mode group: for each plain extent, the next sequence to read."""
+
+    offsets: dict[str, NextSeq]
