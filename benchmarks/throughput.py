@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import uvloop
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.support.server import ServerProcess  # noqa: E402
 
 from cherami.client.asyncclient import AsyncClient  # noqa: E402
+from cherami.cluster.local import LocalCluster  # noqa: E402
 
 
 class RssSampler:
@@ -106,30 +108,62 @@ async def run_once(url: str, replicas: int, total: int, size: int, batch: int) -
     }
 
 
+class RssOfPids:
+    """Peak summed RSS of a fixed set of processes (a cluster's role processes)."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.samplers = [RssSampler(p) for p in pids]
+
+    def stop(self) -> int:
+        return sum(s.stop() for s in self.samplers)
+
+
+def _node(tmp: str, replicas: int) -> tuple[str, Any, Any]:
+    server = ServerProcess(Path(tmp), stores=max(3, replicas)).start()
+    assert server.proc is not None
+    return server.url, RssSampler(server.proc.pid), server.stop
+
+
+def _cluster(tmp: str, metadata: str | None) -> tuple[str, Any, Any]:
+    local = LocalCluster(Path(tmp), metadata or f"sqlite:///{tmp}/metadata.db")
+    local.up()
+    return local.url, RssOfPids([p.pid for p in local.procs.values()]), local.down
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--replicas", default="1,3")
+    parser.add_argument(
+        "--cluster", action="store_true",
+        help="also run on a local cluster: every role its own process (3 store hosts, "
+        "2 input, 2 output hosts, 2 controllers, a frontend)",
+    )  # fmt: skip
+    parser.add_argument("--metadata", help="metadata URL for --cluster (default SQLite)")
     args = parser.parse_args()
     print(
         f"{args.messages} messages of {args.size} B, batches of {args.batch}, "
         "every batch synced on every replica"
     )
-    header = ["replicas", "publish msg/s", "pub p50 ms", "pub p99 ms", "consume+ack/s"]
+    header = ["setup", "replicas", "publish msg/s", "pub p50 ms", "pub p99 ms", "consume+ack/s"]
     print(" ".join(f"{h:>14}" for h in [*header, "peak RSS MiB"]))
-    for replicas in [int(r) for r in args.replicas.split(",")]:
+    setups = [("node", r) for r in (int(x) for x in args.replicas.split(","))]
+    if args.cluster:
+        setups.append(("cluster", 3))
+    for setup, replicas in setups:
         with tempfile.TemporaryDirectory() as tmp:
-            server = ServerProcess(Path(tmp), stores=max(3, replicas)).start()
-            assert server.proc is not None
-            sampler = RssSampler(server.proc.pid)
+            url, sampler, stop = (
+                _node(tmp, replicas) if setup == "node" else _cluster(tmp, args.metadata)
+            )
             try:
-                r = uvloop.run(run_once(server.url, replicas, args.messages, args.size, args.batch))
+                r = uvloop.run(run_once(url, replicas, args.messages, args.size, args.batch))
             finally:
                 peak = sampler.stop()
-                server.stop()
+                stop()
         cells = [
+            setup,
             f"{replicas}",
             f"{r['publish_msgs_s']:,.0f}",
             f"{r['publish_p50_ms']:.1f}",

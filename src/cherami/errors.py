@@ -68,6 +68,12 @@ class ExtentSealed(Unavailable):
     code = "extent_sealed"
 
 
+class Moved(Unavailable):
+    """This host no longer serves the queue: reconnect (a frontend routes anew)."""
+
+    code = "moved"
+
+
 class ProtocolError(CheramiError):
     code, status = "protocol_error", 400
 
@@ -88,6 +94,7 @@ ERRORS_BY_CODE: dict[str, type[CheramiError]] = {
         Throttled,
         Unavailable,
         ExtentSealed,
+        Moved,
         ProtocolError,
     )
 }

@@ -82,7 +82,7 @@ class Node:
         if hasattr(self, "controller"):  # a restart: seal what was sealed while it was away
             await self.controller.reseal_replicas(store_id)
 
-    async def _input_host(self) -> str:
+    async def _input_host(self, prefer: set[str]) -> str:
         return INPUT_HOST_ID
 
     async def _replace_extent(self, extent_id: str) -> None:

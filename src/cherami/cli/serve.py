@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 
@@ -32,9 +33,18 @@ async def _serve(config: NodeConfig) -> None:
         logging.getLogger("cherami.node").info("stopped")
 
 
+def _tune_gc() -> None:
+    """Fewer, cheaper collections: the objects made at start-up are never freed, and the
+    hot path makes many short-lived objects that reference counting frees anyway."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+
+
 def run_node(config: NodeConfig) -> None:
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    _tune_gc()
     uvloop.run(_serve(config))

@@ -132,9 +132,12 @@ class RoleProcess:
         self.address = self._advertise(f"{self.config.host}:{port}")
         self._stoppers += [runner.cleanup, self.router.close, watcher.stop, stores.close]
 
-    async def _pick_input_host(self) -> str:
-        """The live input host with the fewest open extents."""
+    async def _pick_input_host(self, prefer: set[str]) -> str:
+        """A live input host: one of ``prefer`` (where the queue's producers already
+        are) if any is alive, else the one with the fewest open extents."""
         hosts = [h.id for h in await live_hosts(self.metadata, INPUTHOST)]
+        if preferred := sorted(set(hosts) & prefer):
+            hosts = preferred
         if not hosts:
             raise Unavailable("no input host is alive")
         load: Counter[str] = Counter()

@@ -69,7 +69,7 @@ class ControllerService:
         self,
         metadata: MetadataStore,
         stores: StoreDirectory,
-        pick_input_host: Callable[[], Awaitable[str]],
+        pick_input_host: Callable[[set[str]], Awaitable[str]],
         on_extents_changed: Callable[[str], None] = lambda queue: None,
         manage_extents: bool = True,
         live_stores: Callable[[], set[str]] | None = None,
@@ -200,8 +200,10 @@ class ControllerService:
         open_extents = await self.metadata.list_extents(queue.name, (OPEN,))
         plain = [e for e in open_extents if e.kind == PLAIN]
         created: list[Extent] = []
+        # a replacement goes where the queue's producers are: its other open extents
+        prefer = frozenset(e.input_host for e in open_extents)
         for _ in range(queue.config.min_extents - len(plain)):
-            created.append(await self._create_extent(queue, PLAIN))
+            created.append(await self._create_extent(queue, PLAIN, prefer=prefer))
         with_timer = {e.input_host for e in open_extents if e.kind == TIMER}
         for host in sorted({e.input_host for e in plain + created} - with_timer):
             created.append(await self._create_extent(queue, TIMER, input_host=host))
@@ -215,12 +217,13 @@ class ControllerService:
         kind: str,
         predecessor: str | None = None,
         input_host: str | None = None,
+        prefer: frozenset[str] = frozenset(),
     ) -> Extent:
         replicas = queue.config.replicas or self.default_replicas()
         stores = await self._place(replicas)
         extent = Extent(
             id=new_extent_id(), queue=queue.name, kind=kind, status=OPEN,
-            input_host=input_host or await self._pick_input_host(), stores=stores,
+            input_host=input_host or await self._pick_input_host(set(prefer)), stores=stores,
             created_at=time.time(),
             predecessor=predecessor if queue.config.type == "cp" else None,
         )  # fmt: skip

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import msgspec
 from aiohttp import WSMsgType, web
 
-from cherami.errors import CheramiError, InvalidRequest
+from cherami.errors import CheramiError, InvalidRequest, Moved
 from cherami.roles.frontend.convert import check_size
 from cherami.roles.inputhost.service import Message
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cherami.frontend.streams")
 
 MAX_BATCHES_IN_FLIGHT = 64
+RECONFIGURE = 4000  # close code: publish elsewhere; reconnect and resend unacked batches
 MAX_BATCH = 1000
 MAX_DELAY_MS = 30 * 86400 * 1000
 MAX_SETTLE_DELAY_MS = 12 * 3600 * 1000
@@ -56,6 +57,10 @@ class StreamHandlers:
                 ids = await inputs.publish(queue, messages)
                 self.f.r.metrics.published(queue.name, len(ids))
                 reply: f.ServerFrame = f.Published(frame.id, ids)
+            except Moved:
+                # reconfigure: the producer reconnects and sends its unacked batches again
+                await ws.close(code=RECONFIGURE, message=b"reconfigure")
+                return
             except CheramiError as err:
                 reply = f.Error(frame.id, err.code, err.message)
             except Exception:

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from cherami.errors import CheramiError, ExtentSealed, Unavailable
+from cherami.errors import CheramiError, ExtentSealed, Moved, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN, Queue
 from cherami.roles.inputhost.extentwriter import ExtentWriter
@@ -179,7 +179,10 @@ class InputHostService:
         raise Unavailable(f"queue {queue}: no extent accepted the append")
 
     async def _pick(self, queue: str, kind: str) -> ExtentWriter:
-        for attempt in range(100):
+        # in a cluster the queue's extents may have moved to another input host: after a
+        # short wait the producer is told to reconnect (through a frontend) instead
+        attempts = 100 if self._serves_every_queue else 20
+        for attempt in range(attempts):
             writers = await self._writers(queue)
             if kind == TIMER:
                 if writers.timer is not None and not writers.timer.failed:
@@ -195,4 +198,6 @@ class InputHostService:
                 except CheramiError as err:
                     log.warning("queue %s: no open %s extent: %s", queue, kind, err)
             await asyncio.sleep(0.1)
+        if not self._serves_every_queue:
+            raise Moved(f"queue {queue} has no open {kind} extent on this input host")
         raise Unavailable(f"queue {queue} has no open {kind} extent")

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import gc
 import os
 import signal
 import sys
@@ -57,6 +58,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.parent:
         _die_with_parent()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
     try:
         uvloop.run(_main(args))
     except KeyboardInterrupt:
