@@ -25,10 +25,9 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support.server import ServerProcess
-
 from cherami.client.asyncclient import AsyncClient
 from cherami.cluster.local import LocalCluster
+from cherami.cluster.nodeproc import NodeProcess as ServerProcess
 
 
 async def measure(url: str, kill: object, seconds: float, kill_at: float) -> dict[str, float]:

@@ -26,10 +26,9 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support.server import ServerProcess  # noqa: E402
-
 import cherami.spark  # noqa: E402  (sets PYSPARK_PYTHON and SPARK_LOCAL_IP)
 from cherami.client.asyncclient import AsyncClient  # noqa: E402
+from cherami.cluster.nodeproc import NodeProcess as ServerProcess  # noqa: E402
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

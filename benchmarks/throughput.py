@@ -23,10 +23,9 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support.server import ServerProcess  # noqa: E402
-
 from cherami.client.asyncclient import AsyncClient  # noqa: E402
 from cherami.cluster.local import LocalCluster  # noqa: E402
+from cherami.cluster.nodeproc import NodeProcess as ServerProcess  # noqa: E402
 
 
 class RssSampler:

@@ -36,8 +36,8 @@ import cherami.spark  # noqa: E402  (sets PYSPARK_PYTHON and SPARK_LOCAL_IP firs
 from cherami.client.asyncclient import AsyncClient  # noqa: E402
 from cherami.client.models import Received  # noqa: E402
 from cherami.client.worker import Worker  # noqa: E402
+from cherami.cluster.nodeproc import NodeProcess  # noqa: E402
 from demo.crashgen import CrashReports, parse  # noqa: E402
-from demo.node import LocalNode  # noqa: E402
 from demo.report import Reconcile, print_report  # noqa: E402
 from demo.sparkjob import CrashAggregation  # noqa: E402
 
@@ -151,14 +151,14 @@ def run(cfg: DemoConfig, spark: SparkSession | None = None, url: str | None = No
     starts is stopped before it returns."""
     from rich.progress import Progress
 
-    node: LocalNode | None = None
+    node: NodeProcess | None = None
     own_spark = spark is None
     aggregation: CrashAggregation | None = None
     shutil.rmtree(cfg.workdir / "node", ignore_errors=True)
     try:
         if url is None:
             cfg.say("starting a Cherami node (3 store hosts, SQLite metadata)...")
-            node = LocalNode(cfg.workdir / "node").start()
+            node = NodeProcess(cfg.workdir / "node").start()
             url = node.url
             cfg.say(f"node up at {url}")
         asyncio.run(_with_client(url, lambda c: setup(c, cfg.queue)))

@@ -14,7 +14,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One node for the tests that only need a server; each test uses its own queues."""
     proc = ServerProcess(tmp_path_factory.mktemp("node")).start()
     yield proc
-    assert proc.stop() == 0
+    code = proc.stop()
+    assert code == 0, "the node did not stop cleanly:\n" + "\n".join(proc.output)
 
 
 @pytest.fixture

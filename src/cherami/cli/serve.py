@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import io
 import logging
 import signal
+import sys
 
 import uvloop
 
@@ -20,6 +22,7 @@ async def _serve(config: NodeConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
     try:
         if isinstance(node, RoleProcess):
             address = await node.start()
@@ -31,6 +34,14 @@ async def _serve(config: NodeConfig) -> None:
     finally:
         await node.stop()
         logging.getLogger("cherami.node").info("stopped")
+
+
+def _dump_tasks() -> None:
+    """SIGUSR1: print where every asyncio task waits (for an operator chasing a hang)."""
+    for task in asyncio.all_tasks():
+        buf = io.StringIO()
+        task.print_stack(limit=8, file=buf)
+        print(buf.getvalue(), file=sys.stderr, flush=True)
 
 
 def _tune_gc() -> None:

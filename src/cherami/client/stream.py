@@ -223,7 +223,8 @@ class StreamConsumer:
                 continue
             self._arrived.clear()
             try:
-                await asyncio.wait_for(self._arrived.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._arrived.wait()
             except TimeoutError:
                 return None
         return self._buffer.popleft()

@@ -57,9 +57,8 @@ class ExtentWriter:
             for replica in self.replicas:
                 await replica.drain()
             try:
-                replies = await asyncio.wait_for(
-                    asyncio.gather(*futures, return_exceptions=True), APPEND_TIMEOUT
-                )
+                async with asyncio.timeout(APPEND_TIMEOUT):
+                    replies = await asyncio.gather(*futures, return_exceptions=True)
             except TimeoutError:
                 for replica, future in zip(self.replicas, futures, strict=True):
                     if not future.done():

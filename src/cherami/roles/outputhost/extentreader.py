@@ -53,7 +53,7 @@ async def read_extent(group: GroupConsumer, cursor: ExtentCursor, stores: StoreD
     """Run until the extent is read to its end (sealed) or to the cursor's limit."""
     replica = 0
     timer = cursor.extent.kind == TIMER
-    while not cursor.read_done:
+    while not cursor.read_done and not group.stopped:
         room = await group.wait_for_room()
         store_id = cursor.extent.stores[replica % len(cursor.extent.stores)]
         now_ms = int(time.time() * 1000)

@@ -55,6 +55,7 @@ class GroupConsumer:
         self._dlq_task: asyncio.Task[None] | None = None
         self.delivered = self.acked = self.redelivered = self.dead_lettered = 0
         self.on_ready: Callable[[], None] = lambda: None
+        self.stopped = False
 
     # configuration
     @property
@@ -69,11 +70,14 @@ class GroupConsumer:
         self._ticker = asyncio.create_task(self._tick_loop())
 
     async def stop(self) -> None:
+        self.stopped = True
+        self._room.set()  # a reader waiting for room sees the stop
         tasks = [c.task for c in self.cursors.values() if c.task] + [self._ticker, self._dlq_task]
-        for task in tasks:
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(*[t for t in tasks if t is not None], return_exceptions=True)
+        live = [t for t in tasks if t is not None]
+        for task in live:
+            task.cancel()
+        if live:
+            await asyncio.wait(live, timeout=5)
 
     # extents
     def sync_extents(self, extents: list[Extent], levels: dict[str, AckLevel]) -> None:
@@ -120,12 +124,13 @@ class GroupConsumer:
         return sum(c.ack.window() for c in self.cursors.values())
 
     async def wait_for_room(self) -> int:
-        while True:
+        while not self.stopped:
             room = READ_AHEAD - self.outstanding()
             if room > 0:
                 return room
             self._room.clear()
             await self._room.wait()
+        raise asyncio.CancelledError  # the group stopped
 
     async def admit(self, entry: Entry) -> None:
         """A message read from an extent: skip, hold until due, or make it ready."""

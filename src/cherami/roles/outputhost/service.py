@@ -172,7 +172,8 @@ class OutputHostService:
             if taken or time.monotonic() >= deadline:
                 return [(e, self.signer.sign(consumer.scope, e.no)) for e in taken]
             try:
-                await asyncio.wait_for(consumer.readable.wait(), deadline - time.monotonic())
+                async with asyncio.timeout(deadline - time.monotonic()):
+                    await consumer.readable.wait()
             except TimeoutError:
                 pass
 

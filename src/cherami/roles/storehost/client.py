@@ -61,9 +61,10 @@ class StoreClient:
                 raise Unavailable(f"store {self.store_id} client is closed")
             host, port = self.address.rsplit(":", 1)
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, int(port), limit=READ_BUFFER), self._timeout
-                )
+                async with asyncio.timeout(self._timeout):
+                    reader, writer = await asyncio.open_connection(
+                        host, int(port), limit=READ_BUFFER
+                    )
             except (OSError, TimeoutError) as err:
                 raise Unavailable(f"store {self.store_id} at {self.address}: {err}") from err
             self._writer = writer
@@ -114,7 +115,9 @@ class StoreClient:
         on it) and the next request connects again."""
         future = await self.send(make, *args, **kwargs)
         try:
-            reply = await asyncio.wait_for(asyncio.shield(future), timeout)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            async with asyncio.timeout(timeout):
+                reply = await future
         except TimeoutError:
             self.reset(f"no answer in {timeout}s")
             raise Unavailable(f"store {self.store_id} did not answer in {timeout}s") from None

@@ -171,6 +171,7 @@ class StoreHostService:
             if batch.keys or batch.end or remaining <= 0:
                 return w.ReadResult(request.rid, batch.keys, batch.records, batch.end)
             try:
-                await asyncio.wait_for(event.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await event.wait()
             except TimeoutError:
                 pass
