@@ -75,7 +75,9 @@ class CheramiDriver:
 
     async def publish(self, bodies: list[bytes], delay_seconds: float | None = None) -> None:
         assert self._client is not None
-        messages = [OutgoingMessage(b, None, delay_seconds or None) for b in bodies]
+        messages: list[OutgoingMessage] | list[bytes] = (
+            [OutgoingMessage(b, None, delay_seconds) for b in bodies] if delay_seconds else bodies
+        )
         if self._publisher is not None:
             await self._publisher.publish(messages)
         else:

@@ -154,6 +154,7 @@ async def _run(
     return reports
 
 
+@pytest.mark.timeout(3600)  # the --soak version runs for CHERAMI_SOAK_SECONDS
 async def test_cluster_keeps_every_acked_message_under_faults(
     cluster: tuple[LocalCluster, Blackhole], soak_seconds: float
 ) -> None:

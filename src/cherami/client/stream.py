@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from cherami.client.models import OutgoingMessage, Received, outgoing
+from cherami.client.models import OutgoingMessage, Received
 from cherami.errors import CheramiError, Unavailable, error_from_code
 from cherami.wire import stream as f
 
@@ -42,6 +42,16 @@ async def _connect(client: AsyncClient, path: str) -> aiohttp.ClientWebSocketRes
 def _code_for(status: int) -> str:
     return {400: "invalid_request", 401: "unauthorized", 403: "forbidden",
             404: "queue_not_found", 503: "unavailable"}.get(status, "internal")  # fmt: skip
+
+
+def _out(m: OutgoingMessage | bytes | str) -> f.OutMessage:
+    if isinstance(m, bytes):
+        return f.OutMessage(m)
+    if isinstance(m, str):
+        return f.OutMessage(m.encode())
+    body = m.body.encode() if isinstance(m.body, str) else m.body
+    delay = None if m.delay_seconds is None else int(m.delay_seconds * 1000)
+    return f.OutMessage(body, m.attributes, delay)
 
 
 class Publisher:
@@ -117,12 +127,7 @@ class Publisher:
         self, messages: Iterable[OutgoingMessage | bytes | str]
     ) -> asyncio.Future[list[str]]:
         """Send one batch; returns a future of its ids (waits while too many are in flight)."""
-        batch = [outgoing(m) for m in messages]
-        frame = f.Publish(next(self._ids), [
-            f.OutMessage(m.body.encode() if isinstance(m.body, str) else m.body, m.attributes,
-                         None if m.delay_seconds is None else int(m.delay_seconds * 1000))
-            for m in batch
-        ])  # fmt: skip
+        frame = f.Publish(next(self._ids), [_out(m) for m in messages])
         await self._slots.acquire()
         future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
         self._pending[frame.id] = (frame, future)

@@ -11,6 +11,7 @@ import msgspec
 from aiohttp import WSMsgType, web
 
 from cherami.errors import CheramiError, InvalidRequest, Moved
+from cherami.metadata.models import Queue
 from cherami.roles.frontend.convert import check_size
 from cherami.roles.inputhost.service import Message
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
@@ -32,6 +33,17 @@ DELIVER_BYTES = 8 << 20  # a frame holds at least one message, and stops growing
 WS_MAX_MSG = 64 << 20
 
 
+def _check(queue: Queue, messages: list[f.OutMessage]) -> None:
+    """Refuse the whole batch for one oversized message or delay out of range."""
+    limit = queue.config.max_message_bytes
+    if max(len(m.body) for m in messages) > limit:
+        for i, m in enumerate(messages):
+            check_size(queue, i, len(m.body), limit)
+    for i, m in enumerate(messages):
+        if m.delay_ms is not None and not 0 <= m.delay_ms <= MAX_DELAY_MS:
+            raise InvalidRequest(f"messages[{i}].delay_ms must be 0 to {MAX_DELAY_MS}")
+
+
 class StreamHandlers:
     def __init__(self, frontend: Frontend) -> None:
         self.f = frontend
@@ -48,11 +60,7 @@ class StreamHandlers:
             try:
                 if not 1 <= len(frame.messages) <= MAX_BATCH:
                     raise InvalidRequest(f"a batch holds 1 to {MAX_BATCH} messages")
-                limit = queue.config.max_message_bytes
-                for i, m in enumerate(frame.messages):
-                    check_size(queue, i, len(m.body), limit)
-                    if m.delay_ms is not None and not 0 <= m.delay_ms <= MAX_DELAY_MS:
-                        raise InvalidRequest(f"messages[{i}].delay_ms must be 0 to {MAX_DELAY_MS}")
+                _check(queue, frame.messages)
                 messages = [Message(m.body, m.attributes, m.delay_ms) for m in frame.messages]
                 ids = await inputs.publish(queue, messages)
                 self.f.r.metrics.published(queue.name, len(ids))

@@ -72,15 +72,19 @@ async def read_extent(group: GroupConsumer, cursor: ExtentCursor, stores: StoreD
             await asyncio.sleep(0.5)
             continue
         ended = batch.end
+        entries = []
+        track, limit, extent_id = cursor.ack.track, cursor.limit, cursor.id
         for key, raw in zip(batch.keys, batch.records, strict=True):
-            if cursor.limit is not None and key > cursor.limit:
+            if limit is not None and key > limit:
                 ended = True
                 break
             record = decode_record(raw)
-            entry = Entry(cursor, record.orig_id or message_id(cursor.id, seq_of(key)), record)
-            entry.ordinal = cursor.ack.track(key, entry)
-            cursor.read_key = key
-            await group.admit(entry)
+            entry = Entry(cursor, record.orig_id or message_id(extent_id, seq_of(key)), record)
+            entry.ordinal = track(key, entry)
+            entries.append(entry)
+        if entries:
+            cursor.read_key = batch.keys[len(entries) - 1]
+            await group.admit(entries)
         if cursor.limit is not None and cursor.read_key >= cursor.limit:
             ended = True
         if ended:

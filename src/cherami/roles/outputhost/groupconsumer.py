@@ -132,19 +132,26 @@ class GroupConsumer:
             await self._room.wait()
         raise asyncio.CancelledError  # the group stopped
 
-    async def admit(self, entry: Entry) -> None:
-        """A message read from an extent: skip, hold until due, or make it ready."""
-        record = entry.record
+    async def admit(self, entries: list[Entry]) -> None:
+        """Messages read from an extent, in order: skip those from before the group's
+        start or past retention, hold the rest until due, then make them ready."""
         now_ms = time.time() * 1000
-        expired = now_ms > record.enqueued_ms + self.queue.config.retention_seconds * 1000
-        if record.enqueued_ms < self.group.start_ms or expired:
-            entry.cursor.ack.ack(entry.ordinal)
-            return
-        visible_at = record.delivery_ms + self.delay_ms
-        if visible_at > now_ms:
-            await asyncio.sleep((visible_at - now_ms) / 1000)
-        self.ready.append(entry)
-        self._signal_ready()
+        retention_ms = self.queue.config.retention_seconds * 1000
+        start_ms, delay_ms, ready = self.group.start_ms, self.delay_ms, self.ready
+        for entry in entries:
+            record = entry.record
+            if record.enqueued_ms < start_ms or now_ms > record.enqueued_ms + retention_ms:
+                entry.cursor.ack.ack(entry.ordinal)
+                continue
+            visible_at = record.delivery_ms + delay_ms
+            if visible_at > now_ms:
+                if ready:
+                    self._signal_ready()
+                await asyncio.sleep((visible_at - now_ms) / 1000)
+                now_ms = time.time() * 1000
+            ready.append(entry)
+        if ready:
+            self._signal_ready()
 
     def _signal_ready(self) -> None:
         if not self.readable.is_set():
