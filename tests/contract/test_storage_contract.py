@@ -121,3 +121,14 @@ def test_rocks_survives_reopen(tmp_path: Path) -> None:
     again.append([AppendOp("e1", 6, _records(1, 6))])
     assert again.info("e1").count == 6
     again.close()
+
+
+def test_read_stops_at_max_seq(store: ExtentStore) -> None:
+    store.create_extent("e1", PLAIN)
+    store.create_extent("t1", TIMER)
+    store.append([AppendOp("e1", 1, _records(10)), AppendOp("t1", 1, [b"a", b"b"], [5, 1])])
+    assert [seq_of(k) for k in store.read("e1", b"", 100, max_seq=4).keys] == [1, 2, 3, 4]
+    assert store.read("e1", b"", 100, max_seq=0).keys == []
+    # timer extents stop at the first record past max_seq, never skipping it
+    assert store.read("t1", b"", 100, until_ms=10, max_seq=1).records == []
+    assert store.read("t1", b"", 100, until_ms=10, max_seq=2).records == [b"b", b"a"]

@@ -54,3 +54,31 @@ async def test_store_host_kill_loses_nothing_and_publishing_goes_on(
     assert report["lost"] == 0 and report["unexpected"] == 0
     assert stats["sealed_extents"] >= 1
     assert longest_gap < 10
+
+
+async def test_cp_queue_keeps_order_across_a_seal(fresh_server: ServerProcess) -> None:
+    fresh_server.start()
+    async with AsyncClient(fresh_server.url) as client:
+        await client.create_queue("ordered", type="cp")
+        await client.create_group("ordered", "g")
+        sent = 0
+        for round_ in range(2):
+            for _ in range(20):
+                await client.publish("ordered", [f"{sent + i:06d}" for i in range(50)])
+                sent += 50
+            if round_ == 0:  # the open extent is sealed and a successor takes over
+                os.kill(_store_pid(fresh_server, 1), signal.SIGKILL)
+        got: list[str] = []
+        while True:
+            batch = await client.receive("ordered", "g", max_messages=1000, wait_seconds=2)
+            if not batch:
+                break
+            got += [m.text for m in batch]
+            await client.ack("ordered", "g", [m.receipt or "" for m in batch])
+        stats = (await client.get_queue("ordered"))["stats"]
+    assert stats["sealed_extents"] >= 1
+    assert got == sorted(got), [(i, g) for i, g in enumerate(got) if i and g < got[i - 1]][:5] + [
+        got.index("001000"),
+        len(got),
+    ]
+    assert len(set(got)) == sent == 2000

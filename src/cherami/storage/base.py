@@ -45,8 +45,17 @@ class ExtentStore(Protocol):
         """
 
     def read(
-        self, extent: str, after: bytes, max_count: int, until_ms: int = 0, max_bytes: int = 1 << 20
-    ) -> ReadBatch: ...
+        self,
+        extent: str,
+        after: bytes,
+        max_count: int,
+        until_ms: int = 0,
+        max_bytes: int = 1 << 20,
+        max_seq: int = -1,
+    ) -> ReadBatch:
+        """Records after ``after`` in key order: at most ``max_count`` (and about
+        ``max_bytes``), for timer extents only those due by ``until_ms``, and none past
+        sequence number ``max_seq`` (-1: no limit; reading stops at the first one)."""
 
     def seal(self, extent: str, at_seq: int = -1) -> int:
         """Refuse further appends; keep records up to ``at_seq`` (< 0: all). Returns the

@@ -52,7 +52,13 @@ class MemoryExtentStore:
         return results
 
     def read(
-        self, extent: str, after: bytes, max_count: int, until_ms: int = 0, max_bytes: int = 1 << 20
+        self,
+        extent: str,
+        after: bytes,
+        max_count: int,
+        until_ms: int = 0,
+        max_bytes: int = 1 << 20,
+        max_seq: int = -1,
     ) -> ReadBatch:
         replica = self._require(extent)
         start = bisect.bisect_right(replica.keys, after) if after else 0
@@ -67,6 +73,8 @@ class MemoryExtentStore:
                 and until_ms
                 and int.from_bytes(key[:8], "big") > until_ms
             ):
+                return ReadBatch(keys, records, False)
+            if max_seq >= 0 and int.from_bytes(key[-8:], "big") > max_seq:
                 return ReadBatch(keys, records, False)
             keys.append(key)
             records.append(replica.values[key])

@@ -116,12 +116,18 @@ class RocksExtentStore:
                 batch.put(key, record, cf)
 
     def read(
-        self, extent: str, after: bytes, max_count: int, until_ms: int = 0, max_bytes: int = 1 << 20
+        self,
+        extent: str,
+        after: bytes,
+        max_count: int,
+        until_ms: int = 0,
+        max_bytes: int = 1 << 20,
+        max_seq: int = -1,
     ) -> ReadBatch:
         meta = self._require(extent)
         it = self._db.get_column_family(extent).iter()
         try:
-            return _scan(it, meta, after, max_count, until_ms, max_bytes)
+            return _scan(it, meta, after, max_count, until_ms, max_bytes, max_seq)
         finally:
             del it
 
@@ -192,7 +198,13 @@ class RocksExtentStore:
 
 
 def _scan(
-    it: Any, meta: ExtentMeta, after: bytes, max_count: int, until_ms: int, max_bytes: int
+    it: Any,
+    meta: ExtentMeta,
+    after: bytes,
+    max_count: int,
+    until_ms: int,
+    max_bytes: int,
+    max_seq: int,
 ) -> ReadBatch:
     if after:
         it.seek(after)
@@ -207,6 +219,8 @@ def _scan(
     while it.valid() and len(keys) < max_count and size < max_bytes:
         key = it.key()
         if timer and until_ms and int.from_bytes(key[:8], "big") > until_ms:
+            return ReadBatch(keys, records, False)
+        if max_seq >= 0 and int.from_bytes(key[-8:], "big") > max_seq:
             return ReadBatch(keys, records, False)
         value = it.value()
         keys.append(key)

@@ -68,6 +68,15 @@ class Drop(msgspec.Struct, array_like=True, tag=6, frozen=True):
     extent: str
 
 
+class Commit(msgspec.Struct, array_like=True, tag=7, frozen=True):
+    """Every replica holds the extent up to ``seq``: readers may see it. The only
+    request without a reply (``rid`` is not used)."""
+
+    rid: int
+    extent: str
+    seq: int
+
+
 class Appended(msgspec.Struct, array_like=True, tag=10, frozen=True):
     rid: int
     last_seq: int
@@ -108,7 +117,7 @@ class Failed(msgspec.Struct, array_like=True, tag=14, frozen=True):
     message: str
 
 
-Request = CreateExtent | Append | Read | Seal | Info | Drop
+Request = CreateExtent | Append | Read | Seal | Info | Drop | Commit
 Reply = Appended | ReadResult | InfoResult | Done | Failed
 
 _encoder = msgspec.msgpack.Encoder()

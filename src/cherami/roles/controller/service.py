@@ -202,14 +202,28 @@ class ControllerService:
         created: list[Extent] = []
         # a replacement goes where the queue's producers are: its other open extents
         prefer = frozenset(e.input_host for e in open_extents)
-        for _ in range(queue.config.min_extents - len(plain)):
-            created.append(await self._create_extent(queue, PLAIN, prefer=prefer))
+        heads = await self._unsucceeded(queue) if queue.config.type == "cp" else []
+        for i in range(queue.config.min_extents - len(plain)):
+            predecessor = heads[i].id if i < len(heads) else None
+            created.append(
+                await self._create_extent(queue, PLAIN, predecessor=predecessor, prefer=prefer)
+            )
         with_timer = {e.input_host for e in open_extents if e.kind == TIMER}
         for host in sorted({e.input_host for e in plain + created} - with_timer):
             created.append(await self._create_extent(queue, TIMER, input_host=host))
         if created:
             self._on_extents_changed(queue.name)
         return created
+
+    async def _unsucceeded(self, queue: Queue) -> list[Extent]:
+        """CP queues: sealed plain extents that have no successor yet, oldest first. A
+        new extent names one as its predecessor, so readers keep the order across seals."""
+        extents = await self.metadata.list_extents(queue.name)
+        succeeded = {e.predecessor for e in extents if e.predecessor}
+        return [
+            e for e in extents
+            if e.kind == PLAIN and e.status == SEALED and e.id not in succeeded
+        ]  # fmt: skip
 
     async def _create_extent(
         self,

@@ -40,7 +40,8 @@ class ExtentWriter:
 
     async def append(self, records: list[bytes], delivery_ms: list[int] | None) -> int:
         """Append and wait until every replica has it on disk; returns the first seq."""
-        if self.failed:
+        if self.failed or not all(r.connected for r in self.replicas):
+            self.failed = True  # never write a batch to only some of the replicas
             raise ExtentSealed(f"extent {self.extent.id} failed")
         first = self.next_seq
         self.next_seq += len(records)
@@ -68,6 +69,8 @@ class ExtentWriter:
                 if isinstance(reply, BaseException):
                     raise reply
                 check_appended(reply)
+            for replica in self.replicas:  # now readers of any replica may see it
+                replica.commit_nowait(self.id, first + len(records) - 1)
         except Exception as err:
             self.failed = True
             log.warning("append to extent %s failed: %s", self.id, err)

@@ -100,12 +100,30 @@ class GroupConsumer:
                 if level.limit is not None and level.limit != cursor.limit:
                     cursor.limit = level.limit
                     cursor.read_done = False
+            if self._waits_for_predecessor(cursor):
+                continue
             if not cursor.read_done and (cursor.task is None or cursor.task.done()):
                 cursor.task = asyncio.create_task(self._read(cursor))
+
+    def _waits_for_predecessor(self, cursor: ExtentCursor) -> bool:
+        """CP queues keep order across seals: an extent is read only after the extent it
+        succeeds has been read to its end."""
+        before = cursor.extent.predecessor
+        if self.queue.config.type != "cp" or before is None:
+            return False
+        previous = self.cursors.get(before)
+        return previous is not None and not previous.read_done
 
     async def _read(self, cursor: ExtentCursor) -> None:
         try:
             await read_extent(self, cursor, self.stores)
+            for successor in self.cursors.values():  # CP: its successor may start now
+                if (
+                    cursor.read_done
+                    and successor.extent.predecessor == cursor.id
+                    and successor.task is None
+                ):
+                    successor.task = asyncio.create_task(self._read(successor))
         except asyncio.CancelledError:
             raise
         except Exception:

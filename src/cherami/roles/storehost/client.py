@@ -146,6 +146,16 @@ class StoreClient:
         writer.write(pack_frame(w.encode(w.Append(rid, extent, first_seq, records, delivery_ms))))
         return future
 
+    @property
+    def connected(self) -> bool:
+        return self._writer is not None and not self._writer.is_closing()
+
+    def commit_nowait(self, extent: str, seq: int) -> None:
+        """Tell the replica that every replica holds the extent up to ``seq``."""
+        writer = self._writer
+        if writer is not None and not writer.is_closing():
+            writer.write(pack_frame(w.encode(w.Commit(0, extent, seq))))
+
     async def drain(self) -> None:
         writer = self._writer
         if writer is not None and writer.transport.get_write_buffer_size() > _HIGH_WATER:

@@ -35,6 +35,7 @@ class StoreHostService:
         self._pending: list[_PendingAppend] = []
         self._kick = asyncio.Event()
         self._tail_events: dict[str, asyncio.Event] = {}
+        self._committed: dict[str, int] = {}  # open extents: what every replica holds
         self._committer: asyncio.Task[None] | None = None
         self._conns: set[asyncio.Task[None]] = set()
 
@@ -69,7 +70,9 @@ class StoreHostService:
         try:
             while True:
                 request = w.decode_request(await read_frame(reader))
-                if isinstance(request, w.Append):
+                if isinstance(request, w.Commit):
+                    self._commit(request.extent, request.seq)
+                elif isinstance(request, w.Append):
                     op = AppendOp(
                         request.extent, request.first_seq, request.records, request.delivery_ms
                     )
@@ -109,8 +112,13 @@ class StoreHostService:
             for writer, frames in by_writer.items():
                 if not writer.is_closing():
                     writer.writelines(frames)
-            for extent in {p.op.extent for p in pending}:
-                self._wake(extent)
+            # readers wake on commits, not appends: a record is readable once every
+            # replica holds it (Commit), or once its extent is sealed
+
+    def _commit(self, extent: str, seq: int) -> None:
+        if seq > self._committed.get(extent, 0):
+            self._committed[extent] = seq
+            self._wake(extent)
 
     def _wake(self, extent: str) -> None:
         event = self._tail_events.pop(extent, None)
@@ -158,6 +166,9 @@ class StoreHostService:
         deadline = loop.time() + min(request.wait_ms, MAX_READ_WAIT_MS) / 1000
         while True:
             event = self._tail_events.setdefault(request.extent, asyncio.Event())
+            info = self.store.info(request.extent)
+            open_extent = info.exists and not info.sealed
+            max_seq = self._committed.get(request.extent, 0) if open_extent else -1
             batch = await loop.run_in_executor(
                 self._reads,
                 self.store.read,
@@ -166,6 +177,7 @@ class StoreHostService:
                 request.max_count,
                 request.until_ms,
                 request.max_bytes,
+                max_seq,
             )
             remaining = deadline - loop.time()
             if batch.keys or batch.end or remaining <= 0:
