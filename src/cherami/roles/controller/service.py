@@ -364,7 +364,7 @@ class ControllerService:
         cursor = await self.dlq_cursor(dlq)
         ranges = []
         for extent in await self.metadata.list_extents(dlq, (OPEN, FAILING, SEALED)):
-            (info,) = await self.stores.get(extent.stores[0]).info([extent.id])
+            info = await self.stores.info(extent)
             level = cursor.get(extent.id) or AckLevel(queue=dlq, group=DLQ_CURSOR, extent=extent.id)
             ranges.append((extent, level, info.last_seq))
         return ranges

@@ -211,7 +211,7 @@ class Frontend:
         extents = await self.r.metadata.list_extents(queue.name, (OPEN, FAILING, SEALED))
         published = stored = 0
         for extent in extents:
-            (info,) = await self.r.stores.get(extent.stores[0]).info([extent.id])
+            info = await self.r.stores.info(extent)
             published += info.last_seq
             stored += info.bytes
         stats = s.QueueStats(
@@ -269,7 +269,7 @@ class Frontend:
     async def _group_stats(self, consumer: GroupConsumer) -> s.GroupStats:
         counts: dict[str, int] = {}
         for cursor in consumer.cursors.values():
-            (info,) = await self.r.stores.get(cursor.extent.stores[0]).info([cursor.id])
+            info = await self.r.stores.info(cursor.extent)
             counts[cursor.id] = info.count
         oldest = consumer.oldest_unacked_ms()
         ranges = await self.r.controller.dlq_ranges(consumer.group.dlq)
@@ -382,9 +382,7 @@ class Frontend:
             depth += max(0, last_seq - level.acked)
             if len(messages) >= limit or last_seq <= level.acked:
                 continue
-            batch = await self.r.stores.get(extent.stores[0]).read(
-                extent.id, level.level, limit - len(messages)
-            )
+            batch = await self.r.stores.read(extent, level.level, limit - len(messages))
             for raw in batch.records:
                 record = decode_record(raw)
                 messages.append({

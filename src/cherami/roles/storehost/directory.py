@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from cherami.errors import Unavailable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from cherami.errors import CheramiError, Unavailable
+from cherami.metadata.models import Extent
 from cherami.roles.storehost.client import StoreClient
+from cherami.wire.store import ExtentInfo, ReadResult
+
+T = TypeVar("T")
 
 
 class StoreDirectory:
@@ -26,6 +33,24 @@ class StoreDirectory:
         if client is None:
             raise Unavailable(f"store host {store_id} is unknown")
         return client
+
+    async def info(self, extent: Extent) -> ExtentInfo:
+        """The extent's info from the first of its replicas that answers."""
+        (info,) = await self._any(extent, lambda c: c.info([extent.id]))
+        return info
+
+    async def read(self, extent: Extent, after: bytes, max_count: int) -> ReadResult:
+        """Read from the first of the extent's replicas that answers."""
+        return await self._any(extent, lambda c: c.read(extent.id, after, max_count))
+
+    async def _any(self, extent: Extent, call: Callable[[StoreClient], Awaitable[T]]) -> T:
+        error: CheramiError = Unavailable(f"extent {extent.id} has no replicas")
+        for store_id in extent.stores:
+            try:
+                return await call(self.get(store_id))
+            except CheramiError as err:
+                error = err
+        raise error
 
     async def close(self) -> None:
         for client in self._clients.values():
