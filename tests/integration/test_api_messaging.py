@@ -333,3 +333,19 @@ async def test_explicit_zero_delay_overrides_the_queue_default(client: AsyncClie
     got = await client.receive(q, "g", max_messages=10, wait_seconds=3)
     assert [m.text for m in got] == ["now"]
     assert await client.receive(q, "g", wait_seconds=0.5) == []
+
+
+async def test_expired_messages_are_never_delivered(client: AsyncClient) -> None:
+    q = unique()
+    await client.create_queue(q, retention_seconds=1)
+    await client.create_group(q, "g")
+    await client.publish(q, ["old"])
+    # read into the group before it expires, then not received until after
+    await asyncio.sleep(1.3)
+    assert await client.receive(q, "g", wait_seconds=0.5) == []
+    await client.publish(q, ["fresh"])
+    got = await client.receive(q, "g", max_messages=10, wait_seconds=5)
+    assert [m.text for m in got] == ["fresh"]
+    await client.ack(q, "g", [m.receipt or "" for m in got])
+    await asyncio.sleep(0.1)
+    assert (await client.get_group(q, "g"))["stats"]["backlog"] == 0

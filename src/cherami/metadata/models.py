@@ -32,7 +32,7 @@ class QueueConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     replicas: Annotated[int, msgspec.Meta(ge=1, le=9)] | None = None
     min_extents: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] = 0.0
-    retention_seconds: Seconds = 7 * 86400.0
+    retention_seconds: Annotated[float, msgspec.Meta(ge=1, le=365 * 86400)] = 7 * 86400.0
     consumed_retention_seconds: Seconds = 0.0
     max_message_bytes: Annotated[int, msgspec.Meta(ge=1, le=8 << 20)] = 1 << 20
 
@@ -40,7 +40,7 @@ class QueueConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class QueuePatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     min_extents: Annotated[int, msgspec.Meta(ge=1, le=64)] | None = None
     delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] | None = None
-    retention_seconds: Seconds | None = None
+    retention_seconds: Annotated[float, msgspec.Meta(ge=1, le=365 * 86400)] | None = None
     consumed_retention_seconds: Seconds | None = None
     max_message_bytes: Annotated[int, msgspec.Meta(ge=1, le=8 << 20)] | None = None
 

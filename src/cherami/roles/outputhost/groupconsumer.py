@@ -196,8 +196,13 @@ class GroupConsumer:
         deadline = time.monotonic() + (visibility if visibility is not None else self.visibility)
         taken = []
         inflight, numbers, timeouts = self.inflight, self._numbers, self._timeouts
+        expired_before = time.time() * 1000 - self.queue.config.retention_seconds * 1000
         for _ in range(count):
             entry = ready.popleft()
+            if entry.record.enqueued_ms < expired_before:  # never deliver an expired message
+                entry.cursor.ack.ack(entry.ordinal)
+                self._room.set()
+                continue
             no = next(numbers)
             entry.no = no
             entry.count += 1
@@ -207,10 +212,11 @@ class GroupConsumer:
             taken.append(entry)
             if entry.count > 1:
                 self.redelivered += 1
-        heapq.heappush(timeouts, (deadline, taken[-1].no))  # one timer per batch; see _expire
-        self.delivered += count
         if not ready:
             self.readable.clear()
+        if taken:
+            heapq.heappush(timeouts, (deadline, taken[-1].no))  # one timer a batch; see _expire
+            self.delivered += len(taken)
         return taken
 
     def _settle(self, numbers: list[int], owner: Any) -> tuple[list[Entry], list[int]]:
