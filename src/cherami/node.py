@@ -8,12 +8,14 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from cherami.config import NodeConfig
 from cherami.metadata.models import Host
 from cherami.metadata.sqlite import SqliteMetadataStore
+from cherami.roles.controller.retention import Retention
 from cherami.roles.controller.service import ControllerService
 from cherami.roles.frontend.app import Roles, build_app
 from cherami.roles.frontend.auth import KeyRing
@@ -26,6 +28,16 @@ from cherami.roles.storehost.process import StoreProcess
 log = logging.getLogger("cherami.node")
 
 INPUT_HOST_ID = "inputhost-0"
+RETENTION_INTERVAL = 2.0
+
+
+async def _every(seconds: float, tick: Callable[[], Awaitable[None]]) -> None:
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            await tick()
+        except Exception:
+            log.exception("periodic task failed")
 
 
 class Node:
@@ -59,6 +71,9 @@ class Node:
         )
         await self.controller.recover()
         await self.outputs.start()
+        self._retention = asyncio.create_task(
+            _every(RETENTION_INTERVAL, Retention(self.controller, self.metadata, self.stores).tick)
+        )
         roles = Roles(
             metadata=self.metadata, stores=self.stores, controller=self.controller,
             inputs=self.inputs, outputs=self.outputs, keys=self.keys, metrics=Metrics(),
@@ -100,6 +115,8 @@ class Node:
 
     async def stop(self) -> None:
         self.ready = False
+        if hasattr(self, "_retention"):
+            self._retention.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
         if hasattr(self, "outputs"):

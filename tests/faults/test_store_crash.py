@@ -41,13 +41,13 @@ async def test_store_host_kill_loses_nothing_and_publishing_goes_on(
                 if not killed and now - start > 1.5:
                     os.kill(_store_pid(fresh_server, 1), signal.SIGKILL)
                     killed = True
+        stats = (await client.get_queue("sq"))["stats"]  # before the group consumes it all
         while True:
             got = await client.receive("sq", "g", max_messages=1000, wait_seconds=1)
             if not got:
                 break
             history.delivered.update(m.text for m in got)
             await client.ack("sq", "g", [m.receipt or "" for m in got])
-        stats = (await client.get_queue("sq"))["stats"]
     report = history.report()
     print("store kill:", report, f"longest publish gap {longest_gap:.2f}s")
     assert killed and report["acked"] > 1000
@@ -68,6 +68,7 @@ async def test_cp_queue_keeps_order_across_a_seal(fresh_server: ServerProcess) -
                 sent += 50
             if round_ == 0:  # the open extent is sealed and a successor takes over
                 os.kill(_store_pid(fresh_server, 1), signal.SIGKILL)
+        stats = (await client.get_queue("ordered"))["stats"]  # before it is consumed
         got: list[str] = []
         while True:
             batch = await client.receive("ordered", "g", max_messages=1000, wait_seconds=2)
@@ -75,7 +76,6 @@ async def test_cp_queue_keeps_order_across_a_seal(fresh_server: ServerProcess) -
                 break
             got += [m.text for m in batch]
             await client.ack("ordered", "g", [m.receipt or "" for m in batch])
-        stats = (await client.get_queue("ordered"))["stats"]
     assert stats["sealed_extents"] >= 1
     # a batch in flight at the failure may be stored twice (at least once); the order of
     # the messages, each taken where it first appears, holds across the seal

@@ -12,6 +12,7 @@ from cherami.cluster.membership import INPUTHOST, StoreWatcher, live_hosts
 from cherami.errors import CheramiError
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import FAILING, OPEN, Extent
+from cherami.roles.controller.retention import Retention
 from cherami.roles.controller.service import ControllerService
 
 log = logging.getLogger("cherami.controller.leader")
@@ -19,6 +20,7 @@ log = logging.getLogger("cherami.controller.leader")
 LEASE = "controller-leader"
 LEASE_TTL = 3.0
 TICK = 0.5
+RETENTION_EVERY = 10  # ticks
 
 
 class Leader:
@@ -35,6 +37,8 @@ class Leader:
         self.stores = stores
         self.leading = False
         self._seen_stores: set[str] = set()
+        self.retention = Retention(controller, metadata, stores.stores)
+        self._ticks = 0
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -54,6 +58,9 @@ class Leader:
                 self.leading = leading
                 if leading:
                     await self.tick()
+                    self._ticks += 1
+                    if self._ticks % RETENTION_EVERY == 0:
+                        await self.retention.tick()
             except Exception:
                 log.exception("controller tick failed")
             await asyncio.sleep(TICK)

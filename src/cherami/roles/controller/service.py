@@ -135,7 +135,7 @@ class ControllerService:
                 await self.metadata.delete_queue(name)
             for extent in extents:
                 await self.metadata.set_extent_status(extent.id, DELETED)
-                await self._drop_replicas(extent)
+                await self.drop_replicas(extent)
             if contents_only:
                 await self._ensure_extents(queue)
         if not contents_only:
@@ -143,7 +143,7 @@ class ControllerService:
                 await self._delete_dlq(group)
         self._on_extents_changed(name)
 
-    async def _drop_replicas(self, extent: Extent) -> None:
+    async def drop_replicas(self, extent: Extent) -> None:
         for store_id in extent.stores:
             try:
                 await self.stores.get(store_id).drop(extent.id)

@@ -12,6 +12,7 @@ from cherami.errors import CheramiError
 from cherami.metadata.models import AckLevel, Extent
 from cherami.roles.outputhost.ackmanager import AckManager
 from cherami.roles.outputhost.entry import Entry
+from cherami.roles.storehost.client import StoreError
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.storage.keys import seq_of
 from cherami.wire.records import decode_record, message_id
@@ -65,6 +66,15 @@ async def read_extent(group: GroupConsumer, cursor: ExtentCursor, stores: StoreD
                 until_ms=now_ms - group.delay_ms if timer else 0,
                 wait_ms=TIMER_POLL_MS if timer else TAIL_WAIT_MS,
             )
+        except StoreError as err:
+            if err.code == "extent_not_found":  # deleted (retention, or its queue's contents)
+                cursor.read_done = True
+                return
+            log.warning("group %s: read of extent %s on %s failed: %s",
+                        group.key, cursor.id, store_id, err)  # fmt: skip
+            replica += 1
+            await asyncio.sleep(0.5)
+            continue
         except CheramiError as err:
             log.warning("group %s: read of extent %s on %s failed: %s",
                         group.key, cursor.id, store_id, err)  # fmt: skip

@@ -87,6 +87,10 @@ class GroupConsumer:
         (the Spark source); the output host keeps no cursors for them."""
         if self.group.config.type == STREAM:
             return
+        current = {e.id for e in extents}
+        for gone in [c for i, c in self.cursors.items() if i not in current]:
+            if gone.read_done and not gone.ack.window():  # deleted by retention, all acked
+                del self.cursors[gone.id]
         for extent in extents:
             level = levels.get(extent.id) or AckLevel(
                 queue=self.group.queue, group=self.group.name, extent=extent.id

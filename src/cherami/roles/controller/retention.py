@@ -1,0 +1,93 @@
+"""Retention: how space is freed. Open extents that grew old or large are sealed (a new
+one takes over), so that whole extents can go; a sealed extent is deleted (its column
+family dropped on every replica, no per-message deletes) once every consumer group has
+acked all of it and ``consumed_retention_seconds`` have passed, or once its newest
+message is older than ``retention_seconds``."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from cherami.errors import CheramiError
+from cherami.metadata.base import MetadataStore
+from cherami.metadata.models import DELETED, OPEN, SEALED, Extent, Queue
+from cherami.roles.controller.service import ControllerService
+from cherami.roles.storehost.directory import StoreDirectory
+from cherami.storage.keys import plain_key
+from cherami.wire.records import decode_record
+from cherami.wire.store import PLAIN
+
+log = logging.getLogger("cherami.controller.retention")
+
+MAX_EXTENT_AGE = 3600.0
+MAX_EXTENT_MESSAGES = 1_000_000
+
+
+class Retention:
+    def __init__(
+        self, controller: ControllerService, metadata: MetadataStore, stores: StoreDirectory
+    ) -> None:
+        self.controller = controller
+        self.metadata = metadata
+        self.stores = stores
+        self._consumed_since: dict[str, float] = {}
+
+    async def tick(self) -> None:
+        for queue in await self.metadata.list_queues():
+            if queue.dlq_of is not None:
+                continue  # a DLQ's extents are consumed by merges and purges: kept
+            try:
+                await self._roll(queue)
+                await self._free(queue)
+            except CheramiError as err:
+                log.warning("retention of queue %s: %s", queue.name, err)
+
+    async def _roll(self, queue: Queue) -> None:
+        """Seal open extents that are old or large; their successors take over."""
+        for extent in await self.metadata.list_extents(queue.name, (OPEN,)):
+            info = await self.stores.info(extent)
+            if (
+                time.time() - extent.created_at > MAX_EXTENT_AGE
+                or info.count >= MAX_EXTENT_MESSAGES
+            ):
+                log.info(
+                    "extent %s of %s rolls over (%d messages)", extent.id, queue.name, info.count
+                )
+                await self.controller.replace_extent(extent.id)
+
+    async def _free(self, queue: Queue) -> None:
+        groups = await self.metadata.list_groups(queue.name)
+        acked: dict[str, list[int]] = {}
+        for group in groups:
+            for level in await self.metadata.get_ack_levels(queue.name, group.name):
+                acked.setdefault(level.extent, []).append(level.acked)
+        for extent in await self.metadata.list_extents(queue.name, (SEALED,)):
+            info = await self.stores.info(extent)
+            levels = acked.get(extent.id, [])
+            consumed = info.count == 0 or (
+                bool(groups) and len(levels) == len(groups) and min(levels) >= info.count
+            )
+            if consumed:
+                since = self._consumed_since.setdefault(extent.id, time.time())
+                if time.time() - since >= queue.config.consumed_retention_seconds:
+                    await self._delete(queue, extent, "consumed")
+            elif await self._expired(queue, extent, info.last_seq):
+                await self._delete(queue, extent, "expired")
+
+    async def _expired(self, queue: Queue, extent: Extent, last_seq: int) -> bool:
+        if extent.kind != PLAIN or last_seq < 1:
+            return False
+        batch = await self.stores.read(extent, plain_key(last_seq - 1), 1)
+        if not batch.records:
+            return False
+        newest = decode_record(batch.records[0]).enqueued_ms / 1000
+        return time.time() - newest > queue.config.retention_seconds
+
+    async def _delete(self, queue: Queue, extent: Extent, why: str) -> None:
+        log.info("extent %s of %s deleted (%s)", extent.id, queue.name, why)
+        await self.metadata.set_extent_status(extent.id, DELETED)
+        for group in await self.metadata.list_groups(queue.name):
+            await self.metadata.delete_ack_levels(queue.name, group.name, [extent.id])
+        await self.controller.drop_replicas(extent)
+        self._consumed_since.pop(extent.id, None)
