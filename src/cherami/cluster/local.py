@@ -11,10 +11,10 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cherami.cluster.nodeproc import wait_healthy
 from cherami.errors import Unavailable
 
 _LISTENING = re.compile(r"listening on http://(\S+)")
@@ -113,16 +113,8 @@ class LocalCluster:
         raise Unavailable(f"{proc.name} did not start; see {proc.log}")
 
     def _wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise Unavailable("the frontend never became healthy")
+        if not wait_healthy(self.url, time.monotonic() + timeout):
+            raise Unavailable("the frontend never became healthy")
 
     # faults
     def signal(self, name: str, sig: signal.Signals) -> None:

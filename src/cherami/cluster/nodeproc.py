@@ -16,6 +16,19 @@ from pathlib import Path
 _LISTENING = re.compile(rb"listening on http://([\d.]+):(\d+)")
 
 
+def wait_healthy(url: str, deadline: float) -> bool:
+    """Poll ``url``/healthz until it answers 200 or the monotonic ``deadline`` passes."""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=2) as resp:
+                if resp.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
 class NodeProcess:
     def __init__(self, data_dir: Path, stores: int = 3, extra: list[str] | None = None) -> None:
         self.data_dir = data_dir
@@ -45,7 +58,8 @@ class NodeProcess:
             if match:
                 self.url = f"http://{match.group(1).decode()}:{int(match.group(2))}"
                 threading.Thread(target=self._drain, daemon=True).start()
-                self._wait_healthy(deadline)
+                if not wait_healthy(self.url, deadline):
+                    raise RuntimeError("the node never became healthy")
                 return self
         raise RuntimeError("the node did not start:\n" + "\n".join(self.output))
 
@@ -53,17 +67,6 @@ class NodeProcess:
         assert self.proc is not None and self.proc.stdout is not None
         for line in self.proc.stdout:
             self.output.append(line.decode(errors="replace").rstrip())
-
-    def _wait_healthy(self, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError("the node never became healthy")
 
     def kill(self) -> None:
         """SIGKILL the node (its store hosts die with it)."""
