@@ -8,13 +8,13 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from cherami.config import NodeConfig
 from cherami.metadata.models import Host
 from cherami.metadata.sqlite import SqliteMetadataStore
+from cherami.periodic import Periodic
 from cherami.roles.controller.retention import Retention
 from cherami.roles.controller.service import ControllerService
 from cherami.roles.frontend.app import Roles, build_app
@@ -29,15 +29,6 @@ log = logging.getLogger("cherami.node")
 
 INPUT_HOST_ID = "inputhost-0"
 RETENTION_INTERVAL = 2.0
-
-
-async def _every(seconds: float, tick: Callable[[], Awaitable[None]]) -> None:
-    while True:
-        await asyncio.sleep(seconds)
-        try:
-            await tick()
-        except Exception:
-            log.exception("periodic task failed")
 
 
 class Node:
@@ -71,9 +62,9 @@ class Node:
         )
         await self.controller.recover()
         await self.outputs.start()
-        self._retention = asyncio.create_task(
-            _every(RETENTION_INTERVAL, Retention(self.controller, self.metadata, self.stores).tick)
-        )
+        retention = Retention(self.controller, self.metadata, self.stores)
+        self._retention = Periodic("retention", RETENTION_INTERVAL, retention.tick)
+        self._retention.start()
         roles = Roles(
             metadata=self.metadata, stores=self.stores, controller=self.controller,
             inputs=self.inputs, outputs=self.outputs, keys=self.keys, metrics=Metrics(),
@@ -116,7 +107,7 @@ class Node:
     async def stop(self) -> None:
         self.ready = False
         if hasattr(self, "_retention"):
-            self._retention.cancel()
+            await self._retention.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         if hasattr(self, "outputs"):

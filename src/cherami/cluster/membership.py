@@ -4,8 +4,6 @@ with the live store hosts."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 import secrets
@@ -13,6 +11,7 @@ import time
 
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Host
+from cherami.periodic import Periodic
 from cherami.roles.storehost.directory import StoreDirectory
 
 log = logging.getLogger("cherami.cluster.membership")
@@ -43,40 +42,22 @@ class Membership:
     def __init__(self, metadata: MetadataStore, host: str, role: str, address: str) -> None:
         self.metadata = metadata
         self.host = Host(id=host, role=role, address=address, heartbeat_at=0.0)
-        self._task: asyncio.Task[None] | None = None
+        self._beats = Periodic(f"heartbeat of {host}", HEARTBEAT_INTERVAL, self.beat)
 
     async def start(self) -> None:
         await self.beat()
-        self._task = asyncio.create_task(self._loop())
+        self._beats.start()
 
     async def beat(self) -> None:
         self.host.heartbeat_at = time.time()
         await self.metadata.heartbeat(self.host)
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(HEARTBEAT_INTERVAL)
-            try:
-                await self.beat()
-            except Exception as err:
-                log.warning("heartbeat of %s failed: %s", self.host.id, err)
-
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._beats.stop()
 
 
 async def live_hosts(metadata: MetadataStore, role: str) -> list[Host]:
     return await metadata.list_hosts(role, alive_within=DEAD_AFTER)
-
-
-async def address_of(metadata: MetadataStore, role: str, host: str) -> str | None:
-    for h in await live_hosts(metadata, role):
-        if h.id == host:
-            return h.address
-    return None
 
 
 class StoreWatcher:
@@ -86,7 +67,7 @@ class StoreWatcher:
         self.metadata = metadata
         self.stores = stores
         self.live: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
+        self._refresher = Periodic("store host refresh", HEARTBEAT_INTERVAL, self.refresh)
 
     async def refresh(self) -> set[str]:
         hosts = await live_hosts(self.metadata, STOREHOST)
@@ -97,18 +78,7 @@ class StoreWatcher:
 
     async def start(self) -> None:
         await self.refresh()
-        self._task = asyncio.create_task(self._loop())
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(HEARTBEAT_INTERVAL)
-            try:
-                await self.refresh()
-            except Exception as err:
-                log.warning("store host refresh failed: %s", err)
+        self._refresher.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._refresher.stop()

@@ -5,13 +5,13 @@ hosts, and seals the replicas of store hosts that come back."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from cherami.cluster.membership import INPUTHOST, StoreWatcher, live_hosts
 from cherami.errors import CheramiError
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import FAILING, OPEN, Extent
+from cherami.periodic import Periodic
 from cherami.roles.controller.retention import Retention
 from cherami.roles.controller.service import ControllerService
 
@@ -39,31 +39,24 @@ class Leader:
         self._seen_stores: set[str] = set()
         self.retention = Retention(controller, metadata, stores.stores)
         self._ticks = 0
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic("controller tick", TICK, self._lead)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
+        self._periodic.start(first_now=True)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._periodic.stop()
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                leading = await self.metadata.try_lease(LEASE, self.id, LEASE_TTL)
-                if leading != self.leading:
-                    log.info("controller %s %s", self.id, "leads" if leading else "follows")
-                self.leading = leading
-                if leading:
-                    await self.tick()
-                    self._ticks += 1
-                    if self._ticks % RETENTION_EVERY == 0:
-                        await self.retention.tick()
-            except Exception:
-                log.exception("controller tick failed")
-            await asyncio.sleep(TICK)
+    async def _lead(self) -> None:
+        leading = await self.metadata.try_lease(LEASE, self.id, LEASE_TTL)
+        if leading != self.leading:
+            log.info("controller %s %s", self.id, "leads" if leading else "follows")
+        self.leading = leading
+        if leading:
+            await self.tick()
+            self._ticks += 1
+            if self._ticks % RETENTION_EVERY == 0:
+                await self.retention.tick()
 
     async def tick(self) -> None:
         live_stores = await self.stores.refresh()

@@ -22,7 +22,6 @@ class ExtentWriter:
         self.replicas = replicas
         self.next_seq = 1
         self.failed = False
-        self.in_flight = 0
 
     @property
     def id(self) -> str:
@@ -45,16 +44,11 @@ class ExtentWriter:
             raise ExtentSealed(f"extent {self.extent.id} failed")
         first = self.next_seq
         self.next_seq += len(records)
-        self.in_flight += 1
         try:
-            try:
-                # no await between the sends: every replica sees appends in seq order
-                futures = [
-                    r.append_nowait(self.id, first, records, delivery_ms) for r in self.replicas
-                ]
-            except Unavailable:
-                self.failed = True
-                raise
+            # no await between the sends: every replica sees appends in seq order
+            futures = [
+                r.append_nowait(self.id, first, records, delivery_ms) for r in self.replicas
+            ]
             for replica in self.replicas:
                 await replica.drain()
             try:
@@ -75,6 +69,4 @@ class ExtentWriter:
             self.failed = True
             log.warning("append to extent %s failed: %s", self.id, err)
             raise ExtentSealed(f"extent {self.id}: {err}") from err
-        finally:
-            self.in_flight -= 1
         return first

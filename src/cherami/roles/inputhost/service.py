@@ -65,7 +65,6 @@ class InputHostService:
         self._ensure_extents = ensure_extents
         self._serves_every_queue = serves_every_queue
         self._queues: dict[str, _QueueWriters] = {}
-        self.published = 0
 
     async def serves(self, queue: str) -> bool:
         if self._serves_every_queue:
@@ -151,7 +150,6 @@ class InputHostService:
         if timer is not None:
             parts.append(self._append(queue.name, timer, timer_idx, timer_records, timer_due, ids))
         await asyncio.gather(*parts)
-        self.published += len(messages)
         return ids
 
     async def _append(

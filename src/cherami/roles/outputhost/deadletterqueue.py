@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from cherami.metadata.base import MetadataStore
 from cherami.roles.inputhost.service import Message
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
@@ -14,8 +13,7 @@ Publish = Callable[[str, list[Message]], Awaitable[list[str]]]
 
 
 class DeadLetterMover:
-    def __init__(self, metadata: MetadataStore, publish: Publish) -> None:
-        self._metadata = metadata
+    def __init__(self, publish: Publish) -> None:
         self._publish = publish
 
     async def __call__(self, group: GroupConsumer, entries: list[Entry]) -> None:

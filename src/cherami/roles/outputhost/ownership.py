@@ -6,12 +6,12 @@ levels."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 
 from cherami.cluster.membership import OUTPUTHOST, live_hosts
 from cherami.metadata.base import MetadataStore
+from cherami.periodic import Periodic
 from cherami.roles.outputhost.service import OutputHostService
 
 log = logging.getLogger("cherami.outputhost.ownership")
@@ -30,26 +30,16 @@ class GroupOwnership:
         self.metadata = metadata
         self.id = host_id
         self.owned: set[tuple[str, str]] = set()
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic("group ownership tick", TICK, self.tick)
 
     def owns(self, queue: str, group: str) -> bool:
         return (queue, group) in self.owned
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
+        self._periodic.start(first_now=True)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.tick()
-            except Exception:
-                log.exception("group ownership tick failed")
-            await asyncio.sleep(TICK)
+        await self._periodic.stop()
 
     async def tick(self) -> None:
         groups = [

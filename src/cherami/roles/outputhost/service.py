@@ -12,6 +12,7 @@ from collections.abc import Callable
 from cherami.errors import GroupNotFound
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import CONSUMED, FAILING, OPEN, SEALED, Group
+from cherami.periodic import Periodic
 from cherami.roles.outputhost.deadletterqueue import DeadLetterMover, Publish
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
@@ -38,12 +39,13 @@ class OutputHostService:
         self._owns = owns
         self.stores = stores
         self.signer = ReceiptSigner()
-        self._dead_letter = DeadLetterMover(metadata, publish)
+        self._dead_letter = DeadLetterMover(publish)
         self._numbers = itertools.count(1)
         self.groups: dict[str, GroupConsumer] = {}
         self._loading: dict[str, asyncio.Lock] = {}
         self._flushed: asyncio.Future[None] | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._refresher = Periodic("extent refresh", REFRESH_INTERVAL, self._refresh)
 
     def owns(self, queue: str, group: str) -> bool:
         return self._owns is None or self._owns(queue, group)
@@ -53,15 +55,14 @@ class OutputHostService:
             for queue in await self.metadata.list_queues():
                 for group in await self.metadata.list_groups(queue.name):
                     await self.group(group.queue, group.name)
-        self._tasks = [
-            asyncio.create_task(self._flush_loop()),
-            asyncio.create_task(self._refresh_loop()),
-        ]
+        self._flusher = asyncio.create_task(self._flush_loop())
+        self._refresher.start()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._refresher.stop()
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
         await self._flush_once()
         for consumer in self.groups.values():
             await consumer.stop()
@@ -123,11 +124,9 @@ class OutputHostService:
         except Exception:
             log.exception("group %s: extent refresh failed", consumer.key)
 
-    async def _refresh_loop(self) -> None:
-        while True:
-            await asyncio.sleep(REFRESH_INTERVAL)
-            for consumer in list(self.groups.values()):
-                await self._sync_quietly(consumer)
+    async def _refresh(self) -> None:
+        for consumer in list(self.groups.values()):
+            await self._sync_quietly(consumer)
 
     # ack levels
     async def flushed(self) -> None:
