@@ -1,6 +1,12 @@
 """RocksDB storage (via rocksdict): one column family per extent replica, so dropping an
 extent drops its files, with no per-message deletes; extent metadata in its own column
-family, written in the same synced batch as the records it describes."""
+family, written in the same synced batch as the records it describes.
+
+Plain extents keep one RocksDB value per append (keyed by its first sequence number,
+holding the msgpack array of its records): far fewer keys to write, sync and scan than
+one per message (PERFORMANCE.md #2). Reads split the values back into per-message keys
+and records, so callers see the same thing as from the per-message reference store.
+Timer extents keep one key per message, ordered by (delivery time, sequence number)."""
 
 from __future__ import annotations
 
@@ -22,8 +28,12 @@ from cherami.storage.keys import MAX_SEQ, plain_key, plain_keys, seq_of, timer_k
 from cherami.wire.store import PLAIN, TIMER, ExtentInfo
 
 _META_CF = "__meta__"
+_FORMAT_KEY = b"\x00format"  # in the meta column family; extent names never start with NUL
+_FORMAT = b"2"  # 2: plain extents hold one value per append
 _meta_encoder = msgspec.msgpack.Encoder()
 _meta_decoder = msgspec.msgpack.Decoder(tuple[str, int, int, int, bool])
+_batch_encoder = msgspec.msgpack.Encoder()
+_batch_decoder = msgspec.msgpack.Decoder(list[bytes])
 
 
 def _options() -> Options:
@@ -49,7 +59,22 @@ class RocksExtentStore:
             self._db.create_column_family(_META_CF, Options(raw_mode=True))
         self._meta_cf = self._db.get_column_family(_META_CF)
         self._meta_handle = self._db.get_column_family_handle(_META_CF)
+        stored_format = self._meta_cf.get(_FORMAT_KEY)
+        if stored_format is None:
+            if any(True for _ in self._meta_cf.items()):  # extents, and no format key
+                self._db.close()
+                raise StorageError(
+                    "unsupported_format",
+                    f"{path} was written by an older version (one value per message); "
+                    "drain it with that version or start with a fresh data directory",
+                )
+            self._meta_cf.put(_FORMAT_KEY, _FORMAT, self._sync)
+        elif stored_format != _FORMAT:
+            self._db.close()
+            raise StorageError("unsupported_format", f"{path}: unknown format {stored_format!r}")
         for key, value in self._meta_cf.items():
+            if key == _FORMAT_KEY:
+                continue
             extent = cast(bytes, key).decode()
             if extent in names:
                 self._meta[extent] = ExtentMeta(*_meta_decoder.decode(value))
@@ -111,9 +136,7 @@ class RocksExtentStore:
                 batch.put(timer_key(due, seq), record, cf)
                 seq += 1
         else:
-            keys = plain_keys(op.first_seq, len(op.records))
-            for key, record in zip(keys, op.records, strict=True):
-                batch.put(key, record, cf)
+            batch.put(plain_key(op.first_seq), _batch_encoder.encode(op.records), cf)
 
     def read(
         self,
@@ -127,6 +150,8 @@ class RocksExtentStore:
         meta = self._require(extent)
         it = self._db.get_column_family(extent).iter()
         try:
+            if meta.kind == PLAIN:
+                return _scan_plain(it, meta, after, max_count, max_bytes, max_seq)
             return _scan(it, meta, after, max_count, until_ms, max_bytes, max_seq)
         finally:
             del it
@@ -148,10 +173,19 @@ class RocksExtentStore:
         removed = dropped_bytes = 0
         if meta.kind == PLAIN:
             it = cf.iter()
-            it.seek(plain_key(at_seq + 1))
+            it.seek_for_prev(plain_key(at_seq + 1))  # the value holding at_seq + 1, if any
+            if not it.valid():
+                it.seek_to_first()
             while it.valid():
-                removed += 1
-                dropped_bytes += len(it.value())
+                first = seq_of(it.key())
+                records = _batch_decoder.decode(it.value())
+                keep = max(at_seq + 1 - first, 0)
+                if keep < len(records):
+                    cut = records[keep:]
+                    removed += len(cut)
+                    dropped_bytes += sum(map(len, cut))
+                    if keep:  # the value straddles the seal point: keep its head
+                        batch.put(it.key(), _batch_encoder.encode(records[:keep]), handle)
                 it.next()
             del it
             batch.delete_range(plain_key(at_seq + 1), plain_key(MAX_SEQ), handle)
@@ -195,6 +229,46 @@ class RocksExtentStore:
         self._cfs.clear()
         del self._meta_cf, self._meta_handle
         self._db.close()
+
+
+def _scan_plain(
+    it: Any, meta: ExtentMeta, after: bytes, max_count: int, max_bytes: int, max_seq: int
+) -> ReadBatch:
+    """Per-message keys and records after ``after`` from the per-append values."""
+    start = seq_of(after) + 1 if after else 1
+    limit = meta.last_seq if max_seq < 0 else min(max_seq, meta.last_seq)
+    keys: list[bytes] = []
+    records: list[bytes] = []
+    size = 0
+    it.seek_for_prev(plain_key(start))  # the value holding ``start``, if it is stored
+    if not it.valid():
+        it.seek_to_first()
+    while it.valid() and len(records) < max_count and size < max_bytes:
+        first = seq_of(it.key())
+        if first > limit:
+            break
+        values = _batch_decoder.decode(it.value())
+        lo = max(start - first, 0)
+        hi = min(len(values), limit - first + 1, lo + max_count - len(records))
+        if lo < hi:
+            part = values[lo:hi]
+            part_size = sum(map(len, part))
+            if size + part_size >= max_bytes:  # stop just past max_bytes, as per message
+                taken = 0
+                for record in part:
+                    taken += 1
+                    size += len(record)
+                    if size >= max_bytes:
+                        break
+                part = part[:taken]
+            else:
+                size += part_size
+            keys.extend(plain_keys(first + lo, len(part)))
+            records.extend(part)
+            start = first + lo + len(part)
+        it.next()
+    end = meta.sealed and start > meta.last_seq
+    return ReadBatch(keys, records, end)
 
 
 def _scan(

@@ -34,6 +34,17 @@ class Append(msgspec.Struct, array_like=True, tag=2, frozen=True, gc=False):
     delivery_ms: list[int] | None = None
 
 
+class PackedAppend(msgspec.Struct, array_like=True, tag=2, frozen=True, gc=False):
+    """An ``Append`` as the input host sends it: the records array encoded once
+    (``pack_records``) and shared by the frames to every replica. Same bytes on the wire."""
+
+    rid: int
+    extent: str
+    first_seq: int
+    records: msgspec.Raw
+    delivery_ms: list[int] | None = None
+
+
 class Read(msgspec.Struct, array_like=True, tag=3, frozen=True):
     """Read records after storage key ``after`` (empty: from the start).
 
@@ -125,8 +136,12 @@ _request_decoder: msgspec.msgpack.Decoder[Request] = msgspec.msgpack.Decoder(Req
 _reply_decoder: msgspec.msgpack.Decoder[Reply] = msgspec.msgpack.Decoder(Reply)
 
 
-def encode(frame: Request | Reply) -> bytes:
+def encode(frame: Request | Reply | PackedAppend) -> bytes:
     return _encoder.encode(frame)
+
+
+def pack_records(records: list[bytes]) -> msgspec.Raw:
+    return msgspec.Raw(_encoder.encode(records))
 
 
 def decode_request(data: bytes) -> Request:

@@ -10,6 +10,7 @@ import logging
 from cherami.errors import ExtentSealed, Unavailable
 from cherami.metadata.models import Extent
 from cherami.roles.storehost.client import StoreClient, check_appended
+from cherami.wire.store import pack_records
 
 log = logging.getLogger("cherami.inputhost.extentwriter")
 
@@ -46,8 +47,9 @@ class ExtentWriter:
         self.next_seq += len(records)
         try:
             # no await between the sends: every replica sees appends in seq order
+            packed = pack_records(records)  # encoded once for every replica
             futures = [
-                r.append_nowait(self.id, first, records, delivery_ms) for r in self.replicas
+                r.append_nowait(self.id, first, packed, delivery_ms) for r in self.replicas
             ]
             for replica in self.replicas:
                 await replica.drain()

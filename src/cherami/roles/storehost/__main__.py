@@ -18,6 +18,7 @@ import sys
 import uvloop
 
 from cherami.roles.storehost.server import StoreHostService
+from cherami.storage.base import StorageError
 from cherami.storage.rocks import RocksExtentStore
 
 _PR_SET_PDEATHSIG = 1
@@ -64,6 +65,9 @@ def main(argv: list[str] | None = None) -> None:
         uvloop.run(_main(args))
     except KeyboardInterrupt:
         sys.exit(0)
+    except StorageError as err:  # e.g. a data directory of an older format
+        print(f"cherami-storehost: error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import itertools
 import logging
 from typing import Any
 
+import msgspec
+
 from cherami.errors import CheramiError, ExtentSealed, Unavailable
 from cherami.wire import store as w
 from cherami.wire.framing import READ_BUFFER, pack_frame, read_frame
@@ -133,17 +135,19 @@ class StoreClient:
         await self._connection()
 
     def append_nowait(
-        self, extent: str, first_seq: int, records: list[bytes], delivery_ms: list[int] | None
+        self, extent: str, first_seq: int, records: msgspec.Raw, delivery_ms: list[int] | None
     ) -> asyncio.Future[w.Reply]:
-        """Pipelined append on the open connection, without yielding, so appends reach
-        every replica in the order they were made. Await the future for the ack."""
+        """Pipelined append (records packed once by ``w.pack_records``) on the open
+        connection, without yielding, so appends reach every replica in the order they
+        were made. Await the future for the ack."""
         writer = self._writer
         if writer is None or writer.is_closing():
             raise Unavailable(f"store {self.store_id} is not connected")
         rid = next(self._rids)
         future: asyncio.Future[w.Reply] = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
-        writer.write(pack_frame(w.encode(w.Append(rid, extent, first_seq, records, delivery_ms))))
+        frame = w.PackedAppend(rid, extent, first_seq, records, delivery_ms)
+        writer.write(pack_frame(w.encode(frame)))
         return future
 
     @property
