@@ -182,3 +182,54 @@ async def test_plain_get_on_a_stream_path_is_a_json_400(server: ServerProcess) -
         async with s.get(f"{server.url}/v1/queues/{q}/publish") as resp:
             assert resp.status == 400
             assert (await resp.json())["error"]["code"] == "invalid_request"
+
+
+async def test_concurrent_batches_share_frames_and_keep_their_own_ids(
+    client: AsyncClient,
+) -> None:
+    q = await _queue(client, "g")
+    async with client.publisher(q, max_in_flight=64) as pub:
+        assert pub._ws is not None
+        frames: list[int] = []
+        send_bytes = pub._ws.send_bytes
+
+        async def counting(data: bytes, *args: object, **kwargs: object) -> None:
+            frame = f.decode_client(data)
+            assert isinstance(frame, f.Publish)
+            frames.append(len(frame.messages))
+            await send_bytes(data, *args, **kwargs)  # type: ignore[arg-type]
+
+        pub._ws.send_bytes = counting  # type: ignore[method-assign]
+        batches = [[f"c{i}-{j}" for j in range(50)] for i in range(12)]
+        results = await asyncio.gather(*(pub.publish(b) for b in batches))
+    # 12 batches of 50 sent in one loop turn travel in frames of at most 400 messages
+    assert sum(frames) == 600 and len(frames) < 12 and max(frames) <= 400
+    told = {
+        i: body
+        for ids, b in zip(results, batches, strict=True)
+        for i, body in zip(ids, b, strict=True)
+    }
+    assert len(told) == 600
+    got: dict[str, str] = {}
+    async with client.consumer(q, "g", credit=600) as c:
+        while len(got) < 600:
+            batch = await c.get_batch(600, timeout=5)
+            assert batch, f"stalled after {len(got)}"
+            got.update((m.id, m.text) for m in batch)
+            c.ack(*batch)
+    assert got == told  # every caller was given the ids of exactly its own messages
+
+
+async def test_a_refused_batch_in_a_shared_frame_fails_alone(client: AsyncClient) -> None:
+    q = unique()
+    await client.create_queue(q, max_message_bytes=100)
+    async with client.publisher(q) as pub:
+        results = await asyncio.gather(
+            pub.publish([b"a" * 10] * 5),
+            pub.publish([b"a" * 10, b"x" * 101]),  # one oversized message refuses its batch
+            pub.publish([b"b" * 10] * 3),
+            return_exceptions=True,
+        )
+    assert isinstance(results[1], MessageTooLarge)
+    assert [len(r) for r in (results[0], results[2]) if isinstance(r, list)] == [5, 3]
+    assert (await client.get_queue(q))["stats"]["messages_published"] == 8

@@ -26,6 +26,7 @@ log = logging.getLogger("cherami.outputhost.extentreader")
 READ_BATCH = 1000
 TAIL_WAIT_MS = 1000
 TIMER_POLL_MS = 100
+SHUN_SECONDS = 5.0  # a replica whose read failed is not read again for this long
 
 
 class ExtentCursor:
@@ -51,12 +52,24 @@ class ExtentCursor:
 
 
 async def read_extent(group: GroupConsumer, cursor: ExtentCursor, stores: StoreDirectory) -> None:
-    """Run until the extent is read to its end (sealed) or to the cursor's limit."""
-    replica = 0
+    """Run until the extent is read to its end (sealed) or to the cursor's limit.
+
+    Reads take turns over the replicas (every replica holds what readers may see), so
+    the read load of a busy extent is spread instead of slowing one store host's appends;
+    a replica that fails a read is left alone for a while, and only when every replica
+    failed in a row does the reader pause."""
+    replica = hash((group.key, cursor.id))
+    failures = 0
+    shunned: dict[str, float] = {}  # replica -> monotonic time it may be read again
     timer = cursor.extent.kind == TIMER
     while not cursor.read_done and not group.stopped:
         room = await group.wait_for_room()
-        store_id = cursor.extent.stores[replica % len(cursor.extent.stores)]
+        replicas = cursor.extent.stores
+        for _ in replicas:  # the next replica in turn that has not failed lately
+            store_id = replicas[replica % len(replicas)]
+            replica += 1
+            if shunned.get(store_id, 0.0) <= time.monotonic():
+                break
         now_ms = int(time.time() * 1000)
         try:
             batch = await stores.get(store_id).read(
@@ -66,21 +79,19 @@ async def read_extent(group: GroupConsumer, cursor: ExtentCursor, stores: StoreD
                 until_ms=now_ms - group.delay_ms if timer else 0,
                 wait_ms=TIMER_POLL_MS if timer else TAIL_WAIT_MS,
             )
-        except StoreError as err:
-            if err.code == "extent_not_found":  # deleted (retention, or its queue's contents)
-                cursor.read_done = True
+        except CheramiError as err:
+            if isinstance(err, StoreError) and err.code == "extent_not_found":
+                cursor.read_done = True  # deleted (retention, or its queue's contents)
                 return
             log.warning("group %s: read of extent %s on %s failed: %s",
                         group.key, cursor.id, store_id, err)  # fmt: skip
-            replica += 1
-            await asyncio.sleep(0.5)
+            shunned[store_id] = time.monotonic() + SHUN_SECONDS
+            failures += 1
+            if failures >= len(replicas):
+                failures = 0
+                await asyncio.sleep(0.5)
             continue
-        except CheramiError as err:
-            log.warning("group %s: read of extent %s on %s failed: %s",
-                        group.key, cursor.id, store_id, err)  # fmt: skip
-            replica += 1
-            await asyncio.sleep(0.5)
-            continue
+        failures = 0
         ended = batch.end
         entries = []
         track, limit, extent_id = cursor.ack.track, cursor.limit, cursor.id
