@@ -25,12 +25,15 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     role: str | None = None  # one role per process (a cluster); None: every role (a node)
     metadata: str | None = None  # sqlite:///path or postgresql://...; node default DIR/metadata.db
     advertise: str | None = None  # HOST:PORT other hosts reach this one at
+    extent_max_messages: int = 1_000_000  # an open extent this large is sealed, a new one opens
 
     def check(self, auth_enabled: bool) -> None:
         if self.role is not None and self.role not in ROLES:
             raise InvalidRequest(f"--role must be one of {', '.join(ROLES)}")
         if self.role is not None and not self.metadata:
             raise InvalidRequest("--role needs --metadata (sqlite:///path or postgresql://...)")
+        if self.extent_max_messages < 1:
+            raise InvalidRequest("--extent-max-messages must be at least 1")
         if self.stores < 1:
             raise InvalidRequest("--stores must be at least 1")
         if not auth_enabled and not self.allow_remote_without_auth and not _is_loopback(self.host):

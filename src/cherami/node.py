@@ -62,7 +62,9 @@ class Node:
         )
         await self.controller.recover()
         await self.outputs.start()
-        retention = Retention(self.controller, self.metadata, self.stores)
+        retention = Retention(
+            self.controller, self.metadata, self.stores, cfg.extent_max_messages
+        )
         self._retention = Periodic("retention", RETENTION_INTERVAL, retention.tick)
         self._retention.start()
         roles = Roles(

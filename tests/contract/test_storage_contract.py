@@ -197,3 +197,14 @@ def test_rocks_refuses_a_directory_of_the_older_format(tmp_path: Path) -> None:
     with pytest.raises(StorageError) as refused:
         RocksExtentStore(path)
     assert refused.value.code == "unsupported_format"
+
+
+def test_a_sealed_extent_is_only_ever_cut_back(store: ExtentStore) -> None:
+    everything = _appended_in_parts(store, [5, 5])
+    assert store.seal("e1") == 10  # sealed where it stands: appends stop
+    assert store.seal("e1", at_seq=12) == 10  # never extended
+    assert store.seal("e1", at_seq=7) == 7  # cut back to what every replica holds
+    assert store.seal("e1", at_seq=-1) == 7
+    info = store.info("e1")
+    assert (info.last_seq, info.count, info.sealed) == (7, 7, True)
+    assert store.read("e1", b"", 100).records == everything[:7]

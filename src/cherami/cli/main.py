@@ -42,6 +42,10 @@ def cli() -> None:
 )
 @click.option("--metadata", help="sqlite:///path or postgresql://... (needed with --role).")
 @click.option("--advertise", help="HOST:PORT at which other hosts reach this one.")
+@click.option(
+    "--extent-max-messages", type=int,
+    help="Seal an open extent once it holds this many messages (default 1,000,000).",
+)  # fmt: skip
 @click.option("--config", "config_file", help="JSON config file.")
 @click.option("--log-level")
 def serve(config_file: str | None, **args: Any) -> None:

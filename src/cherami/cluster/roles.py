@@ -113,7 +113,9 @@ class RoleProcess:
             self.ownership.start()
             self._stoppers += [self.ownership.stop, outputs.stop]
         if self.role == CONTROLLER:
-            self.leader = Leader(controller, self.metadata, self.id, watcher)
+            self.leader = Leader(
+                controller, self.metadata, self.id, watcher, self.config.extent_max_messages
+            )
             self.leader.start()
             self._stoppers.append(self.leader.stop)
         roles = Roles(

@@ -59,7 +59,9 @@ class ExtentStore(Protocol):
 
     def seal(self, extent: str, at_seq: int = -1) -> int:
         """Refuse further appends; keep records up to ``at_seq`` (< 0: all). Returns the
-        sealed last sequence number."""
+        sealed last sequence number. An extent sealed already is only cut back further
+        (to ``at_seq`` when it holds more): that is how a seal settles on the sequence
+        number every replica holds, after each replica first sealed where it stood."""
 
     def info(self, extent: str) -> ExtentInfo: ...
 

@@ -85,7 +85,7 @@ class MemoryExtentStore:
     def seal(self, extent: str, at_seq: int = -1) -> int:
         replica = self._require(extent)
         meta = replica.meta
-        if meta.sealed:
+        if meta.sealed and not 0 <= at_seq < meta.last_seq:
             return meta.last_seq
         if 0 <= at_seq < meta.last_seq:
             for key in [k for k in replica.keys if seq_of(k) > at_seq]:

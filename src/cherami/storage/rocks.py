@@ -158,17 +158,20 @@ class RocksExtentStore:
 
     def seal(self, extent: str, at_seq: int = -1) -> int:
         meta = self._require(extent)
-        if meta.sealed:
+        if meta.sealed and not 0 <= at_seq < meta.last_seq:
             return meta.last_seq
+        meta = replace(meta, sealed=True)
+        batch = WriteBatch(raw_mode=True)
         if 0 <= at_seq < meta.last_seq:
-            self._truncate(extent, meta, at_seq)
-        meta.sealed = True
-        self._write_meta(extent, meta)
+            self._truncate(batch, extent, meta, at_seq)
+        # the records and the metadata that describes them change in one synced write
+        batch.put(extent.encode(), self._encode_meta(meta), self._meta_handle)
+        self._db.write(batch, self._sync)
+        self._meta[extent] = meta
         return meta.last_seq
 
-    def _truncate(self, extent: str, meta: ExtentMeta, at_seq: int) -> None:
+    def _truncate(self, batch: WriteBatch, extent: str, meta: ExtentMeta, at_seq: int) -> None:
         cf = self._db.get_column_family(extent)
-        batch = WriteBatch(raw_mode=True)
         handle = self._cfs[extent]
         removed = dropped_bytes = 0
         if meta.kind == PLAIN:
@@ -195,7 +198,6 @@ class RocksExtentStore:
                     batch.delete(key, handle)
                     removed += 1
                     dropped_bytes += len(value)
-        self._db.write(batch, self._sync)
         meta.last_seq = at_seq
         meta.count -= removed
         meta.bytes -= dropped_bytes

@@ -30,6 +30,7 @@ class Leader:
         metadata: MetadataStore,
         controller_id: str,
         stores: StoreWatcher,
+        max_extent_messages: int = 1_000_000,
     ) -> None:
         self.controller = controller
         self.metadata = metadata
@@ -37,7 +38,7 @@ class Leader:
         self.stores = stores
         self.leading = False
         self._seen_stores: set[str] = set()
-        self.retention = Retention(controller, metadata, stores.stores)
+        self.retention = Retention(controller, metadata, stores.stores, max_extent_messages)
         self._ticks = 0
         self._periodic = Periodic("controller tick", TICK, self._lead)
 

@@ -21,13 +21,17 @@ from cherami.wire.store import PLAIN
 log = logging.getLogger("cherami.controller.retention")
 
 MAX_EXTENT_AGE = 3600.0
-MAX_EXTENT_MESSAGES = 1_000_000
 
 
 class Retention:
     def __init__(
-        self, controller: ControllerService, metadata: MetadataStore, stores: StoreDirectory
+        self,
+        controller: ControllerService,
+        metadata: MetadataStore,
+        stores: StoreDirectory,
+        max_extent_messages: int = 1_000_000,
     ) -> None:
+        self.max_extent_messages = max_extent_messages
         self.controller = controller
         self.metadata = metadata
         self.stores = stores
@@ -49,7 +53,7 @@ class Retention:
             info = await self.stores.info(extent)
             if (
                 time.time() - extent.created_at > MAX_EXTENT_AGE
-                or info.count >= MAX_EXTENT_MESSAGES
+                or info.count >= self.max_extent_messages
             ):
                 log.info(
                     "extent %s of %s rolls over (%d messages)", extent.id, queue.name, info.count

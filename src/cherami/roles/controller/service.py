@@ -273,21 +273,26 @@ class ControllerService:
     async def seal_extent(self, extent: Extent) -> int:
         """Seal every reachable replica at the last sequence number all of them hold.
 
-        Every message acked to a producer is on every replica, so the minimum keeps all
-        acked messages, and every replica then holds exactly the same records."""
-        infos = []
+        First each replica is sealed where it stands, which stops every append: a publish
+        is acked only once every replica holds it, so from the first of these seals on no
+        further message can be acked. Every acked message is therefore at or below each
+        replica's sealed point, and so at or below their minimum. Then every replica is
+        cut back to that minimum: all acked messages stay, and every replica holds
+        exactly the same records. (Taking the minimum of a first look and sealing there
+        would race with appends acked between the look and the seal.)"""
+        lasts: dict[str, int] = {}
         for store_id in extent.stores:
             try:
                 (info,) = await self.stores.get(store_id).info([extent.id])
                 if info.exists:
-                    infos.append((store_id, info))
+                    lasts[store_id] = await self.stores.get(store_id).seal(extent.id, -1)
             except CheramiError as err:
                 log.warning("replica %s of %s unreachable at seal: %s", store_id, extent.id, err)
                 self.unsealed_replicas.add((extent.id, store_id))
-        if not infos:
+        if not lasts:
             raise Unavailable(f"no replica of extent {extent.id} is reachable")
-        at = min(info.last_seq for _, info in infos)
-        for store_id, _ in infos:
+        at = min(lasts.values())
+        for store_id in lasts:
             try:
                 await self.stores.get(store_id).seal(extent.id, at)
             except CheramiError as err:

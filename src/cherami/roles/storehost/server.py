@@ -150,6 +150,11 @@ class StoreHostService:
             last = await loop.run_in_executor(
                 self._writes, store.seal, request.extent, request.at_seq
             )
+            if request.at_seq >= 0:
+                # the seal's final point: every replica holds exactly this much, all of
+                # it readable. A seal "where it stands" (-1) may be cut back afterwards,
+                # so readers stay behind the commit watermark until then.
+                self._committed.pop(request.extent, None)
             self._wake(request.extent)
             return w.Done(request.rid, last)
         if isinstance(request, w.Info):
@@ -167,8 +172,11 @@ class StoreHostService:
         while True:
             event = self._tail_events.setdefault(request.extent, asyncio.Event())
             info = self.store.info(request.extent)
-            open_extent = info.exists and not info.sealed
-            max_seq = self._committed.get(request.extent, 0) if open_extent else -1
+            committed = self._committed.get(request.extent)
+            if committed is not None:
+                max_seq = committed
+            else:  # open: nothing is known to be on every replica yet; sealed: all is
+                max_seq = 0 if info.exists and not info.sealed else -1
             batch = await loop.run_in_executor(
                 self._reads,
                 self.store.read,
