@@ -52,7 +52,11 @@ class RocksExtentStore:
         self._db = Rdict(path, _options())
         self._sync = WriteOptions()
         self._sync.sync = True
-        self._cfs: dict[str, Any] = {}
+        self._unsynced = WriteOptions()
+        self._cfs: dict[str, Any] = {}  # extent -> column family handle (for writes)
+        # extent -> column family view (for reads), made once: get_column_family() waits
+        # for a WAL sync in progress, which would hold every read behind the fsync
+        self._views: dict[str, Any] = {}
         self._meta: dict[str, ExtentMeta] = {}
         names = set(Rdict.list_cf(path))
         if _META_CF not in names:
@@ -86,7 +90,22 @@ class RocksExtentStore:
     def _write_meta(self, extent: str, meta: ExtentMeta) -> None:
         batch = WriteBatch(raw_mode=True)
         batch.put(extent.encode(), self._encode_meta(meta), self._meta_handle)
-        self._db.write(batch, self._sync)
+        self._durable_write(batch)
+
+    def _view(self, extent: str) -> Any:
+        view = self._views.get(extent)
+        if view is None:
+            view = self._views[extent] = self._db.get_column_family(extent)
+        return view
+
+    def _durable_write(self, batch: WriteBatch) -> None:
+        """Write, then fsync the WAL: as durable as a ``sync=True`` write, but rocksdict
+        holds the GIL through a synced write's fsync, stalling the store host's event
+        loop (and with it every read and reply) for the whole fsync; ``flush_wal(True)``
+        syncs with the GIL released (PERFORMANCE.md #3). Nothing is acked before it
+        returns."""
+        self._db.write(batch, self._unsynced)
+        self._db.flush_wal(True)
 
     def create_extent(self, extent: str, kind: str) -> None:
         if kind not in (PLAIN, TIMER):
@@ -123,7 +142,7 @@ class RocksExtentStore:
         if touched:
             for extent, meta in touched.items():
                 batch.put(extent.encode(), self._encode_meta(meta), self._meta_handle)
-            self._db.write(batch, self._sync)
+            self._durable_write(batch)
             self._meta.update(touched)
         return results
 
@@ -148,7 +167,7 @@ class RocksExtentStore:
         max_seq: int = -1,
     ) -> ReadBatch:
         meta = self._require(extent)
-        it = self._db.get_column_family(extent).iter()
+        it = self._view(extent).iter()
         try:
             if meta.kind == PLAIN:
                 return _scan_plain(it, meta, after, max_count, max_bytes, max_seq)
@@ -166,12 +185,12 @@ class RocksExtentStore:
             self._truncate(batch, extent, meta, at_seq)
         # the records and the metadata that describes them change in one synced write
         batch.put(extent.encode(), self._encode_meta(meta), self._meta_handle)
-        self._db.write(batch, self._sync)
+        self._durable_write(batch)
         self._meta[extent] = meta
         return meta.last_seq
 
     def _truncate(self, batch: WriteBatch, extent: str, meta: ExtentMeta, at_seq: int) -> None:
-        cf = self._db.get_column_family(extent)
+        cf = self._view(extent)
         handle = self._cfs[extent]
         removed = dropped_bytes = 0
         if meta.kind == PLAIN:
@@ -216,9 +235,10 @@ class RocksExtentStore:
             return
         batch = WriteBatch(raw_mode=True)
         batch.delete(extent.encode(), self._meta_handle)
-        self._db.write(batch, self._sync)
+        self._durable_write(batch)
         del self._meta[extent]
         del self._cfs[extent]
+        self._views.pop(extent, None)
         self._db.drop_column_family(extent)
 
     def _require(self, extent: str) -> ExtentMeta:
@@ -229,6 +249,7 @@ class RocksExtentStore:
 
     def close(self) -> None:
         self._cfs.clear()
+        self._views.clear()
         del self._meta_cf, self._meta_handle
         self._db.close()
 
