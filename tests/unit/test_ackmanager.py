@@ -51,3 +51,23 @@ def test_random_order_over_compaction() -> None:
     assert mgr.oldest() is None
     later = mgr.track(plain_key(5001), "m5001")
     assert mgr.ack(later) and mgr.acked == 5001
+
+
+def test_tracking_many_at_once_matches_one_by_one() -> None:
+    one: AckManager[str] = AckManager()
+    many: AckManager[str] = AckManager()
+    rng = random.Random(7)
+    n = 0
+    while n < 5000:  # reads of varying size, acks in random order, compaction on the way
+        size = rng.randint(1, 300)
+        keys = [plain_key(i) for i in range(n + 1, n + size + 1)]
+        names = [f"m{i}" for i in range(n + 1, n + size + 1)]
+        ords = [one.track(k, e) for k, e in zip(keys, names, strict=True)]
+        first = many.track_many(keys, names)
+        assert ords == list(range(first, first + size))
+        rng.shuffle(ords)
+        for o in ords[: size // 2]:
+            assert one.ack(o) == many.ack(o)
+        n += size
+    assert (one.level, one.acked, one.window()) == (many.level, many.acked, many.window())
+    assert one.oldest() == many.oldest()

@@ -32,6 +32,15 @@ class AckManager(Generic[E]):
         self._done.append(0)
         return self._base + len(self._keys) - 1
 
+    def track_many(self, keys: list[bytes], entries: list[E]) -> int:
+        """Track messages in read order (``keys[i]`` is ``entries[i]``'s); returns the
+        ordinal of the first (the rest follow one by one)."""
+        first = self._base + len(self._keys)
+        self._keys.extend(keys)
+        self._entries.extend(entries)
+        self._done.extend(bytes(len(keys)))
+        return first
+
     def ack(self, ordinal: int) -> bool:
         """Mark a message acked; true if it was tracked and not acked before."""
         index = ordinal - self._base

@@ -4,6 +4,7 @@ ready queue: in order, bounded by the group's read-ahead window, tailing open ex
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -15,7 +16,7 @@ from cherami.roles.outputhost.entry import Entry
 from cherami.roles.storehost.client import StoreError
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.storage.keys import seq_of
-from cherami.wire.records import decode_record, message_id
+from cherami.wire.records import decode_record
 from cherami.wire.store import TIMER
 
 if TYPE_CHECKING:
@@ -49,6 +50,28 @@ class ExtentCursor:
             queue=queue, group=group, extent=self.id, level=self.ack.level,
             acked=self.ack.acked, limit=self.limit,
         )  # fmt: skip
+
+
+def _entries(
+    cursor: ExtentCursor, keys: list[bytes], raws: list[bytes], timer: bool
+) -> list[Entry]:
+    """Entries for records read in order, tracked by the cursor's ack manager. Plain
+    extents hand out dense sequence numbers, so their ids are counted, not parsed."""
+    prefix = cursor.id + ":"
+    if timer:
+        ids = [prefix + str(seq_of(key)) for key in keys]
+    else:
+        first = seq_of(keys[0])
+        ids = [prefix + str(seq) for seq in range(first, first + len(keys))]
+    entries = [
+        Entry(cursor, record.orig_id or msg_id, record)
+        for record, msg_id in zip(map(decode_record, raws), ids, strict=True)
+    ]
+    ordinal = cursor.ack.track_many(keys, entries)
+    for entry in entries:
+        entry.ordinal = ordinal
+        ordinal += 1
+    return entries
 
 
 async def read_extent(group: GroupConsumer, cursor: ExtentCursor, stores: StoreDirectory) -> None:
@@ -93,18 +116,13 @@ async def read_extent(group: GroupConsumer, cursor: ExtentCursor, stores: StoreD
             continue
         failures = 0
         ended = batch.end
-        entries = []
-        track, limit, extent_id = cursor.ack.track, cursor.limit, cursor.id
-        for key, raw in zip(batch.keys, batch.records, strict=True):
-            if limit is not None and key > limit:
-                ended = True
-                break
-            record = decode_record(raw)
-            entry = Entry(cursor, record.orig_id or message_id(extent_id, seq_of(key)), record)
-            entry.ordinal = track(key, entry)
-            entries.append(entry)
-        if entries:
-            cursor.read_key = batch.keys[len(entries) - 1]
+        keys = batch.keys
+        if cursor.limit is not None and keys and keys[-1] > cursor.limit:
+            keys = keys[: bisect.bisect_right(keys, cursor.limit)]  # a merged DLQ range ends
+            ended = True
+        if keys:
+            entries = _entries(cursor, keys, batch.records, timer)
+            cursor.read_key = keys[-1]
             await group.admit(entries)
         if cursor.limit is not None and cursor.read_key >= cursor.limit:
             ended = True
