@@ -240,21 +240,11 @@ class GroupConsumer:
 
     def ack(self, numbers: list[int], owner: Any = None) -> list[int]:
         """Ack current deliveries; returns the numbers that were stale."""
-        stale: list[int] = []
-        inflight = self.inflight
-        acked = 0
-        for no in numbers:  # _settle and the ack in one pass: this runs for every message
-            entry = inflight.get(no)
-            if entry is None or (owner is not None and entry.owner is not owner):
-                stale.append(no)
-                continue
-            del inflight[no]
-            entry.no = 0
-            entry.owner = None
+        settled, stale = self._settle(numbers, owner)
+        for entry in settled:
             entry.cursor.ack.ack(entry.ordinal)
-            acked += 1
-        if acked:
-            self.acked += acked
+        self.acked += len(settled)
+        if settled:
             self._room.set()
         return stale
 
