@@ -169,3 +169,16 @@ def test_connection_refused_is_a_one_line_error() -> None:
     url = f"http://127.0.0.1:{port}"
     assert_one_line_error(cherami(None, "queue", "list", url=url), "error: unavailable")
     assert_one_line_error(cherami(None, "publish", "q", stdin="a\n", url=url), "error: unavailable")
+
+
+def test_bulk_publish_reports_a_refused_batch_instead_of_a_partial_count(
+    server: ServerProcess,
+) -> None:
+    queue = unique("q")
+    ok(server, "queue", "create", queue, "--max-message-bytes", "100")
+    lines = "".join(("x" * 200 if i == 250 else f"line {i}") + "\n" for i in range(1000))
+    result = cherami(server, "publish", queue, "--batch-size", "100", stdin=lines)
+    assert_one_line_error(result, "error: message_too_large: ")
+    assert "published 900 messages; not that batch" in result.stderr
+    stats = ok_json(server, "queue", "show", queue)["stats"]
+    assert stats["messages_published"] == 900

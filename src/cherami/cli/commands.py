@@ -19,7 +19,7 @@ import click
 from cherami.cli.main import cli
 from cherami.client.asyncclient import AsyncClient
 from cherami.client.models import OutgoingMessage, Received
-from cherami.errors import Unavailable
+from cherami.errors import CheramiError, Unavailable
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -271,7 +271,11 @@ async def publish_stream(
             while (batch := await asyncio.to_thread(next, batches, None)) is not None:
                 future = await publisher.send(batch)
                 future.add_done_callback(done)
-            await publisher.flush()
+            try:
+                await publisher.flush()
+            except CheramiError as err:  # say what did get in, then fail
+                err.message = f"{err.message} (published {published} messages; not that batch)"
+                raise
     return published
 
 

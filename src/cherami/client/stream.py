@@ -104,6 +104,7 @@ class Publisher:
         self._queued: list[_Batch] = []
         self._flusher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._first_error: BaseException | None = None  # since the last flush()
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._reader: asyncio.Task[None] | None = None
         self._closed = False
@@ -145,7 +146,7 @@ class Publisher:
                 if isinstance(frame, f.Published):
                     batch.future.set_result(frame.ids[start : start + count])
                 else:
-                    batch.future.set_exception(error_from_code(frame.code, frame.message))
+                    self._failed(batch, error_from_code(frame.code, frame.message))
             start += count
 
     async def _reconnect(self) -> None:
@@ -170,7 +171,13 @@ class Publisher:
         for batch in batches:
             self._slots.release()
             if not batch.future.done():
-                batch.future.set_exception(error)
+                self._failed(batch, error)
+
+    def _failed(self, batch: _Batch, error: BaseException) -> None:
+        batch.future.set_exception(error)
+        batch.future.exception()  # flush() reports it: no "never retrieved" warning
+        if self._first_error is None:
+            self._first_error = error
 
     async def send(
         self, messages: Iterable[OutgoingMessage | bytes | str]
@@ -241,9 +248,16 @@ class Publisher:
         return await (await self.send(messages))
 
     async def flush(self) -> None:
+        """Wait until every batch sent so far is acked or refused. If any batch failed
+        since the last flush (even one whose future nobody awaited), raise the first
+        such error, so a bulk publish that only calls ``send`` and ``flush`` cannot lose
+        a refused batch silently."""
         futures = [b.future for b in self._queued]
         futures += [b.future for entry in self._pending.values() for b in entry.batches]
-        await asyncio.gather(*futures)
+        await asyncio.gather(*futures, return_exceptions=True)
+        error, self._first_error = self._first_error, None
+        if error is not None:
+            raise error
 
     async def close(self) -> None:
         self._closed = True
