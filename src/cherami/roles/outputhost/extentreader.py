@@ -80,10 +80,16 @@ async def read_extent(group: GroupConsumer, cursor: ExtentCursor, stores: StoreD
     Reads take turns over the replicas (every replica holds what readers may see), so
     the read load of a busy extent is spread instead of slowing one store host's appends;
     a replica that fails a read is left alone for a while, and only when every replica
-    failed in a row does the reader pause."""
+    failed in a row does the reader pause.
+
+    The end of a sealed extent is believed once two replicas report it at the same
+    position (or every other replica is failing): a replica that was cut off while the
+    extent was sealed can hold fewer records than the others."""
     replica = hash((group.key, cursor.id))
     failures = 0
     shunned: dict[str, float] = {}  # replica -> monotonic time it may be read again
+    end_key: bytes | None = None  # where replicas reported the end, and which ones
+    end_votes: set[str] = set()
     timer = cursor.extent.kind == TIMER
     while not cursor.read_done and not group.stopped:
         room = await group.wait_for_room()
@@ -115,7 +121,7 @@ async def read_extent(group: GroupConsumer, cursor: ExtentCursor, stores: StoreD
                 await asyncio.sleep(0.5)
             continue
         failures = 0
-        ended = batch.end
+        ended = False
         keys = batch.keys
         if cursor.limit is not None and keys and keys[-1] > cursor.limit:
             keys = keys[: bisect.bisect_right(keys, cursor.limit)]  # a merged DLQ range ends
@@ -126,6 +132,13 @@ async def read_extent(group: GroupConsumer, cursor: ExtentCursor, stores: StoreD
             await group.admit(entries)
         if cursor.limit is not None and cursor.read_key >= cursor.limit:
             ended = True
+        if batch.end and not ended:
+            if end_key != cursor.read_key:
+                end_key, end_votes = cursor.read_key, set()
+            end_votes.add(store_id)
+            now = time.monotonic()
+            others = [r for r in replicas if r not in end_votes and shunned.get(r, 0.0) <= now]
+            ended = len(end_votes) >= 2 or not others
         if ended:
             cursor.read_done = True
         elif timer and not batch.keys:
