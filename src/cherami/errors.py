@@ -3,6 +3,8 @@ servers raise these, clients raise the same classes from the same codes."""
 
 from __future__ import annotations
 
+import msgspec
+
 
 class CheramiError(Exception):
     """Root of every error this package raises."""
@@ -103,3 +105,13 @@ ERRORS_BY_CODE: dict[str, type[CheramiError]] = {
 def error_from_code(code: str, message: str) -> CheramiError:
     """The error class for an API code; unknown codes become the root class."""
     return ERRORS_BY_CODE.get(code, CheramiError)(message)
+
+
+def error_from_response(status: int, raw: bytes) -> CheramiError:
+    """The error an HTTP error reply carries (``{"error": {"code", "message"}}``), or
+    a plain one naming the status when the body is not that."""
+    try:
+        err = msgspec.json.decode(raw)["error"]
+        return error_from_code(err["code"], err["message"])
+    except (msgspec.DecodeError, KeyError, TypeError):
+        return CheramiError(f"HTTP {status}: {raw[:200]!r}")

@@ -10,6 +10,7 @@ import time
 from cherami.client.asyncclient import AsyncClient
 from cherami.errors import CheramiError
 from tests.support.checker import QueueHistory
+from tests.support.drain import drain
 from tests.support.server import ServerProcess
 
 QUEUE, GROUP = "crash", "workers"
@@ -123,13 +124,7 @@ async def test_clean_restart_keeps_messages_and_ack_levels(fresh_server: ServerP
     assert fresh_server.stop() == 0
     fresh_server.start()
     async with AsyncClient(fresh_server.url) as client:
-        rest: list[str] = []
-        while True:
-            got = await client.receive("restart", "g", max_messages=1000, wait_seconds=1)
-            if not got:
-                break
-            rest += [m.text for m in got]
-            await client.ack("restart", "g", [m.receipt or "" for m in got])
+        rest = await drain(client, "restart", "g")
         assert sorted(rest + sorted(acked)) == sorted(f"m{i}" for i in range(1000))
         assert (await client.get_group("restart", "idle"))["stats"]["backlog"] == 1000
         queue = await client.get_queue("restart")
@@ -143,8 +138,7 @@ async def test_retention_deletes_consumed_and_empty_extents(fresh_server: Server
         await client.create_group("kept", "a")
         await client.create_group("kept", "b")
         await client.publish("kept", [f"m{i}" for i in range(100)])
-        while len(got := await client.receive("kept", "a", max_messages=100, wait_seconds=2)):
-            await client.ack("kept", "a", [m.receipt or "" for m in got])
+        await drain(client, "kept", "a", max_messages=100, wait_seconds=2)
     assert fresh_server.stop() == 0
     fresh_server.start()  # the restart seals the open extents (one plain with data, one timer)
     async with AsyncClient(fresh_server.url) as client:
@@ -157,10 +151,7 @@ async def test_retention_deletes_consumed_and_empty_extents(fresh_server: Server
                 break
             await asyncio.sleep(0.2)
         assert await sealed() == 1
-        got = []
-        while len(batch := await client.receive("kept", "b", max_messages=100, wait_seconds=2)):
-            got += batch
-            await client.ack("kept", "b", [m.receipt or "" for m in batch])
+        got = await drain(client, "kept", "b", max_messages=100, wait_seconds=2)
         assert len(got) == 100
         for _ in range(50):  # now every group consumed it: deleted
             if await sealed() == 0:

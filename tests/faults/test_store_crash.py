@@ -10,6 +10,7 @@ import time
 
 from cherami.client.asyncclient import AsyncClient
 from tests.support.checker import QueueHistory
+from tests.support.drain import drain
 from tests.support.server import ServerProcess
 
 
@@ -42,12 +43,7 @@ async def test_store_host_kill_loses_nothing_and_publishing_goes_on(
                     os.kill(_store_pid(fresh_server, 1), signal.SIGKILL)
                     killed = True
         stats = (await client.get_queue("sq"))["stats"]  # before the group consumes it all
-        while True:
-            got = await client.receive("sq", "g", max_messages=1000, wait_seconds=1)
-            if not got:
-                break
-            history.delivered.update(m.text for m in got)
-            await client.ack("sq", "g", [m.receipt or "" for m in got])
+        history.delivered.update(await drain(client, "sq", "g"))
     report = history.report()
     print("store kill:", report, f"longest publish gap {longest_gap:.2f}s")
     assert killed and report["acked"] > 1000
@@ -69,13 +65,7 @@ async def test_cp_queue_keeps_order_across_a_seal(fresh_server: ServerProcess) -
             if round_ == 0:  # the open extent is sealed and a successor takes over
                 os.kill(_store_pid(fresh_server, 1), signal.SIGKILL)
         stats = (await client.get_queue("ordered"))["stats"]  # before it is consumed
-        got: list[str] = []
-        while True:
-            batch = await client.receive("ordered", "g", max_messages=1000, wait_seconds=2)
-            if not batch:
-                break
-            got += [m.text for m in batch]
-            await client.ack("ordered", "g", [m.receipt or "" for m in batch])
+        got = await drain(client, "ordered", "g", wait_seconds=2)
     assert stats["sealed_extents"] >= 1
     # a batch in flight at the failure may be stored twice (at least once); the order of
     # the messages, each taken where it first appears, holds across the seal

@@ -12,7 +12,7 @@ import msgspec
 
 from cherami.client.models import OutgoingMessage, Received, outgoing
 from cherami.client.stream import Publisher, StreamConsumer
-from cherami.errors import CheramiError, Unavailable, error_from_code
+from cherami.errors import Unavailable, error_from_response
 
 PUBLISH_BATCH = 1000
 
@@ -53,7 +53,7 @@ class AsyncClient:
             ) as resp:  # fmt: skip
                 raw = await resp.read()
                 if resp.status >= 400:
-                    raise _error(resp.status, raw)
+                    raise error_from_response(resp.status, raw)
                 return msgspec.json.decode(raw) if raw else None
         except (aiohttp.ClientError, TimeoutError) as err:
             raise Unavailable(f"{self.url}: {err or 'request timed out'}") from err
@@ -171,10 +171,3 @@ class AsyncClient:
 
         await Worker(self, queue, group, handler, concurrency, **options).run()
 
-
-def _error(status: int, raw: bytes) -> CheramiError:
-    try:
-        err = msgspec.json.decode(raw)["error"]
-        return error_from_code(err["code"], err["message"])
-    except (msgspec.DecodeError, KeyError, TypeError):
-        return CheramiError(f"HTTP {status}: {raw[:200]!r}")

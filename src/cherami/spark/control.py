@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 import msgspec
 
-from cherami.errors import CheramiError, Unavailable, error_from_code
+from cherami.errors import Unavailable, error_from_response
 from cherami.wire.store import PLAIN
 
 Offsets = dict[str, int]
@@ -48,7 +48,7 @@ class ControlClient:
             with urllib.request.urlopen(req, timeout=self._timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as err:
-            raise _error(err.code, err.read()) from None
+            raise error_from_response(err.code, err.read()) from None
         except (urllib.error.URLError, OSError) as err:
             raise Unavailable(f"{self.url}: {err}") from err
         return msgspec.json.decode(raw) if raw else None
@@ -89,10 +89,3 @@ def _ms(rfc3339: str) -> int:
 
     return int(datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp() * 1000)
 
-
-def _error(status: int, raw: bytes) -> CheramiError:
-    try:
-        err = msgspec.json.decode(raw)["error"]
-        return error_from_code(err["code"], err["message"])
-    except (msgspec.DecodeError, KeyError, TypeError):
-        return CheramiError(f"HTTP {status}: {raw[:200]!r}")

@@ -195,9 +195,7 @@ class RocksExtentStore:
         removed = dropped_bytes = 0
         if meta.kind == PLAIN:
             it = cf.iter()
-            it.seek_for_prev(plain_key(at_seq + 1))  # the value holding at_seq + 1, if any
-            if not it.valid():
-                it.seek_to_first()
+            _seek_value_holding(it, at_seq + 1)
             while it.valid():
                 first = seq_of(it.key())
                 records = _batch_decoder.decode(it.value())
@@ -254,6 +252,14 @@ class RocksExtentStore:
         self._db.close()
 
 
+def _seek_value_holding(it: Any, seq: int) -> None:
+    """Position a plain extent's iterator on the value holding ``seq`` (the last value
+    keyed at or below it), or on the first value when every value starts above it."""
+    it.seek_for_prev(plain_key(seq))
+    if not it.valid():
+        it.seek_to_first()
+
+
 def _scan_plain(
     it: Any, meta: ExtentMeta, after: bytes, max_count: int, max_bytes: int, max_seq: int
 ) -> ReadBatch:
@@ -263,9 +269,7 @@ def _scan_plain(
     keys: list[bytes] = []
     records: list[bytes] = []
     size = 0
-    it.seek_for_prev(plain_key(start))  # the value holding ``start``, if it is stored
-    if not it.valid():
-        it.seek_to_first()
+    _seek_value_holding(it, start)
     while it.valid() and len(records) < max_count and size < max_bytes:
         first = seq_of(it.key())
         if first > limit:

@@ -29,6 +29,7 @@ from cherami.metadata.models import (
     Queue,
     QueueConfig,
 )
+from cherami.roles.storehost.client import StoreError
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.storage.keys import plain_key
 from cherami.wire.store import PLAIN, TIMER
@@ -283,10 +284,10 @@ class ControllerService:
         lasts: dict[str, int] = {}
         for store_id in extent.stores:
             try:
-                (info,) = await self.stores.get(store_id).info([extent.id])
-                if info.exists:
-                    lasts[store_id] = await self.stores.get(store_id).seal(extent.id, -1)
+                lasts[store_id] = await self.stores.get(store_id).seal(extent.id, -1)
             except CheramiError as err:
+                if isinstance(err, StoreError) and err.code == "extent_not_found":
+                    continue  # this store never got a replica of the extent
                 log.warning("replica %s of %s unreachable at seal: %s", store_id, extent.id, err)
                 self.unsealed_replicas.add((extent.id, store_id))
         if not lasts:

@@ -27,10 +27,7 @@ class AckManager(Generic[E]):
 
     def track(self, key: bytes, entry: E) -> int:
         """Track the next message in read order; returns its ordinal."""
-        self._keys.append(key)
-        self._entries.append(entry)
-        self._done.append(0)
-        return self._base + len(self._keys) - 1
+        return self.track_many([key], [entry])
 
     def track_many(self, keys: list[bytes], entries: list[E]) -> int:
         """Track messages in read order (``keys[i]`` is ``entries[i]``'s); returns the
