@@ -38,6 +38,8 @@ class StoreHostService:
         self._committed: dict[str, int] = {}  # open extents: what every replica holds
         self._committer: asyncio.Task[None] | None = None
         self._conns: set[asyncio.Task[None]] = set()
+        # replies of this loop turn, per connection: they leave in one write each
+        self._out: dict[asyncio.StreamWriter, list[bytes]] = {}
 
     @property
     def address(self) -> str:
@@ -101,17 +103,13 @@ class StoreHostService:
             except Exception as err:  # a full disk, an I/O error: refuse the whole round
                 log.error("append round of %d failed: %s", len(pending), err)
                 results = [StorageError("unavailable", str(err))] * len(pending)
-            by_writer: dict[asyncio.StreamWriter, list[bytes]] = {}
             for item, result in zip(pending, results, strict=True):
                 reply: w.Reply = (
                     w.Failed(item.rid, result.code, str(result))
                     if isinstance(result, StorageError)
                     else w.Appended(item.rid, result)
                 )
-                by_writer.setdefault(item.writer, []).append(pack_frame(w.encode(reply)))
-            for writer, frames in by_writer.items():
-                if not writer.is_closing():
-                    writer.writelines(frames)
+                self._send(item.writer, reply)
             # readers wake on commits, not appends: a record is readable once every
             # replica holds it (Commit), or once its extent is sealed
 
@@ -133,8 +131,19 @@ class StoreHostService:
         except Exception as err:
             log.exception("store request failed")
             reply = w.Failed(request.rid, "unavailable", str(err))
-        if not writer.is_closing():
-            writer.write(pack_frame(w.encode(reply)))
+        self._send(writer, reply)
+
+    def _send(self, writer: asyncio.StreamWriter, reply: w.Reply) -> None:
+        """Queue a reply; what a connection is sent in one loop turn goes in one write."""
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush_out)
+        self._out.setdefault(writer, []).append(pack_frame(w.encode(reply)))
+
+    def _flush_out(self) -> None:
+        out, self._out = self._out, {}
+        for writer, frames in out.items():
+            if not writer.is_closing():
+                writer.writelines(frames)
 
     async def _handle(self, request: w.Request) -> w.Reply:
         loop = asyncio.get_running_loop()
