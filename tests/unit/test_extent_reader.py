@@ -10,6 +10,7 @@ from typing import Any
 
 from cherami.metadata.models import AckLevel, Extent
 from cherami.roles.outputhost.extentreader import ExtentCursor, read_extent
+from cherami.roles.outputhost.sharedreads import SharedReads
 from cherami.storage.keys import plain_key, seq_of
 from cherami.wire.records import Record, encode_record
 from cherami.wire.store import PLAIN, ReadResult
@@ -59,7 +60,8 @@ def _read(replicas: dict[str, _Replica]) -> list[bytes]:
                     stores=list(replicas), created_at=0.0, sealed_seq=8)  # fmt: skip
     cursor = ExtentCursor(extent, AckLevel(queue="q", group="g", extent="e1", level=b"", acked=0))
     group = _Group()
-    asyncio.run(read_extent(group, cursor, _Stores(replicas)))  # type: ignore[arg-type]
+    reads = SharedReads(_Stores(replicas))  # type: ignore[arg-type]
+    asyncio.run(read_extent(group, cursor, reads))  # type: ignore[arg-type]
     assert cursor.read_done
     return group.bodies
 

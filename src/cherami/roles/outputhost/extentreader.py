@@ -13,10 +13,9 @@ from cherami.errors import CheramiError
 from cherami.metadata.models import AckLevel, Extent
 from cherami.roles.outputhost.ackmanager import AckManager
 from cherami.roles.outputhost.entry import Entry
+from cherami.roles.outputhost.sharedreads import SharedReads, decode_chunk
 from cherami.roles.storehost.client import StoreError
-from cherami.roles.storehost.directory import StoreDirectory
-from cherami.storage.keys import seq_of
-from cherami.wire.records import decode_record
+from cherami.wire.records import Record
 from cherami.wire.store import TIMER
 
 if TYPE_CHECKING:
@@ -53,19 +52,12 @@ class ExtentCursor:
 
 
 def _entries(
-    cursor: ExtentCursor, keys: list[bytes], raws: list[bytes], timer: bool
+    cursor: ExtentCursor, keys: list[bytes], records: list[Record], ids: list[str]
 ) -> list[Entry]:
-    """Entries for records read in order, tracked by the cursor's ack manager. Plain
-    extents hand out dense sequence numbers, so their ids are counted, not parsed."""
-    prefix = cursor.id + ":"
-    if timer:
-        ids = [prefix + str(seq_of(key)) for key in keys]
-    else:
-        first = seq_of(keys[0])
-        ids = [prefix + str(seq) for seq in range(first, first + len(keys))]
+    """Entries for records read in order, tracked by the cursor's ack manager."""
     entries = [
         Entry(cursor, record.orig_id or msg_id, record)
-        for record, msg_id in zip(map(decode_record, raws), ids, strict=True)
+        for record, msg_id in zip(records, ids, strict=True)
     ]
     ordinal = cursor.ack.track_many(keys, entries)
     for entry in entries:
@@ -74,13 +66,14 @@ def _entries(
     return entries
 
 
-async def read_extent(group: GroupConsumer, cursor: ExtentCursor, stores: StoreDirectory) -> None:
+async def read_extent(group: GroupConsumer, cursor: ExtentCursor, reads: SharedReads) -> None:
     """Run until the extent is read to its end (sealed) or to the cursor's limit.
 
     Reads take turns over the replicas (every replica holds what readers may see), so
     the read load of a busy extent is spread instead of slowing one store host's appends;
     a replica that fails a read is left alone for a while, and only when every replica
-    failed in a row does the reader pause.
+    failed in a row does the reader pause. Reads of plain extents are shared with the
+    other groups reading the same position (sharedreads.py).
 
     The end of a sealed extent is believed once two replicas report it at the same
     position (or every other replica is failing): a replica that was cut off while the
@@ -99,15 +92,17 @@ async def read_extent(group: GroupConsumer, cursor: ExtentCursor, stores: StoreD
             replica += 1
             if shunned.get(store_id, 0.0) <= time.monotonic():
                 break
-        now_ms = int(time.time() * 1000)
+        count = min(room, READ_BATCH)
         try:
-            batch = await stores.get(store_id).read(
-                cursor.id,
-                cursor.read_key,
-                min(room, READ_BATCH),
-                until_ms=now_ms - group.delay_ms if timer else 0,
-                wait_ms=TIMER_POLL_MS if timer else TAIL_WAIT_MS,
-            )
+            if timer:
+                due_by = int(time.time() * 1000) - group.delay_ms
+                batch = await reads.stores.get(store_id).read(
+                    cursor.id, cursor.read_key, count, until_ms=due_by, wait_ms=TIMER_POLL_MS
+                )
+                chunk = decode_chunk(store_id, cursor.id, batch, timer=True)
+            else:
+                chunk = await reads.read(store_id, cursor.id, cursor.read_key, count, TAIL_WAIT_MS)
+                store_id = chunk.store_id  # another group's read of the same position
         except CheramiError as err:
             if isinstance(err, StoreError) and err.code == "extent_not_found":
                 cursor.read_done = True  # deleted (retention, or its queue's contents)
@@ -122,17 +117,18 @@ async def read_extent(group: GroupConsumer, cursor: ExtentCursor, stores: StoreD
             continue
         failures = 0
         ended = False
-        keys = batch.keys
+        keys, records, ids = chunk.keys, chunk.records, chunk.ids
         if cursor.limit is not None and keys and keys[-1] > cursor.limit:
-            keys = keys[: bisect.bisect_right(keys, cursor.limit)]  # a merged DLQ range ends
+            n = bisect.bisect_right(keys, cursor.limit)  # a merged DLQ range ends
+            keys, records, ids = keys[:n], records[:n], ids[:n]
             ended = True
         if keys:
-            entries = _entries(cursor, keys, batch.records, timer)
+            entries = _entries(cursor, keys, records, ids)
             cursor.read_key = keys[-1]
             await group.admit(entries)
         if cursor.limit is not None and cursor.read_key >= cursor.limit:
             ended = True
-        if batch.end and not ended:
+        if chunk.end and not ended:
             if end_key != cursor.read_key:
                 end_key, end_votes = cursor.read_key, set()
             end_votes.add(store_id)
@@ -141,5 +137,5 @@ async def read_extent(group: GroupConsumer, cursor: ExtentCursor, stores: StoreD
             ended = len(end_votes) >= 2 or not others
         if ended:
             cursor.read_done = True
-        elif timer and not batch.keys:
+        elif timer and not chunk.keys:
             await asyncio.sleep(TIMER_POLL_MS / 1000)

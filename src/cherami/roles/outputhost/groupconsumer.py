@@ -15,7 +15,7 @@ from typing import Any
 from cherami.metadata.models import STREAM, AckLevel, Extent, Group, Queue
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.extentreader import ExtentCursor, read_extent
-from cherami.roles.storehost.directory import StoreDirectory
+from cherami.roles.outputhost.sharedreads import SharedReads
 
 log = logging.getLogger("cherami.outputhost.groupconsumer")
 
@@ -30,7 +30,7 @@ class GroupConsumer:
         self,
         queue: Queue,
         group: Group,
-        stores: StoreDirectory,
+        reads: SharedReads,
         dead_letter: DeadLetter,
         delivery_numbers: itertools.count[int],
     ) -> None:
@@ -38,7 +38,7 @@ class GroupConsumer:
         self.group = group
         self.key = f"{group.queue}/{group.name}"
         self.scope = self.key.encode()
-        self.stores = stores
+        self.reads = reads
         self._dead_letter = dead_letter
         self._numbers = delivery_numbers
         self.cursors: dict[str, ExtentCursor] = {}
@@ -120,7 +120,7 @@ class GroupConsumer:
 
     async def _read(self, cursor: ExtentCursor) -> None:
         try:
-            await read_extent(self, cursor, self.stores)
+            await read_extent(self, cursor, self.reads)
             for successor in self.cursors.values():  # CP: its successor may start now
                 if (
                     cursor.read_done

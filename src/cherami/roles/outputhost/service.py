@@ -17,6 +17,7 @@ from cherami.roles.outputhost.deadletterqueue import DeadLetterMover, Publish
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
 from cherami.roles.outputhost.receipts import ReceiptSigner
+from cherami.roles.outputhost.sharedreads import SharedReads
 from cherami.roles.storehost.directory import StoreDirectory
 
 log = logging.getLogger("cherami.outputhost.service")
@@ -38,6 +39,7 @@ class OutputHostService:
         self.metadata = metadata
         self._owns = owns
         self.stores = stores
+        self.reads = SharedReads(stores)  # one read of a position serves every group
         self.signer = ReceiptSigner()
         self._dead_letter = DeadLetterMover(publish)
         self._numbers = itertools.count(1)
@@ -81,7 +83,7 @@ class OutputHostService:
             group = await self.metadata.get_group(queue, name)
             queue_record = await self.metadata.get_queue(queue)
             consumer = GroupConsumer(
-                queue_record, group, self.stores, self._dead_letter, self._numbers
+                queue_record, group, self.reads, self._dead_letter, self._numbers
             )
             consumer.start()
             self.groups[key] = consumer
