@@ -47,23 +47,33 @@ def _shared(**replicas: _Replica) -> SharedReads:
     return SharedReads(_Stores(**replicas), keep_bytes=10_000)  # type: ignore[arg-type]
 
 
+Task = asyncio.Task[Any]
+
+
+async def _two_groups(lead: _Replica, follow: _Replica) -> tuple[SharedReads, Task, Task]:
+    """Group 1 reads position 0 of e1 from ``lead`` (held until lead.gate is set), then
+    group 2 asks for the same position from ``follow`` while that read is under way."""
+    reads = _shared(lead=lead, follow=follow)
+    leader = asyncio.create_task(reads.read("lead", "e1", b"", 10, 0))
+    await asyncio.sleep(0)
+    follower = asyncio.create_task(reads.read("follow", "e1", b"", 10, 0))
+    await asyncio.sleep(0)
+    return reads, leader, follower
+
+
 def test_groups_reading_one_position_at_once_share_one_store_read() -> None:
     async def main() -> None:
         gate = asyncio.Event()
         a, b = _Replica(100, gate=gate), _Replica(100)
-        reads = _shared(a=a, b=b)
-        first = asyncio.create_task(reads.read("a", "e1", b"", 10, 0))
-        await asyncio.sleep(0)
-        second = asyncio.create_task(reads.read("b", "e1", b"", 10, 0))
-        await asyncio.sleep(0)
+        reads, first, second = await _two_groups(a, b)
         gate.set()
         one, two = await asyncio.gather(first, second)
-        assert one is two and one.store_id == "a"
+        assert one is two and one.store_id == "lead"
         assert one.ids == [f"e1:{s}" for s in range(1, 11)]
         assert (a.reads, b.reads, reads.store_reads) == (1, 0, 1)
         # a moment later: answered from the kept chunk; the next position is a new read
-        assert await reads.read("b", "e1", b"", 10, 0) is one
-        nxt = await reads.read("b", "e1", one.keys[-1], 10, 0)
+        assert await reads.read("follow", "e1", b"", 10, 0) is one
+        nxt = await reads.read("follow", "e1", one.keys[-1], 10, 0)
         assert nxt.ids[0] == "e1:11" and (b.reads, reads.store_reads) == (1, 2)
 
     asyncio.run(main())
@@ -73,16 +83,12 @@ def test_a_failed_read_is_not_passed_on_to_the_groups_waiting_for_it() -> None:
     async def main() -> None:
         gate = asyncio.Event()
         down, up = _Replica(100, fail=True, gate=gate), _Replica(100)
-        reads = _shared(down=down, up=up)
-        leader = asyncio.create_task(reads.read("down", "e1", b"", 10, 0))
-        await asyncio.sleep(0)
-        follower = asyncio.create_task(reads.read("up", "e1", b"", 10, 0))
-        await asyncio.sleep(0)
+        _, leader, follower = await _two_groups(down, up)
         gate.set()
         with pytest.raises(Unavailable):
             await leader
         chunk = await follower  # read again from its own replica
-        assert chunk.store_id == "up" and len(chunk.keys) == 10 and up.reads == 1
+        assert chunk.store_id == "follow" and len(chunk.keys) == 10 and up.reads == 1
 
     asyncio.run(main())
 
@@ -90,15 +96,10 @@ def test_a_failed_read_is_not_passed_on_to_the_groups_waiting_for_it() -> None:
 def test_a_cancelled_read_lets_the_waiting_group_read_for_itself() -> None:
     async def main() -> None:
         gate = asyncio.Event()
-        slow, fast = _Replica(100, gate=gate), _Replica(100)
-        reads = _shared(slow=slow, fast=fast)
-        leader = asyncio.create_task(reads.read("slow", "e1", b"", 10, 0))
-        await asyncio.sleep(0)
-        follower = asyncio.create_task(reads.read("fast", "e1", b"", 10, 0))
-        await asyncio.sleep(0)
+        _, leader, follower = await _two_groups(_Replica(100, gate=gate), _Replica(100))
         leader.cancel()
         chunk = await asyncio.wait_for(follower, 2)
-        assert chunk.store_id == "fast" and leader.cancelled()
+        assert chunk.store_id == "follow" and leader.cancelled() and not gate.is_set()
 
     asyncio.run(main())
 
