@@ -25,10 +25,12 @@ def test_stdin_lines_are_batched_without_blank_lines() -> None:
 
 
 def test_message_json_prints_text_or_base64() -> None:
-    text = Received("id1", "héllo".encode(), {"k": "v"}, 2, 0.0)
+    text = Received(
+        id="id1", body="héllo".encode(), attributes={"k": "v"}, delivery_count=2, enqueued_ms=0
+    )
     assert message_json(text) == {
         "id": "id1", "body": "héllo", "delivery_count": 2, "attributes": {"k": "v"},
     }  # fmt: skip
-    binary = Received("id2", b"\xff\x00", {}, 1, 0.0)
+    binary = Received(id="id2", body=b"\xff\x00", delivery_count=1, enqueued_ms=0)
     assert message_json(binary)["body_b64"] == "/wA="
     assert "body" not in message_json(binary)

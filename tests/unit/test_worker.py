@@ -64,7 +64,10 @@ class FakeClient:
 
 
 def messages(n: int, delivery_count: int = 1) -> list[Received]:
-    return [Received(f"m{i}", b"x", {}, delivery_count, 0.0, handle=i + 1) for i in range(n)]
+    return [
+        Received(id=f"m{i}", body=b"x", delivery_count=delivery_count, enqueued_ms=0, handle=i + 1)
+        for i in range(n)
+    ]
 
 
 def worker(client: FakeClient, handler: Any, concurrency: int = 4, **options: Any) -> Worker:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+import msgspec
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,18 +35,25 @@ def outgoing(item: OutgoingMessage | bytes | str) -> OutgoingMessage:
     return item if isinstance(item, OutgoingMessage) else OutgoingMessage(item)
 
 
-@dataclass(slots=True)
-class Received:
-    """One delivery. ``receipt`` (HTTP) or ``handle`` (stream) settles it."""
+class Received(msgspec.Struct, array_like=True, kw_only=True, gc=False):
+    """One delivery. ``receipt`` (HTTP) or ``handle`` (stream) settles it.
 
+    The fields are in the order of a delivery on the consume stream (docs/protocol.md,
+    ``deliver``), so stream deliveries decode straight into them with no copy; build one
+    by keyword. Holds no references to other objects than its own values (``gc=False``).
+    """
+
+    handle: int | None = None
     id: str
     body: bytes
-    attributes: dict[str, str]
+    attributes: dict[str, str] | None = None  # None on the wire; {} once made
     delivery_count: int
     enqueued_ms: int
     receipt: str | None = None
-    handle: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.attributes is None:
+            self.attributes = {}
 
     @property
     def enqueued_at(self) -> str:

@@ -11,10 +11,23 @@ from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import msgspec
 
 from cherami.client.models import OutgoingMessage, Received
 from cherami.errors import CheramiError, Unavailable, error_from_code
 from cherami.wire import stream as f
+
+
+class _Deliver(msgspec.Struct, array_like=True, tag="deliver", frozen=True, gc=False):
+    """``f.Deliver`` as a consumer decodes it: straight into what user code gets."""
+
+    messages: list[Received]
+
+
+_consumed_decoder: msgspec.msgpack.Decoder[_Deliver | f.Published | f.Settled | f.Error] = (
+    msgspec.msgpack.Decoder(_Deliver | f.Published | f.Settled | f.Error)
+)
+_decode_consumed = _consumed_decoder.decode
 
 if TYPE_CHECKING:
     from cherami.client.asyncclient import AsyncClient
@@ -306,13 +319,9 @@ class StreamConsumer:
         async for msg in ws:
             if msg.type != aiohttp.WSMsgType.BINARY:
                 continue
-            frame = f.decode_server(msg.data)
-            if isinstance(frame, f.Deliver):
-                self._buffer.extend(
-                    Received(m.id, m.body, m.attributes or {}, m.delivery_count,
-                             m.enqueued_ms, handle=m.handle)
-                    for m in frame.messages
-                )  # fmt: skip
+            frame = _decode_consumed(msg.data)
+            if isinstance(frame, _Deliver):
+                self._buffer.extend(frame.messages)
                 self._arrived.set()
             elif isinstance(frame, f.Error):
                 log.warning("consume stream error: %s %s", frame.code, frame.message)
