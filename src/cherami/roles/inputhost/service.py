@@ -122,24 +122,9 @@ class InputHostService:
 
     async def publish(self, queue: Queue, messages: list[Message]) -> list[str]:
         """Append every message durably; returns their ids in order."""
-        now = int(time.time() * 1000)
-        default_delay = int(queue.config.delay_seconds * 1000)
-        plain_idx: list[int] = []
-        plain_records: list[bytes] = []
-        timer_idx: list[int] = []
-        timer_records: list[bytes] = []
-        timer_due: list[int] = []
-        for i, m in enumerate(messages):
-            delay = default_delay if m.delay_ms is None else m.delay_ms
-            due = now + delay
-            record = encode_record(Record(now, due, m.body, m.attributes, m.orig_id, m.text))
-            if delay > 0:
-                timer_idx.append(i)
-                timer_records.append(record)
-                timer_due.append(due)
-            else:
-                plain_idx.append(i)
-                plain_records.append(record)
+        plain_idx, plain_records, timer_idx, timer_records, timer_due = _split(
+            messages, int(time.time() * 1000), int(queue.config.delay_seconds * 1000)
+        )
         ids: list[str] = [""] * len(messages)
         # find every extent the batch needs before writing any of it
         plain = await self._pick(queue.name, PLAIN) if plain_records else None
@@ -171,8 +156,9 @@ class InputHostService:
                 await asyncio.sleep(0.05 * attempt)
                 writer = await self._pick(queue, kind)
                 continue
-            for offset, index in enumerate(indexes):
-                ids[index] = message_id(writer.id, first + offset)
+            prefix = message_id(writer.id, 0)[:-1]  # "extent:"; ids are counted from first
+            for seq, index in enumerate(indexes, first):
+                ids[index] = prefix + str(seq)
             return
         raise Unavailable(f"queue {queue}: no extent accepted the append")
 
@@ -199,3 +185,33 @@ class InputHostService:
         if not self._serves_every_queue:
             raise Moved(f"queue {queue} has no open {kind} extent on this input host")
         raise Unavailable(f"queue {queue} has no open {kind} extent")
+
+
+def _split(
+    messages: list[Message], now: int, default_delay: int
+) -> tuple[list[int], list[bytes], list[int], list[bytes], list[int]]:
+    """Encode the records; split them into those for now (plain) and delayed ones
+    (timer): (plain indexes, plain records, timer indexes, timer records, due times)."""
+    if not default_delay and not any(m.delay_ms for m in messages):  # the usual batch
+        records = [
+            encode_record(Record(now, now, m.body, m.attributes, m.orig_id, m.text))
+            for m in messages
+        ]
+        return list(range(len(messages))), records, [], [], []
+    plain_idx: list[int] = []
+    plain_records: list[bytes] = []
+    timer_idx: list[int] = []
+    timer_records: list[bytes] = []
+    timer_due: list[int] = []
+    for i, m in enumerate(messages):
+        delay = default_delay if m.delay_ms is None else m.delay_ms
+        due = now + delay
+        record = encode_record(Record(now, due, m.body, m.attributes, m.orig_id, m.text))
+        if delay > 0:
+            timer_idx.append(i)
+            timer_records.append(record)
+            timer_due.append(due)
+        else:
+            plain_idx.append(i)
+            plain_records.append(record)
+    return plain_idx, plain_records, timer_idx, timer_records, timer_due
