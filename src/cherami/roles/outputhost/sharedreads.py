@@ -23,7 +23,7 @@ from cherami.storage.keys import seq_of
 from cherami.wire.records import Record, decode_record
 from cherami.wire.store import ReadResult
 
-KEEP_BYTES = 32 << 20  # record bytes kept from recent reads, over every extent
+KEEP_BYTES = 8 << 20  # record bytes kept from recent reads, over every extent
 
 
 @dataclass(frozen=True, slots=True)
