@@ -30,9 +30,8 @@ from cherami.wire.store import PLAIN, TIMER, ExtentInfo
 _META_CF = "__meta__"
 _FORMAT_KEY = b"\x00format"  # in the meta column family; extent names never start with NUL
 _FORMAT = b"2"  # 2: plain extents hold one value per append
-_meta_encoder = msgspec.msgpack.Encoder()
+_encoder = msgspec.msgpack.Encoder()  # metadata rows and per-append values
 _meta_decoder = msgspec.msgpack.Decoder(tuple[str, int, int, int, bool])
-_batch_encoder = msgspec.msgpack.Encoder()
 _batch_decoder = msgspec.msgpack.Decoder(list[bytes])
 
 
@@ -85,7 +84,7 @@ class RocksExtentStore:
                 self._cfs[extent] = self._db.get_column_family_handle(extent)
 
     def _encode_meta(self, meta: ExtentMeta) -> bytes:
-        return _meta_encoder.encode((meta.kind, meta.last_seq, meta.count, meta.bytes, meta.sealed))
+        return _encoder.encode((meta.kind, meta.last_seq, meta.count, meta.bytes, meta.sealed))
 
     def _write_meta(self, extent: str, meta: ExtentMeta) -> None:
         batch = WriteBatch(raw_mode=True)
@@ -155,7 +154,7 @@ class RocksExtentStore:
                 batch.put(timer_key(due, seq), record, cf)
                 seq += 1
         else:
-            batch.put(plain_key(op.first_seq), _batch_encoder.encode(op.records), cf)
+            batch.put(plain_key(op.first_seq), _encoder.encode(op.records), cf)
 
     def read(
         self,
@@ -205,7 +204,7 @@ class RocksExtentStore:
                     removed += len(cut)
                     dropped_bytes += sum(map(len, cut))
                     if keep:  # the value straddles the seal point: keep its head
-                        batch.put(it.key(), _batch_encoder.encode(records[:keep]), handle)
+                        batch.put(it.key(), _encoder.encode(records[:keep]), handle)
                 it.next()
             del it
             batch.delete_range(plain_key(at_seq + 1), plain_key(MAX_SEQ), handle)

@@ -25,5 +25,22 @@ async def read_frame(reader: asyncio.StreamReader) -> bytes:
     return await reader.readexactly(size)
 
 
-def write_frames(writer: asyncio.StreamWriter, bodies: list[bytes]) -> None:
-    writer.writelines([pack_frame(b) for b in bodies])
+class Cork:
+    """Frames for one or more streams, written at the end of the event-loop turn: what a
+    stream is sent in one turn leaves in one write, in order. A loopback write is a system
+    call that wakes the process at the other end; one per turn instead of one per frame
+    (docs/protocol.md)."""
+
+    def __init__(self) -> None:
+        self._out: dict[asyncio.StreamWriter, list[bytes]] = {}
+
+    def send(self, writer: asyncio.StreamWriter, body: bytes) -> None:
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._out.setdefault(writer, []).append(pack_frame(body))
+
+    def flush(self) -> None:
+        out, self._out = self._out, {}
+        for writer, frames in out.items():
+            if not writer.is_closing():  # a lost connection fails what waits on it
+                writer.writelines(frames)

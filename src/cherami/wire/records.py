@@ -36,3 +36,9 @@ def decode_record(data: bytes) -> Record:
 def message_id(extent_id: str, seq: int) -> str:
     """The public id of a message: its extent and its sequence number in it."""
     return f"{extent_id}:{seq}"
+
+
+def message_ids(extent_id: str, first_seq: int, count: int) -> list[str]:
+    """``message_id`` of ``count`` messages in a row from ``first_seq``."""
+    prefix = f"{extent_id}:"
+    return [prefix + str(seq) for seq in range(first_seq, first_seq + count)]

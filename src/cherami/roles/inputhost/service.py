@@ -16,7 +16,7 @@ from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN, Queue
 from cherami.roles.inputhost.extentwriter import ExtentWriter
 from cherami.roles.storehost.directory import StoreDirectory
-from cherami.wire.records import Record, encode_record, message_id
+from cherami.wire.records import Record, encode_record, message_ids
 from cherami.wire.store import PLAIN, TIMER
 
 log = logging.getLogger("cherami.inputhost.service")
@@ -156,9 +156,9 @@ class InputHostService:
                 await asyncio.sleep(0.05 * attempt)
                 writer = await self._pick(queue, kind)
                 continue
-            prefix = message_id(writer.id, 0)[:-1]  # "extent:"; ids are counted from first
-            for seq, index in enumerate(indexes, first):
-                ids[index] = prefix + str(seq)
+            made = message_ids(writer.id, first, len(indexes))
+            for index, msg_id in zip(indexes, made, strict=True):
+                ids[index] = msg_id
             return
         raise Unavailable(f"queue {queue}: no extent accepted the append")
 
@@ -192,12 +192,6 @@ def _split(
 ) -> tuple[list[int], list[bytes], list[int], list[bytes], list[int]]:
     """Encode the records; split them into those for now (plain) and delayed ones
     (timer): (plain indexes, plain records, timer indexes, timer records, due times)."""
-    if not default_delay and not any(m.delay_ms for m in messages):  # the usual batch
-        records = [
-            encode_record(Record(now, now, m.body, m.attributes, m.orig_id, m.text))
-            for m in messages
-        ]
-        return list(range(len(messages))), records, [], [], []
     plain_idx: list[int] = []
     plain_records: list[bytes] = []
     timer_idx: list[int] = []

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.storage.keys import seq_of
-from cherami.wire.records import Record, decode_record
+from cherami.wire.records import Record, decode_record, message_id, message_ids
 from cherami.wire.store import ReadResult
 
 KEEP_BYTES = 8 << 20  # record bytes kept from recent reads, over every extent
@@ -105,12 +105,10 @@ class _ReadFailed(Exception):
 def decode_chunk(store_id: str, extent: str, batch: ReadResult, timer: bool) -> Chunk:
     """Plain extents hand out dense sequence numbers, so their ids are counted, not
     parsed; timer extent keys are (due time, sequence number)."""
-    prefix = extent + ":"
     keys = batch.keys
     if timer:
-        ids = [prefix + str(seq_of(key)) for key in keys]
+        ids = [message_id(extent, seq_of(key)) for key in keys]
     else:
-        first = seq_of(keys[0]) if keys else 0
-        ids = [prefix + str(seq) for seq in range(first, first + len(keys))]
+        ids = message_ids(extent, seq_of(keys[0]) if keys else 0, len(keys))
     records = list(map(decode_record, batch.records))
     return Chunk(store_id, keys, records, ids, batch.end, sum(map(len, batch.records)))

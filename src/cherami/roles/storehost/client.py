@@ -17,7 +17,7 @@ import msgspec
 
 from cherami.errors import CheramiError, ExtentSealed, Unavailable
 from cherami.wire import store as w
-from cherami.wire.framing import READ_BUFFER, pack_frame, read_frame
+from cherami.wire.framing import READ_BUFFER, Cork, read_frame
 
 log = logging.getLogger("cherami.storehost.client")
 
@@ -53,8 +53,7 @@ class StoreClient:
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._connecting: asyncio.Lock = asyncio.Lock()
-        self._out: list[bytes] = []  # frames of this loop turn, for self._out_writer
-        self._out_writer: asyncio.StreamWriter | None = None
+        self._frames = Cork()  # the frames of one loop turn leave in one write
         self.closed = False
 
     async def _connection(self) -> asyncio.StreamWriter:
@@ -96,20 +95,6 @@ class StoreClient:
                 self._writer = None
             self._fail_pending(Unavailable(f"store {self.store_id} connection lost"))
 
-    def _queue(self, writer: asyncio.StreamWriter, frame: bytes) -> None:
-        """Send ``frame`` at the end of this loop turn, in order, with the others."""
-        if self._out_writer is not writer:
-            self._flush_out()
-            self._out_writer = writer
-            asyncio.get_running_loop().call_soon(self._flush_out)
-        self._out.append(frame)
-
-    def _flush_out(self) -> None:
-        writer, frames = self._out_writer, self._out
-        self._out_writer, self._out = None, []
-        if writer is not None and frames and not writer.is_closing():
-            writer.writelines(frames)
-
     def _fail_pending(self, error: Exception) -> None:
         pending, self._pending = self._pending, {}
         for future in pending.values():
@@ -122,7 +107,7 @@ class StoreClient:
         rid = next(self._rids)
         future: asyncio.Future[w.Reply] = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
-        self._queue(writer, pack_frame(w.encode(make(rid, *args, **kwargs))))
+        self._frames.send(writer, w.encode(make(rid, *args, **kwargs)))
         if writer.transport.get_write_buffer_size() > _HIGH_WATER:
             await writer.drain()
         return future
@@ -165,7 +150,7 @@ class StoreClient:
         future: asyncio.Future[w.Reply] = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
         frame = w.PackedAppend(rid, extent, first_seq, records, delivery_ms)
-        self._queue(writer, pack_frame(w.encode(frame)))
+        self._frames.send(writer, w.encode(frame))
         return future
 
     @property
@@ -176,7 +161,7 @@ class StoreClient:
         """Tell the replica that every replica holds the extent up to ``seq``."""
         writer = self._writer
         if writer is not None and not writer.is_closing():
-            self._queue(writer, pack_frame(w.encode(w.Commit(0, extent, seq))))
+            self._frames.send(writer, w.encode(w.Commit(0, extent, seq)))
 
     async def drain(self) -> None:
         writer = self._writer

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from cherami.storage.base import AppendOp, ExtentStore, StorageError
 from cherami.wire import store as w
-from cherami.wire.framing import READ_BUFFER, pack_frame, read_frame
+from cherami.wire.framing import READ_BUFFER, Cork, read_frame
 
 log = logging.getLogger("cherami.storehost.server")
 
@@ -38,8 +38,7 @@ class StoreHostService:
         self._committed: dict[str, int] = {}  # open extents: what every replica holds
         self._committer: asyncio.Task[None] | None = None
         self._conns: set[asyncio.Task[None]] = set()
-        # replies of this loop turn, per connection: they leave in one write each
-        self._out: dict[asyncio.StreamWriter, list[bytes]] = {}
+        self._replies = Cork()  # a connection's replies of one loop turn: one write
 
     @property
     def address(self) -> str:
@@ -109,7 +108,7 @@ class StoreHostService:
                     if isinstance(result, StorageError)
                     else w.Appended(item.rid, result)
                 )
-                self._send(item.writer, reply)
+                self._replies.send(item.writer, w.encode(reply))
             # readers wake on commits, not appends: a record is readable once every
             # replica holds it (Commit), or once its extent is sealed
 
@@ -131,19 +130,7 @@ class StoreHostService:
         except Exception as err:
             log.exception("store request failed")
             reply = w.Failed(request.rid, "unavailable", str(err))
-        self._send(writer, reply)
-
-    def _send(self, writer: asyncio.StreamWriter, reply: w.Reply) -> None:
-        """Queue a reply; what a connection is sent in one loop turn goes in one write."""
-        if not self._out:
-            asyncio.get_running_loop().call_soon(self._flush_out)
-        self._out.setdefault(writer, []).append(pack_frame(w.encode(reply)))
-
-    def _flush_out(self) -> None:
-        out, self._out = self._out, {}
-        for writer, frames in out.items():
-            if not writer.is_closing():
-                writer.writelines(frames)
+        self._replies.send(writer, w.encode(reply))
 
     async def _handle(self, request: w.Request) -> w.Reply:
         loop = asyncio.get_running_loop()
