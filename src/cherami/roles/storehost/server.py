@@ -1,6 +1,12 @@
 """The store host service: serves the store protocol (wire/store.py) over TCP for one
 ExtentStore. Appends from every connection are committed together, one synced write per
-round (group commit); reads can wait for new appends to the extent they tail."""
+round (group commit); reads can wait for new appends to the extent they tail.
+
+An append round runs on the event loop itself, not in a writer thread: the loop only
+waits for it while the fsync runs with the GIL released (reads in the read pool go on),
+and on this kind of machine a hand-off to a thread and back cost more CPU than the
+round's own work (docs/operations.md). Seals, creates and drops still run in a thread;
+a lock keeps every write of the store in order."""
 
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ class StoreHostService:
         self._host, self._port = host, port
         self._server: asyncio.Server | None = None
         self._writes = ThreadPoolExecutor(1, thread_name_prefix="cherami-store-write")
+        self._write_lock = asyncio.Lock()  # append rounds, seals, creates, drops: one at a time
         self._reads = ThreadPoolExecutor(2, thread_name_prefix="cherami-store-read")
         self._pending: list[_PendingAppend] = []
         self._kick = asyncio.Event()
@@ -90,27 +97,30 @@ class StoreHostService:
             writer.close()
 
     async def _commit_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             await self._kick.wait()
-            self._kick.clear()
-            pending, self._pending = self._pending, []
-            try:
-                results = await loop.run_in_executor(
-                    self._writes, self.store.append, [p.op for p in pending]
-                )
-            except Exception as err:  # a full disk, an I/O error: refuse the whole round
-                log.error("append round of %d failed: %s", len(pending), err)
-                results = [StorageError("unavailable", str(err))] * len(pending)
-            for item, result in zip(pending, results, strict=True):
-                reply: w.Reply = (
-                    w.Failed(item.rid, result.code, str(result))
-                    if isinstance(result, StorageError)
-                    else w.Appended(item.rid, result)
-                )
-                self._replies.send(item.writer, w.encode(reply))
-            # readers wake on commits, not appends: a record is readable once every
-            # replica holds it (Commit), or once its extent is sealed
+            async with self._write_lock:
+                self._kick.clear()
+                pending, self._pending = self._pending, []
+                self._append_round(pending)
+
+    def _append_round(self, pending: list[_PendingAppend]) -> None:
+        """One group commit, on the loop: write and fsync every pending append, then
+        queue each one's reply (they leave together at the end of this loop turn)."""
+        try:
+            results = self.store.append([p.op for p in pending])
+        except Exception as err:  # a full disk, an I/O error: refuse the whole round
+            log.error("append round of %d failed: %s", len(pending), err)
+            results = [StorageError("unavailable", str(err))] * len(pending)
+        for item, result in zip(pending, results, strict=True):
+            reply: w.Reply = (
+                w.Failed(item.rid, result.code, str(result))
+                if isinstance(result, StorageError)
+                else w.Appended(item.rid, result)
+            )
+            self._replies.send(item.writer, w.encode(reply))
+        # readers wake on commits, not appends: a record is readable once every
+        # replica holds it (Commit), or once its extent is sealed
 
     def _commit(self, extent: str, seq: int) -> None:
         if seq > self._committed.get(extent, 0):
@@ -138,14 +148,16 @@ class StoreHostService:
         if isinstance(request, w.Read):
             return await self._read(request)
         if isinstance(request, w.CreateExtent):
-            await loop.run_in_executor(
-                self._writes, store.create_extent, request.extent, request.kind
-            )
+            async with self._write_lock:
+                await loop.run_in_executor(
+                    self._writes, store.create_extent, request.extent, request.kind
+                )
             return w.Done(request.rid)
         if isinstance(request, w.Seal):
-            last = await loop.run_in_executor(
-                self._writes, store.seal, request.extent, request.at_seq
-            )
+            async with self._write_lock:
+                last = await loop.run_in_executor(
+                    self._writes, store.seal, request.extent, request.at_seq
+                )
             if request.at_seq >= 0:
                 # the seal's final point: every replica holds exactly this much, all of
                 # it readable. A seal "where it stands" (-1) may be cut back afterwards,
@@ -157,7 +169,8 @@ class StoreHostService:
             names = request.extents or store.extents()
             return w.InfoResult(request.rid, [store.info(e) for e in names])
         if isinstance(request, w.Drop):
-            await loop.run_in_executor(self._writes, store.drop, request.extent)
+            async with self._write_lock:
+                await loop.run_in_executor(self._writes, store.drop, request.extent)
             self._wake(request.extent)
             return w.Done(request.rid)
         raise StorageError("invalid_request", f"unexpected frame {type(request).__name__}")

@@ -1,0 +1,81 @@
+"""A store host as a real child process, spoken to over its wire protocol: append rounds
+run on its event loop while seals run in a thread, so the two must still happen one
+after the other. A seal that lands between pipelined append rounds must leave exactly
+the acked appends in the extent, readable in order, and refuse every later one."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from cherami.roles.storehost.client import StoreClient, check_appended
+from cherami.roles.storehost.process import StoreProcess
+from cherami.wire.store import PLAIN, pack_records
+
+APPENDS, PER_APPEND = 300, 10
+
+
+async def _no_address(store_id: str, address: str) -> None:
+    return None
+
+
+async def test_a_seal_between_pipelined_append_rounds_keeps_exactly_the_acked_appends(
+    tmp_path: Path,
+) -> None:
+    proc = StoreProcess("s0", str(tmp_path / "s0"), "127.0.0.1", _no_address)
+    await proc.start()
+    client = StoreClient("s0", proc.address)
+    try:
+        for extent in ("e1", "e2", "e3"):  # the race is timing: try it more than once
+            await _seal_mid_stream(client, extent)
+    finally:
+        await client.close()
+        await proc.stop()
+
+
+async def _seal_mid_stream(client: StoreClient, extent: str) -> None:
+    await client.create_extent(extent, PLAIN)
+    await client.connect()
+    futures: list[asyncio.Future[Any]] = []
+    seal: asyncio.Task[int] | None = None
+
+    def append(i: int) -> None:
+        records = [f"r{i * PER_APPEND + j + 1}".encode() for j in range(PER_APPEND)]
+        futures.append(
+            client.append_nowait(extent, i * PER_APPEND + 1, pack_records(records), None)
+        )
+
+    append(0)
+    await futures[0]  # something is acked before the seal
+    i = 1
+    while i < APPENDS:
+        for _ in range(min(10, APPENDS - i)):  # a few frames per turn: several rounds
+            append(i)
+            i += 1
+        if seal is None and i >= APPENDS // 3:
+            seal = asyncio.create_task(client.seal(extent))  # races the rounds in flight
+        await asyncio.sleep(0.0005)
+    assert seal is not None
+    sealed_at = await seal
+    append(APPENDS)  # after the seal's answer: refused for certain
+    replies = await asyncio.gather(*futures, return_exceptions=True)
+
+    acked: list[int] = []
+    refused = 0
+    for reply in replies:
+        try:
+            acked.append(check_appended(reply))  # type: ignore[arg-type]
+        except Exception as err:  # noqa: BLE001 - every refusal must be a seal
+            assert "sealed" in str(err), err
+            refused += 1
+    assert acked == sorted(acked), "appends were acked out of order"
+    assert acked and refused, (len(acked), refused)  # the seal landed mid-stream
+    assert acked[-1] == sealed_at == len(acked) * PER_APPEND
+    assert len(acked) + refused == APPENDS + 1
+
+    info = (await client.info([extent]))[0]
+    assert info.sealed and info.last_seq == sealed_at
+    read = await client.read(extent, b"", sealed_at + 100)
+    assert read.records == [f"r{n}".encode() for n in range(1, sealed_at + 1)]
+    assert read.end
