@@ -104,12 +104,19 @@ class StoreClient:
     async def send(self, make: Any, *args: Any, **kwargs: Any) -> asyncio.Future[w.Reply]:
         """Write one request built as ``make(rid, *args)``; the future resolves to its reply."""
         writer = await self._connection()
+        future = self._enqueue(writer, make, *args, **kwargs)
+        if writer.transport.get_write_buffer_size() > _HIGH_WATER:
+            await writer.drain()
+        return future
+
+    def _enqueue(
+        self, writer: asyncio.StreamWriter, make: Any, *args: Any, **kwargs: Any
+    ) -> asyncio.Future[w.Reply]:
+        """Queue ``make(rid, *args)`` for this loop turn's write; its reply's future."""
         rid = next(self._rids)
         future: asyncio.Future[w.Reply] = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
         self._frames.send(writer, w.encode(make(rid, *args, **kwargs)))
-        if writer.transport.get_write_buffer_size() > _HIGH_WATER:
-            await writer.drain()
         return future
 
     async def call(
@@ -146,12 +153,7 @@ class StoreClient:
         writer = self._writer
         if writer is None or writer.is_closing():
             raise Unavailable(f"store {self.store_id} is not connected")
-        rid = next(self._rids)
-        future: asyncio.Future[w.Reply] = asyncio.get_running_loop().create_future()
-        self._pending[rid] = future
-        frame = w.PackedAppend(rid, extent, first_seq, records, delivery_ms)
-        self._frames.send(writer, w.encode(frame))
-        return future
+        return self._enqueue(writer, w.PackedAppend, extent, first_seq, records, delivery_ms)
 
     @property
     def connected(self) -> bool:

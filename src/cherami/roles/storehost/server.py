@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from cherami.storage.base import AppendOp, ExtentStore, StorageError
 from cherami.wire import store as w
@@ -22,6 +24,7 @@ from cherami.wire.framing import READ_BUFFER, Cork, read_frame
 log = logging.getLogger("cherami.storehost.server")
 
 MAX_READ_WAIT_MS = 30_000
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -142,22 +145,21 @@ class StoreHostService:
             reply = w.Failed(request.rid, "unavailable", str(err))
         self._replies.send(writer, w.encode(reply))
 
+    async def _write(self, fn: Callable[..., T], *args: Any) -> T:
+        """A write other than an append round, in the writer thread, never at the same
+        time as a round or another write."""
+        async with self._write_lock:
+            return await asyncio.get_running_loop().run_in_executor(self._writes, fn, *args)
+
     async def _handle(self, request: w.Request) -> w.Reply:
-        loop = asyncio.get_running_loop()
         store = self.store
         if isinstance(request, w.Read):
             return await self._read(request)
         if isinstance(request, w.CreateExtent):
-            async with self._write_lock:
-                await loop.run_in_executor(
-                    self._writes, store.create_extent, request.extent, request.kind
-                )
+            await self._write(store.create_extent, request.extent, request.kind)
             return w.Done(request.rid)
         if isinstance(request, w.Seal):
-            async with self._write_lock:
-                last = await loop.run_in_executor(
-                    self._writes, store.seal, request.extent, request.at_seq
-                )
+            last = await self._write(store.seal, request.extent, request.at_seq)
             if request.at_seq >= 0:
                 # the seal's final point: every replica holds exactly this much, all of
                 # it readable. A seal "where it stands" (-1) may be cut back afterwards,
@@ -169,8 +171,7 @@ class StoreHostService:
             names = request.extents or store.extents()
             return w.InfoResult(request.rid, [store.info(e) for e in names])
         if isinstance(request, w.Drop):
-            async with self._write_lock:
-                await loop.run_in_executor(self._writes, store.drop, request.extent)
+            await self._write(store.drop, request.extent)
             self._wake(request.extent)
             return w.Done(request.rid)
         raise StorageError("invalid_request", f"unexpected frame {type(request).__name__}")
