@@ -55,6 +55,7 @@ DRIVERS: dict[str, DriverFactory] = {
     "rabbitmq": peer("peers.rabbitmq"),
     "nats": peer("peers.nats"),
     "redis": peer("peers.redis"),
+    "redis-aof": peer("peers.redis_aof"),
 }
 
 
@@ -112,6 +113,9 @@ async def run_driver(key: str, workloads: list[Workload], pause_s: float) -> lis
 
 async def _run_one(key: str, driver: Driver, wl: Workload, pause_s: float) -> dict[str, Any]:
     print(f"[run ] {driver.name:<16} {wl.name:<15}", end=" ", flush=True)
+    # Write back what earlier runs left dirty in the page cache, so that no run's fsyncs
+    # queue behind another system's write-back.
+    await asyncio.to_thread(os.sync)
     result = await run_workload(driver, wl)
     result["key"] = key
     print(_progress_line(result), flush=True)
