@@ -10,7 +10,7 @@ PORT   ?= 8080
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: install run demo test test-fast test-spark lint bench bench-quick bench-throughput bench-spark clean
+.PHONY: install run demo test test-fast test-spark lint bench bench-quick bench-throughput bench-floor bench-spark clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,9 @@ bench-quick: $(STAMP)
 
 bench-throughput: $(STAMP)
 	$(PY) benchmarks/throughput.py
+
+bench-floor: $(STAMP)
+	$(PY) benchmarks/storage_floor.py
 
 clean:
 	rm -rf $(VENV) $(DATA) build *.egg-info
