@@ -30,13 +30,11 @@ class RedisAofDriver(RedisDriver):
         super().__init__(url="", batch=batch)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._proc: asyncio.subprocess.Process | None = None
-        self._missing: str | None = None
 
     async def start(self) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            self._missing = "redis-server is not on the PATH"
-            return
+            return  # available() says so
         self._tmp = tempfile.TemporaryDirectory(prefix="cherami-bench-redis-")
         port = _free_port()
         self.url = f"redis://127.0.0.1:{port}/0"
@@ -50,8 +48,8 @@ class RedisAofDriver(RedisDriver):
         await _wait_ready(self.url, self._proc)
 
     async def available(self) -> str | None:
-        if self._missing is not None:
-            return self._missing
+        if self._proc is None:
+            return "redis-server is not on the PATH"
         return await super().available()
 
     async def stop(self) -> None:
