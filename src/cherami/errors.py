@@ -76,6 +76,11 @@ class Moved(Unavailable):
     code = "moved"
 
 
+class Fenced(Unavailable):
+    """A write carried a lease epoch that is no longer current: another host took the
+    lease, so this one must stop acting for it. Clients see 503 ``unavailable``."""
+
+
 class ProtocolError(CheramiError):
     code, status = "protocol_error", 400
 

@@ -6,11 +6,12 @@ import asyncio
 import time
 from pathlib import Path
 
+import msgspec
 import psycopg
 import pytest
 from psycopg import sql
 
-from cherami.errors import AlreadyExists, GroupNotFound, InvalidRequest, QueueNotFound
+from cherami.errors import AlreadyExists, Fenced, GroupNotFound, InvalidRequest, QueueNotFound
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import (
     DELETED,
@@ -18,6 +19,7 @@ from cherami.metadata.models import (
     SEALED,
     AckLevel,
     Extent,
+    Fence,
     Group,
     GroupConfig,
     Host,
@@ -363,3 +365,42 @@ async def test_open_metadata_postgres_uses_the_schema(pg_schema: str) -> None:
     finally:
         await store.close()
     assert await _migration_versions(pg_schema) == list(range(1, len(MIGRATIONS) + 1))
+
+
+async def test_lease_epoch_grows_only_when_the_holder_changes(meta: MetadataStore) -> None:
+    first = await meta.try_lease("group:q/g", "o1", ttl_seconds=5)
+    assert first is not None
+    assert await meta.try_lease("group:q/g", "o1", ttl_seconds=0) == first  # a renewal
+    taken = await meta.try_lease("group:q/g", "o2", ttl_seconds=5)  # o1's expired
+    assert taken == first + 1
+    assert await meta.try_lease("group:q/g", "o1", ttl_seconds=5) is None
+
+
+async def test_a_stale_fence_refuses_ack_levels_and_extent_changes(meta: MetadataStore) -> None:
+    await meta.insert_queue(_queue("q1"))
+    old = await meta.try_lease("group:q1/g", "o1", ttl_seconds=0)
+    assert old is not None
+    fence = Fence(lease="group:q1/g", epoch=old)
+    level = AckLevel(queue="q1", group="g", extent="e1", level=b"\x02", acked=2)
+    await meta.put_ack_levels([level], fence=fence)  # current: written
+    new = await meta.try_lease("group:q1/g", "o2", ttl_seconds=5)
+    assert new == old + 1
+    later = AckLevel(queue="q1", group="g", extent="e1", level=b"\x07", acked=7)
+    with pytest.raises(Fenced):
+        await meta.put_ack_levels([later], fence=fence)
+    assert [(a.level, a.acked) for a in await meta.get_ack_levels("q1", "g")] == [(b"\x02", 2)]
+    await meta.put_ack_levels([later], fence=Fence(lease="group:q1/g", epoch=new))
+    assert [a.acked for a in await meta.get_ack_levels("q1", "g")] == [7]
+
+    lead = await meta.try_lease("controller-leader", "c1", ttl_seconds=0)
+    assert lead is not None
+    stale = Fence(lease="controller-leader", epoch=lead)
+    extent = _extent("x1")
+    assert await meta.insert_extent(extent, fence=stale)
+    assert await meta.try_lease("controller-leader", "c2", ttl_seconds=5) == lead + 1
+    with pytest.raises(Fenced):
+        await meta.set_extent_status("x1", "sealed", sealed_seq=3, fence=stale)
+    second = msgspec.structs.replace(extent, id="x2")
+    with pytest.raises(Fenced):
+        await meta.insert_extent(second, fence=stale)
+    assert [(e.id, e.status) for e in await meta.list_extents("q1")] == [("x1", "open")]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from cherami.metadata.models import AckLevel, Extent, Group, Host, Queue
+from cherami.metadata.models import AckLevel, Extent, Fence, Group, Host, Queue
 
 
 class MetadataStore(Protocol):
@@ -37,24 +37,28 @@ class MetadataStore(Protocol):
     async def delete_group(self, queue: str, name: str) -> None: ...
 
     # extents
-    async def insert_extent(self, extent: Extent) -> bool:
+    async def insert_extent(self, extent: Extent, fence: Fence | None = None) -> bool:
         """Insert; when ``extent.predecessor`` is set, only if no other extent already
-        succeeds it (the conditional write of CP queues). Returns whether it was inserted."""
+        succeeds it (the conditional write of CP queues). Returns whether it was inserted.
+        With a ``fence``, raises Fenced (and writes nothing) when its epoch is stale."""
 
     async def get_extent(self, extent_id: str) -> Extent | None: ...
 
     async def list_extents(self, queue: str, statuses: tuple[str, ...] = ()) -> list[Extent]: ...
 
     async def set_extent_status(
-        self, extent_id: str, status: str, sealed_seq: int | None = None
-    ) -> None: ...
+        self, extent_id: str, status: str, sealed_seq: int | None = None,
+        fence: Fence | None = None,
+    ) -> None:
+        """With a ``fence``, raises Fenced (and writes nothing) when its epoch is stale."""
 
     # ack levels
     async def get_ack_levels(self, queue: str, group: str) -> list[AckLevel]: ...
 
-    async def put_ack_levels(self, levels: list[AckLevel]) -> None:
+    async def put_ack_levels(self, levels: list[AckLevel], fence: Fence | None = None) -> None:
         """Upsert all of them in one transaction. A level never moves backward: an
-        update with a smaller ``acked`` than the stored one changes nothing."""
+        update with a smaller ``acked`` than the stored one changes nothing. With a
+        ``fence``, raises Fenced (and writes nothing) when its epoch is stale."""
 
     async def delete_ack_levels(self, queue: str, group: str, extents: list[str]) -> None: ...
 
@@ -66,5 +70,7 @@ class MetadataStore(Protocol):
     async def lease_holder(self, name: str) -> str | None:
         """Who holds the lease now (None when nobody holds an unexpired one)."""
 
-    async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> bool:
-        """Take or renew the lease; true when ``holder`` holds it now."""
+    async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> int | None:
+        """Take or renew the lease for ``ttl_seconds``, judged by the store's clock.
+        Returns the lease's epoch when ``holder`` holds it now (it grows by one each
+        time the holder changes, and stays on a renewal), else None."""

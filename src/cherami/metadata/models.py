@@ -103,6 +103,15 @@ class AckLevel(msgspec.Struct, kw_only=True):
     limit: bytes | None = None
 
 
+class Fence(msgspec.Struct, frozen=True):
+    """A lease's name and the epoch its holder took it in. A write that carries a fence
+    is refused (``Fenced``) once the lease has passed to another holder: the epoch grows
+    each time the holder changes, never on a renewal."""
+
+    lease: str
+    epoch: int
+
+
 class Host(msgspec.Struct, kw_only=True):
     id: str
     role: str

@@ -17,11 +17,18 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from cherami.errors import AlreadyExists, GroupNotFound, InvalidRequest, QueueNotFound
+from cherami.errors import (
+    AlreadyExists,
+    Fenced,
+    GroupNotFound,
+    InvalidRequest,
+    QueueNotFound,
+)
 from cherami.metadata.models import (
     DELETED,
     AckLevel,
     Extent,
+    Fence,
     Group,
     GroupConfig,
     Host,
@@ -66,6 +73,8 @@ MIGRATIONS: tuple[LiteralString, ...] = (
         name text PRIMARY KEY, holder text NOT NULL, expires_at double precision NOT NULL
     );
     """,
+    # lease epochs: fenced writes (ack levels, extents) name the epoch they act in
+    "ALTER TABLE leases ADD COLUMN epoch bigint NOT NULL DEFAULT 1;",
 )
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -111,6 +120,18 @@ def _extent(row: Row) -> Extent:
         sealed_seq=sealed_seq,
         predecessor=predecessor,
     )
+
+
+async def _check_fence(cur: psycopg.AsyncCursor[Row], fence: Fence | None) -> None:
+    """Inside a transaction: raise Fenced unless the lease is still in the fence's
+    epoch. The row lock holds a takeover back until the transaction ends, so no write
+    of an old holder lands after a new holder has taken the lease."""
+    if fence is None:
+        return
+    await cur.execute("SELECT epoch FROM leases WHERE name = %s FOR SHARE", (fence.lease,))
+    row = await cur.fetchone()
+    if row is None or row[0] != fence.epoch:
+        raise Fenced(f"lease {fence.lease} moved past epoch {fence.epoch}")
 
 
 def _config(value: msgspec.Struct) -> Jsonb:
@@ -303,25 +324,20 @@ class PostgresMetadataStore:
         )
 
     # extents
-    async def insert_extent(self, extent: Extent) -> bool:
+    async def insert_extent(self, extent: Extent, fence: Fence | None = None) -> bool:
         # A clash on the id or on the predecessor (UNIQUE: one successor each) inserts
         # nothing; a racing insert of the same predecessor waits for the first to commit.
-        inserted = await self._execute(
-            f"INSERT INTO extents ({_EXTENT_COLUMNS}) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            (
-                extent.id,
-                extent.queue,
-                extent.kind,
-                extent.status,
-                extent.input_host,
-                extent.stores,
-                extent.created_at,
-                extent.sealed_seq,
-                extent.predecessor,
-            ),
-        )
-        return inserted == 1
+        async with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            await _check_fence(cur, fence)
+            await cur.execute(
+                f"INSERT INTO extents ({_EXTENT_COLUMNS}) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                (
+                    extent.id, extent.queue, extent.kind, extent.status, extent.input_host,
+                    extent.stores, extent.created_at, extent.sealed_seq, extent.predecessor,
+                ),
+            )  # fmt: skip
+            return cur.rowcount == 1
 
     async def get_extent(self, extent_id: str) -> Extent | None:
         row = await self._fetchone(
@@ -339,12 +355,16 @@ class PostgresMetadataStore:
         return [_extent(r) for r in rows]
 
     async def set_extent_status(
-        self, extent_id: str, status: str, sealed_seq: int | None = None
+        self, extent_id: str, status: str, sealed_seq: int | None = None,
+        fence: Fence | None = None,
     ) -> None:
-        await self._execute(
-            "UPDATE extents SET status = %s, sealed_seq = COALESCE(%s, sealed_seq) WHERE id = %s",
-            (status, sealed_seq, extent_id),
-        )
+        async with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            await _check_fence(cur, fence)
+            await cur.execute(
+                "UPDATE extents SET status = %s, sealed_seq = COALESCE(%s, sealed_seq) "
+                "WHERE id = %s",
+                (status, sealed_seq, extent_id),
+            )
 
     # ack levels
     async def get_ack_levels(self, queue: str, group: str) -> list[AckLevel]:
@@ -357,7 +377,7 @@ class PostgresMetadataStore:
             for e, lv, n, lim in rows
         ]
 
-    async def put_ack_levels(self, levels: list[AckLevel]) -> None:
+    async def put_ack_levels(self, levels: list[AckLevel], fence: Fence | None = None) -> None:
         query = (
             "INSERT INTO ack_levels VALUES (%s, %s, %s, %s, %s, %s) "
             "ON CONFLICT (queue, grp, extent) DO UPDATE SET "
@@ -368,6 +388,7 @@ class PostgresMetadataStore:
         )
         rows = [(a.queue, a.group, a.extent, a.level, a.acked, a.limit) for a in levels]
         async with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            await _check_fence(cur, fence)
             await cur.executemany(query, rows)
 
     async def delete_ack_levels(self, queue: str, group: str, extents: list[str]) -> None:
@@ -401,13 +422,14 @@ class PostgresMetadataStore:
         )
         return str(row[0]) if row else None
 
-    async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> bool:
+    async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> int | None:
         # Expiry is judged by the server's clock, the one clock every contender shares.
-        taken = await self._execute(
-            "INSERT INTO leases AS l (name, holder, expires_at) "
-            f"VALUES (%s, %s, {_NOW} + %s) ON CONFLICT (name) DO UPDATE SET "
-            "holder = excluded.holder, expires_at = excluded.expires_at "
-            f"WHERE l.holder = excluded.holder OR l.expires_at < {_NOW}",
+        row = await self._fetchone(
+            "INSERT INTO leases AS l (name, holder, expires_at, epoch) "
+            f"VALUES (%s, %s, {_NOW} + %s, 1) ON CONFLICT (name) DO UPDATE SET "
+            "holder = excluded.holder, expires_at = excluded.expires_at, "
+            "epoch = CASE WHEN l.holder = excluded.holder THEN l.epoch ELSE l.epoch + 1 END "
+            f"WHERE l.holder = excluded.holder OR l.expires_at < {_NOW} RETURNING l.epoch",
             (name, holder, ttl_seconds),
         )
-        return taken == 1
+        return int(row[0]) if row else None

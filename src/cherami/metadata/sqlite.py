@@ -13,11 +13,12 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from cherami.errors import AlreadyExists, GroupNotFound, QueueNotFound
+from cherami.errors import AlreadyExists, Fenced, GroupNotFound, QueueNotFound
 from cherami.metadata.models import (
     DELETED,
     AckLevel,
     Extent,
+    Fence,
     Group,
     GroupConfig,
     Host,
@@ -49,7 +50,8 @@ CREATE TABLE IF NOT EXISTS hosts (
     id TEXT PRIMARY KEY, role TEXT NOT NULL, address TEXT NOT NULL, heartbeat_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS leases (
-    name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL
+    name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL,
+    epoch INTEGER NOT NULL DEFAULT 1
 );
 """
 
@@ -104,20 +106,34 @@ class SqliteMetadataStore:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
+        leases = [row[1] for row in self._db.execute("PRAGMA table_info(leases)")]
+        if "epoch" not in leases:  # made before lease epochs
+            self._db.execute("ALTER TABLE leases ADD COLUMN epoch INTEGER NOT NULL DEFAULT 1")
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
-    def _tx(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+    def _tx(
+        self, statements: list[tuple[str, tuple[Any, ...]]], fence: Fence | None = None
+    ) -> int:
+        """Run the statements in one transaction (after checking ``fence``); returns
+        how many rows the last one changed."""
         db = self._db
         db.execute("BEGIN IMMEDIATE")
+        changed = 0
         try:
+            if fence is not None:
+                epoch = db.execute("SELECT epoch FROM leases WHERE name = ?", (fence.lease,))
+                row = epoch.fetchone()
+                if row is None or row[0] != fence.epoch:
+                    raise Fenced(f"lease {fence.lease} moved past epoch {fence.epoch}")
             for sql, args in statements:
-                db.execute(sql, args)
+                changed = db.execute(sql, args).rowcount
         except BaseException:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+        return changed
 
     async def close(self) -> None:
         await self._run(self._db.close)
@@ -227,23 +243,16 @@ class SqliteMetadataStore:
         )
 
     # extents
-    async def insert_extent(self, extent: Extent) -> bool:
+    async def insert_extent(self, extent: Extent, fence: Fence | None = None) -> bool:
+        sql = f"INSERT INTO extents ({_EXTENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        args = (
+            extent.id, extent.queue, extent.kind, extent.status, extent.input_host,
+            _json.encode(extent.stores), extent.created_at, extent.sealed_seq, extent.predecessor,
+        )  # fmt: skip
+
         def insert() -> bool:
             try:
-                self._db.execute(
-                    f"INSERT INTO extents ({_EXTENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        extent.id,
-                        extent.queue,
-                        extent.kind,
-                        extent.status,
-                        extent.input_host,
-                        _json.encode(extent.stores),
-                        extent.created_at,
-                        extent.sealed_seq,
-                        extent.predecessor,
-                    ),
-                )
+                self._tx([(sql, args)], fence)
             except sqlite3.IntegrityError:
                 return False
             return True
@@ -270,14 +279,11 @@ class SqliteMetadataStore:
         return [_extent(r) for r in rows]
 
     async def set_extent_status(
-        self, extent_id: str, status: str, sealed_seq: int | None = None
+        self, extent_id: str, status: str, sealed_seq: int | None = None,
+        fence: Fence | None = None,
     ) -> None:
-        await self._run(
-            lambda: self._db.execute(
-                "UPDATE extents SET status = ?, sealed_seq = COALESCE(?, sealed_seq) WHERE id = ?",
-                (status, sealed_seq, extent_id),
-            )
-        )
+        sql = "UPDATE extents SET status = ?, sealed_seq = COALESCE(?, sealed_seq) WHERE id = ?"
+        await self._run(lambda: self._tx([(sql, (status, sealed_seq, extent_id))], fence))
 
     # ack levels
     async def get_ack_levels(self, queue: str, group: str) -> list[AckLevel]:
@@ -292,7 +298,7 @@ class SqliteMetadataStore:
             for e, lv, n, lim in rows
         ]
 
-    async def put_ack_levels(self, levels: list[AckLevel]) -> None:
+    async def put_ack_levels(self, levels: list[AckLevel], fence: Fence | None = None) -> None:
         sql = (
             "INSERT INTO ack_levels VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (queue, grp, extent) "
             "DO UPDATE SET level = excluded.level, acked = excluded.acked, lim = CASE "
@@ -302,7 +308,8 @@ class SqliteMetadataStore:
         )
         await self._run(
             lambda: self._tx(
-                [(sql, (a.queue, a.group, a.extent, a.level, a.acked, a.limit)) for a in levels]
+                [(sql, (a.queue, a.group, a.extent, a.level, a.acked, a.limit)) for a in levels],
+                fence,
             )
         )
 
@@ -340,15 +347,16 @@ class SqliteMetadataStore:
         )
         return str(row[0]) if row else None
 
-    async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> bool:
-        def take() -> bool:
+    async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> int | None:
+        def take() -> int | None:
             now = time.time()
-            cur = self._db.execute(
-                "INSERT INTO leases VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
-                "holder = excluded.holder, expires_at = excluded.expires_at "
-                "WHERE leases.holder = excluded.holder OR leases.expires_at < ?",
+            row = self._db.execute(
+                "INSERT INTO leases VALUES (?, ?, ?, 1) ON CONFLICT (name) DO UPDATE SET "
+                "holder = excluded.holder, expires_at = excluded.expires_at, epoch = CASE "
+                "WHEN leases.holder = excluded.holder THEN leases.epoch ELSE leases.epoch + 1 END "
+                "WHERE leases.holder = excluded.holder OR leases.expires_at < ? RETURNING epoch",
                 (name, holder, now + ttl_seconds, now),
-            )
-            return cur.rowcount == 1
+            ).fetchone()
+            return int(row[0]) if row else None
 
         return await self._run(take)
