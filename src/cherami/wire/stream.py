@@ -61,7 +61,7 @@ class Settled(msgspec.Struct, array_like=True, tag="settled", frozen=True, gc=Fa
 
 
 class Error(msgspec.Struct, array_like=True, tag="error", frozen=True):
-    id: int  # the publish batch it concerns; 0 for the stream as a whole
+    id: int  # the publish batch it concerns (BadPublish.id too); 0: the stream as a whole
     code: str
     message: str
 
@@ -78,8 +78,37 @@ def encode(frame: ClientFrame | ServerFrame) -> bytes:
     return _encoder.encode(frame)
 
 
+class BadPublish(msgspec.ValidationError):
+    """A ``pub`` frame whose tag and batch id could be read but whose batch could not (a
+    wrong-typed or missing field): answer ``Error(id, "invalid_request", message)`` so
+    the batch gets its own reply. A ``msgspec.ValidationError``, so a caller that
+    catches ``msgspec.DecodeError`` still catches it."""
+
+    def __init__(self, id: int, message: str) -> None:
+        super().__init__(message)
+        self.id = id
+        self.message = message
+
+
+class _PublishHeader(msgspec.Struct, array_like=True, tag="pub", frozen=True):
+    id: int  # the fields after it are left unread
+
+
+_publish_header_decoder = msgspec.msgpack.Decoder(_PublishHeader)
+
+
 def decode_client(data: bytes) -> ClientFrame:
-    return _client_decoder.decode(data)
+    """Decode one client frame. Raises ``BadPublish`` for a ``pub`` frame whose id is
+    readable but whose batch is not, and ``msgspec.DecodeError`` for any other frame
+    that does not decode (answer those with ``Error(0, ...)``)."""
+    try:
+        return _client_decoder.decode(data)
+    except msgspec.ValidationError as err:
+        try:
+            header = _publish_header_decoder.decode(data)
+        except msgspec.DecodeError:
+            raise err from None
+        raise BadPublish(header.id, str(err)) from None
 
 
 def decode_server(data: bytes) -> ServerFrame:
