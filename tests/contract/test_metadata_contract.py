@@ -25,6 +25,7 @@ from cherami.metadata.models import (
     Host,
     Queue,
     QueueConfig,
+    Redelivery,
 )
 from cherami.metadata.open import MetadataTarget, open_metadata, parse_metadata_url
 from cherami.metadata.postgres import MIGRATIONS, PostgresMetadataStore
@@ -404,3 +405,48 @@ async def test_a_stale_fence_refuses_ack_levels_and_extent_changes(meta: Metadat
     with pytest.raises(Fenced):
         await meta.insert_extent(second, fence=stale)
     assert [(e.id, e.status) for e in await meta.list_extents("q1")] == [("x1", "open")]
+
+
+def _redelivery(key: int, count: int = 1, due_ms: int = 0, group: str = "g") -> Redelivery:
+    return Redelivery(
+        queue="q1", group=group, extent="e1", key=key.to_bytes(8, "big"), count=count,
+        due_ms=due_ms,
+    )  # fmt: skip
+
+
+async def test_redeliveries_upsert_and_delete_in_one_call(meta: MetadataStore) -> None:
+    await meta.insert_queue(_queue("q1"))
+    assert await meta.get_redeliveries("q1", "g") == []
+    await meta.put_redeliveries([_redelivery(9, 1, 5000), _redelivery(2, 1, 7000)], [])
+    await meta.put_redeliveries([_redelivery(9, 2, 6000)], [_redelivery(2)])
+    assert await meta.get_redeliveries("q1", "g") == [_redelivery(9, 2, 6000)]
+    big = _redelivery(1, 3, 1 << 50)  # due times are ms since the epoch: beyond 32 bits
+    await meta.put_redeliveries([big, _redelivery(3, 1, 0, group="other")], [])
+    assert await meta.get_redeliveries("q1", "g") == [big, _redelivery(9, 2, 6000)]
+    await meta.put_redeliveries([], [_redelivery(9), _redelivery(42)])  # a missing row is fine
+    assert await meta.get_redeliveries("q1", "g") == [big]
+
+
+async def test_deleting_a_group_or_queue_deletes_its_redeliveries(meta: MetadataStore) -> None:
+    await meta.insert_queue(_queue("q1"))
+    await meta.put_redeliveries([_redelivery(1), _redelivery(2, group="h")], [])
+    await meta.delete_group("q1", "g")
+    assert await meta.get_redeliveries("q1", "g") == []
+    assert len(await meta.get_redeliveries("q1", "h")) == 1
+    await meta.delete_queue("q1")
+    assert await meta.get_redeliveries("q1", "h") == []
+
+
+async def test_a_stale_fence_refuses_redeliveries(meta: MetadataStore) -> None:
+    await meta.insert_queue(_queue("q1"))
+    old = await meta.try_lease("group:q1/g", "o1", ttl_seconds=0)
+    assert old is not None
+    fence = Fence(lease="group:q1/g", epoch=old)
+    await meta.put_redeliveries([_redelivery(1)], [], fence=fence)
+    assert await meta.try_lease("group:q1/g", "o2", ttl_seconds=5) == old + 1
+    with pytest.raises(Fenced):
+        await meta.put_redeliveries([_redelivery(2)], [_redelivery(1)], fence=fence)
+    assert await meta.get_redeliveries("q1", "g") == [_redelivery(1)]
+    current = Fence(lease="group:q1/g", epoch=old + 1)
+    await meta.put_redeliveries([], [_redelivery(1)], fence=current)
+    assert await meta.get_redeliveries("q1", "g") == []

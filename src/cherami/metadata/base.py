@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from cherami.metadata.models import AckLevel, Extent, Fence, Group, Host, Queue
+from cherami.metadata.models import AckLevel, Extent, Fence, Group, Host, Queue, Redelivery
 
 
 class MetadataStore(Protocol):
@@ -22,7 +22,8 @@ class MetadataStore(Protocol):
     async def update_queue(self, queue: Queue) -> None: ...
 
     async def delete_queue(self, name: str) -> None:
-        """Deletes the queue, its groups and their ack levels; marks its extents deleted."""
+        """Deletes the queue, its groups, their ack levels and redeliveries; marks its
+        extents deleted."""
 
     # consumer groups
     async def insert_group(self, group: Group) -> None: ...
@@ -34,7 +35,8 @@ class MetadataStore(Protocol):
 
     async def update_group(self, group: Group) -> None: ...
 
-    async def delete_group(self, queue: str, name: str) -> None: ...
+    async def delete_group(self, queue: str, name: str) -> None:
+        """Deletes the group, its ack levels and its redeliveries."""
 
     # extents
     async def insert_extent(self, extent: Extent, fence: Fence | None = None) -> bool:
@@ -61,6 +63,19 @@ class MetadataStore(Protocol):
         ``fence``, raises Fenced (and writes nothing) when its epoch is stale."""
 
     async def delete_ack_levels(self, queue: str, group: str, extents: list[str]) -> None: ...
+
+    # redeliveries (parked messages: delivered, not acked)
+    async def get_redeliveries(self, queue: str, group: str) -> list[Redelivery]:
+        """The group's redelivery rows, in (extent, key) order."""
+
+    async def put_redeliveries(
+        self,
+        upserts: list[Redelivery],
+        deletes: list[Redelivery],
+        fence: Fence | None = None,
+    ) -> None:
+        """Upsert and delete rows (by queue, group, extent, key) in one transaction.
+        With a ``fence``, raises Fenced (and writes nothing) when its epoch is stale."""
 
     # membership and leadership
     async def heartbeat(self, host: Host) -> None: ...

@@ -103,6 +103,20 @@ class AckLevel(msgspec.Struct, kw_only=True):
     limit: bytes | None = None
 
 
+class Redelivery(msgspec.Struct, kw_only=True):
+    """A message of one group that was delivered and not acked ("parked"): how many
+    deliveries it has had (counted before each one starts) and when it may be
+    delivered again (ms since the epoch). ``key`` is its storage key in ``extent``.
+    Written only on redelivery and nack, never on a first delivery."""
+
+    queue: str
+    group: str
+    extent: str
+    key: bytes
+    count: int = 0
+    due_ms: int = 0
+
+
 class Fence(msgspec.Struct, frozen=True):
     """A lease's name and the epoch its holder took it in. A write that carries a fence
     is refused (``Fenced``) once the lease has passed to another holder: the epoch grows

@@ -34,6 +34,7 @@ from cherami.metadata.models import (
     Host,
     Queue,
     QueueConfig,
+    Redelivery,
 )
 
 log = logging.getLogger("cherami.metadata.postgres")
@@ -75,6 +76,14 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     """,
     # lease epochs: fenced writes (ack levels, extents) name the epoch they act in
     "ALTER TABLE leases ADD COLUMN epoch bigint NOT NULL DEFAULT 1;",
+    # parked messages: delivery counts and nack delays that survive restarts
+    """
+    CREATE TABLE redeliveries (
+        queue text NOT NULL, grp text NOT NULL, extent text COLLATE "C" NOT NULL,
+        key bytea NOT NULL, count integer NOT NULL, due_ms bigint NOT NULL,
+        PRIMARY KEY (queue, grp, extent, key)
+    );
+    """,
 )
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -270,6 +279,7 @@ class PostgresMetadataStore:
                 ("DELETE FROM queues WHERE name = %s", (name,)),
                 ("DELETE FROM groups WHERE queue = %s", (name,)),
                 ("DELETE FROM ack_levels WHERE queue = %s", (name,)),
+                ("DELETE FROM redeliveries WHERE queue = %s", (name,)),
                 ("UPDATE extents SET status = %s WHERE queue = %s", (DELETED, name)),
             ]
         )
@@ -320,6 +330,7 @@ class PostgresMetadataStore:
             [
                 ("DELETE FROM groups WHERE queue = %s AND name = %s", (queue, name)),
                 ("DELETE FROM ack_levels WHERE queue = %s AND grp = %s", (queue, name)),
+                ("DELETE FROM redeliveries WHERE queue = %s AND grp = %s", (queue, name)),
             ]
         )
 
@@ -397,6 +408,38 @@ class PostgresMetadataStore:
                 "DELETE FROM ack_levels WHERE queue = %s AND grp = %s AND extent = ANY(%s)",
                 (queue, group, extents),
             )
+
+    # redeliveries
+    async def get_redeliveries(self, queue: str, group: str) -> list[Redelivery]:
+        rows = await self._fetchall(
+            "SELECT extent, key, count, due_ms FROM redeliveries "
+            "WHERE queue = %s AND grp = %s ORDER BY extent, key",
+            (queue, group),
+        )
+        return [
+            Redelivery(queue=queue, group=group, extent=e, key=bytes(k), count=n, due_ms=d)
+            for e, k, n, d in rows
+        ]
+
+    async def put_redeliveries(
+        self, upserts: list[Redelivery], deletes: list[Redelivery], fence: Fence | None = None
+    ) -> None:
+        upsert = (
+            "INSERT INTO redeliveries VALUES (%s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (queue, grp, extent, key) "
+            "DO UPDATE SET count = excluded.count, due_ms = excluded.due_ms"
+        )
+        delete = (
+            "DELETE FROM redeliveries WHERE queue = %s AND grp = %s AND extent = %s AND key = %s"
+        )
+        async with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            await _check_fence(cur, fence)
+            gone = [(r.queue, r.group, r.extent, r.key) for r in deletes]
+            rows = [(r.queue, r.group, r.extent, r.key, r.count, r.due_ms) for r in upserts]
+            if gone:
+                await cur.executemany(delete, gone)
+            if rows:
+                await cur.executemany(upsert, rows)
 
     # membership and leadership
     async def heartbeat(self, host: Host) -> None:

@@ -24,6 +24,7 @@ from cherami.metadata.models import (
     Host,
     Queue,
     QueueConfig,
+    Redelivery,
 )
 
 T = TypeVar("T")
@@ -52,6 +53,10 @@ CREATE TABLE IF NOT EXISTS hosts (
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL,
     epoch INTEGER NOT NULL DEFAULT 1
+);
+CREATE TABLE IF NOT EXISTS redeliveries (
+    queue TEXT NOT NULL, grp TEXT NOT NULL, extent TEXT NOT NULL, key BLOB NOT NULL,
+    count INTEGER NOT NULL, due_ms INTEGER NOT NULL, PRIMARY KEY (queue, grp, extent, key)
 );
 """
 
@@ -181,6 +186,7 @@ class SqliteMetadataStore:
                     ("DELETE FROM queues WHERE name = ?", (name,)),
                     ("DELETE FROM groups WHERE queue = ?", (name,)),
                     ("DELETE FROM ack_levels WHERE queue = ?", (name,)),
+                    ("DELETE FROM redeliveries WHERE queue = ?", (name,)),
                     ("UPDATE extents SET status = ? WHERE queue = ?", (DELETED, name)),
                 ]
             )
@@ -238,6 +244,7 @@ class SqliteMetadataStore:
                 [
                     ("DELETE FROM groups WHERE queue = ? AND name = ?", (queue, name)),
                     ("DELETE FROM ack_levels WHERE queue = ? AND grp = ?", (queue, name)),
+                    ("DELETE FROM redeliveries WHERE queue = ? AND grp = ?", (queue, name)),
                 ]
             )
         )
@@ -316,6 +323,37 @@ class SqliteMetadataStore:
     async def delete_ack_levels(self, queue: str, group: str, extents: list[str]) -> None:
         sql = "DELETE FROM ack_levels WHERE queue = ? AND grp = ? AND extent = ?"
         await self._run(lambda: self._tx([(sql, (queue, group, e)) for e in extents]))
+
+    # redeliveries
+    async def get_redeliveries(self, queue: str, group: str) -> list[Redelivery]:
+        rows = await self._run(
+            lambda: self._db.execute(
+                "SELECT extent, key, count, due_ms FROM redeliveries "
+                "WHERE queue = ? AND grp = ? ORDER BY extent, key",
+                (queue, group),
+            ).fetchall()
+        )
+        return [
+            Redelivery(queue=queue, group=group, extent=e, key=k, count=n, due_ms=d)
+            for e, k, n, d in rows
+        ]
+
+    async def put_redeliveries(
+        self, upserts: list[Redelivery], deletes: list[Redelivery], fence: Fence | None = None
+    ) -> None:
+        upsert = (
+            "INSERT INTO redeliveries VALUES (?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (queue, grp, extent, key) "
+            "DO UPDATE SET count = excluded.count, due_ms = excluded.due_ms"
+        )
+        delete = "DELETE FROM redeliveries WHERE queue = ? AND grp = ? AND extent = ? AND key = ?"
+        statements: list[tuple[str, tuple[Any, ...]]] = [
+            (delete, (r.queue, r.group, r.extent, r.key)) for r in deletes
+        ]
+        statements += [
+            (upsert, (r.queue, r.group, r.extent, r.key, r.count, r.due_ms)) for r in upserts
+        ]
+        await self._run(lambda: self._tx(statements, fence))
 
     # membership and leadership
     async def heartbeat(self, host: Host) -> None:
