@@ -14,7 +14,8 @@ import aiohttp
 import msgspec
 
 from cherami.client.models import OutgoingMessage, Received
-from cherami.errors import CheramiError, Unavailable, error_from_code
+from cherami.errors import CheramiError, NotFound, QueueNotFound, Unavailable, error_from_code
+from cherami.wire import close
 from cherami.wire import stream as f
 
 
@@ -35,13 +36,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("cherami.client.stream")
 
 WS_MAX_MSG = 64 << 20
-RECONNECTS = 20
+RECONNECT_PATIENCE = 120.0  # seconds a lost stream keeps trying to reconnect
+HEARTBEAT = 5.0  # ping the server this often; a server silent for 1.5x this is lost
 
 
 async def _connect(client: AsyncClient, path: str) -> aiohttp.ClientWebSocketResponse:
     try:
         return await client.session.ws_connect(
-            client.ws_url(path), max_msg_size=WS_MAX_MSG, heartbeat=30, autoping=True
+            client.ws_url(path), max_msg_size=WS_MAX_MSG, heartbeat=HEARTBEAT, autoping=True
         )
     except aiohttp.WSServerHandshakeError as err:
         if 400 <= err.status < 500:
@@ -50,6 +52,31 @@ async def _connect(client: AsyncClient, path: str) -> aiohttp.ClientWebSocketRes
         raise error_from_code(_code_for(err.status), err.message) from None
     except (aiohttp.ClientError, OSError) as err:
         raise Unavailable(f"{client.url}: {err}") from err
+
+
+async def _reconnect(
+    client: AsyncClient, path: str, what: str
+) -> aiohttp.ClientWebSocketResponse:
+    """Connect again with backoff (0.1 s doubling to 2 s) for up to RECONNECT_PATIENCE
+    seconds. A queue or group that no longer exists fails at once (NotFound)."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + RECONNECT_PATIENCE
+    attempt = 0
+    while True:
+        await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+        attempt += 1
+        try:
+            return await _connect(client, path)
+        except NotFound:
+            raise
+        except CheramiError as err:
+            if loop.time() >= give_up:
+                raise Unavailable(f"{what} connection lost: {err}") from err
+            log.warning("%s reconnect failed: %s", what, err)
+
+
+def _deleted(ws: aiohttp.ClientWebSocketResponse) -> bool:
+    return ws.close_code == close.DELETED
 
 
 def _code_for(status: int) -> str:
@@ -121,6 +148,7 @@ class Publisher:
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._reader: asyncio.Task[None] | None = None
         self._closed = False
+        self._created_at: str | None = None  # which queue of that name this publishes to
 
     async def __aenter__(self) -> Publisher:
         await self._open()
@@ -130,8 +158,13 @@ class Publisher:
         await self.close()
 
     async def _open(self) -> None:
+        self._created_at = await self._incarnation()
         self._ws = await _connect(self._client, self._path)
         self._reader = asyncio.create_task(self._read(self._ws))
+
+    async def _incarnation(self) -> str:
+        queue = await self._client.request("GET", self._path.rsplit("/", 1)[0])
+        return str(queue["created_at"])
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         async for msg in ws:
@@ -142,7 +175,9 @@ class Publisher:
                 entry = self._pending.pop(frame.id, None)
                 if entry is not None:
                     self._settle(entry, frame)
-        if not self._closed:
+        if _deleted(ws):  # the queue is gone: never resend into a queue of the same name
+            self._fail(QueueNotFound(f"queue deleted while publishing: {ws.close_code}"))
+        elif not self._closed:
             asyncio.create_task(self._reconnect())
 
     def _settle(self, entry: _Frame, frame: f.Published | f.Error) -> None:
@@ -163,19 +198,20 @@ class Publisher:
             start += count
 
     async def _reconnect(self) -> None:
-        for attempt in range(RECONNECTS):
-            await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
-            try:
-                ws = await _connect(self._client, self._path)
-            except CheramiError as err:
-                log.warning("publisher reconnect failed: %s", err)
-                continue
-            self._ws = ws
-            self._reader = asyncio.create_task(self._read(ws))
-            for entry in list(self._pending.values()):
-                await ws.send_bytes(f.encode(entry.publish))
+        """Connect again and send every unacked batch again, unless the queue was
+        deleted (or deleted and made again: another queue) meanwhile."""
+        try:
+            ws = await _reconnect(self._client, self._path, "publisher")
+            if await self._incarnation() != self._created_at:
+                await ws.close()
+                raise QueueNotFound("the queue was deleted and made again while publishing")
+        except CheramiError as err:
+            self._fail(err)
             return
-        self._fail(Unavailable("publisher connection lost"))
+        self._ws = ws
+        self._reader = asyncio.create_task(self._read(ws))
+        for entry in list(self._pending.values()):
+            await ws.send_bytes(f.encode(entry.publish))
 
     def _fail(self, error: Exception) -> None:
         pending, self._pending = self._pending, {}
@@ -300,6 +336,7 @@ class StreamConsumer:
         self._flusher: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
         self._closed = False
+        self._gone: CheramiError | None = None  # the group or queue was deleted
         self.lost = asyncio.Event()
 
     async def __aenter__(self) -> StreamConsumer:
@@ -325,23 +362,24 @@ class StreamConsumer:
                 self._arrived.set()
             elif isinstance(frame, f.Error):
                 log.warning("consume stream error: %s %s", frame.code, frame.message)
+        if _deleted(ws):
+            self._gone = NotFound("the group or its queue was deleted")
         self.lost.set()
         self._arrived.set()
 
     async def _reopen(self) -> None:
-        """After a lost connection: what this consumer held is redelivered by the server."""
+        """After a lost connection (or a close that says reconnect): what this consumer
+        held is redelivered by the server, and its handles are void."""
         self._buffer.clear()
         self._acks.clear()
         self._returned = 0
-        for attempt in range(RECONNECTS):
-            await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
-            with contextlib.suppress(CheramiError):
-                self.lost.clear()
-                self._ws = await _connect(self._client, self._path)
-                self._reader = asyncio.create_task(self._read(self._ws))
-                await self._ws.send_bytes(f.encode(f.Credit(self._credit)))
-                return
-        raise Unavailable("consumer connection lost")
+        if self._gone is not None:
+            raise self._gone
+        ws = await _reconnect(self._client, self._path, "consumer")
+        self.lost.clear()
+        self._ws = ws
+        self._reader = asyncio.create_task(self._read(ws))
+        await ws.send_bytes(f.encode(f.Credit(self._credit)))
 
     async def get(self, timeout: float | None = None) -> Received | None:
         """The next message, or None after ``timeout`` seconds without one."""

@@ -106,8 +106,9 @@ class RoleProcess:
         if self.role == OUTPUTHOST:
             self.ownership = GroupOwnership(None, self.metadata, self.id)  # type: ignore[arg-type]
             outputs = OutputHostService(
-                self.metadata, stores, self._publish_remote, owns=self.ownership.owns
-            )
+                self.metadata, stores, self._publish_remote,
+                owns=self.ownership.owns, fence=self.ownership.fence,
+            )  # fmt: skip
             self.ownership.outputs = outputs
             await outputs.start()
             self.ownership.start()

@@ -6,11 +6,12 @@ hosts, and seals the replicas of store hosts that come back."""
 from __future__ import annotations
 
 import logging
+import time
 
 from cherami.cluster.membership import INPUTHOST, StoreWatcher, live_hosts
 from cherami.errors import CheramiError
 from cherami.metadata.base import MetadataStore
-from cherami.metadata.models import FAILING, OPEN, Extent
+from cherami.metadata.models import FAILING, OPEN, Extent, Fence
 from cherami.periodic import Periodic
 from cherami.roles.controller.retention import Retention
 from cherami.roles.controller.service import ControllerService
@@ -19,6 +20,7 @@ log = logging.getLogger("cherami.controller.leader")
 
 LEASE = "controller-leader"
 LEASE_TTL = 3.0
+MARGIN = 0.5  # seconds before the lease's end at which the leader stops acting
 TICK = 0.5
 RETENTION_EVERY = 10  # ticks
 
@@ -37,6 +39,7 @@ class Leader:
         self.id = controller_id
         self.stores = stores
         self.leading = False
+        self._acting_until = 0.0
         self._seen_stores: set[str] = set()
         self.retention = Retention(controller, metadata, stores.stores, max_extent_messages)
         self._ticks = 0
@@ -48,11 +51,24 @@ class Leader:
     async def stop(self) -> None:
         await self._periodic.stop()
 
+    def acting(self) -> bool:
+        """Whether this controller may act as the leader now: its lease cannot have
+        expired yet by its own clock (the fencing rule of ownership.py)."""
+        return self.leading and time.monotonic() < self._acting_until
+
     async def _lead(self) -> None:
-        leading = await self.metadata.try_lease(LEASE, self.id, LEASE_TTL)
+        asked = time.monotonic()
+        try:
+            epoch = await self.metadata.try_lease(LEASE, self.id, LEASE_TTL)
+        except Exception:
+            self.controller.fence = None
+            raise
+        leading = epoch is not None
         if leading != self.leading:
             log.info("controller %s %s", self.id, "leads" if leading else "follows")
         self.leading = leading
+        self.controller.fence = Fence(lease=LEASE, epoch=epoch) if epoch is not None else None
+        self._acting_until = asked + LEASE_TTL - MARGIN
         if leading:
             await self.tick()
             self._ticks += 1
@@ -68,6 +84,9 @@ class Leader:
             await self.controller.reseal_replicas(store_id)
         await self.controller.seal_stragglers()
         for queue in await self.metadata.list_queues():
+            if not self.acting():  # the lease may have run out: leave the rest to the next
+                log.info("controller %s stops acting: its lease may have expired", self.id)
+                return
             for extent in await self.metadata.list_extents(queue.name, (OPEN, FAILING)):
                 if _needs_seal(extent, live_inputs, live_stores):
                     try:

@@ -24,6 +24,7 @@ from cherami.metadata.models import (
     SEALED,
     AckLevel,
     Extent,
+    Fence,
     Group,
     GroupConfig,
     Queue,
@@ -86,6 +87,9 @@ class ControllerService:
         # replicas a seal could not reach; sealed when they answer again
         self.unsealed_replicas: set[tuple[str, str]] = set()
         self._queue_locks: dict[str, asyncio.Lock] = {}
+        # the leading controller's lease fence: extent changes it makes are refused by
+        # the metadata store once another controller leads (None: unfenced, one node)
+        self.fence: Fence | None = None
 
     def _lock(self, queue: str) -> asyncio.Lock:
         return self._queue_locks.setdefault(queue, asyncio.Lock())
@@ -244,7 +248,7 @@ class ControllerService:
         )  # fmt: skip
         for store_id in stores:
             await self.stores.get(store_id).create_extent(extent.id, kind)
-        if not await self.metadata.insert_extent(extent):
+        if not await self.metadata.insert_extent(extent, fence=self.fence):
             raise Unavailable(f"extent {predecessor} already has a successor")
         log.info("extent %s opened for queue %s on %s", extent.id, queue.name, stores)
         return extent
@@ -299,7 +303,7 @@ class ControllerService:
             except CheramiError as err:
                 log.warning("replica %s of %s not sealed: %s", store_id, extent.id, err)
                 self.unsealed_replicas.add((extent.id, store_id))
-        await self.metadata.set_extent_status(extent.id, SEALED, sealed_seq=at)
+        await self.metadata.set_extent_status(extent.id, SEALED, sealed_seq=at, fence=self.fence)
         log.info("extent %s of queue %s sealed at %d", extent.id, extent.queue, at)
         self._on_extents_changed(extent.queue)
         return at

@@ -34,7 +34,7 @@ from cherami.roles.frontend.openapi import openapi_document
 from cherami.roles.frontend.proxy import Forward, Router, forward
 from cherami.roles.inputhost.service import InputHostService
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
-from cherami.roles.outputhost.service import OutputHostService
+from cherami.roles.outputhost.service import DELETED_CLOSE, MOVED_CLOSE, OutputHostService
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.wire.records import decode_record
 
@@ -241,7 +241,10 @@ class Frontend:
         queue = await self.queue(request, "admin")
         contents_only = request.query.get("contents_only", "false").lower() in ("1", "true", "yes")
         if self.r.outputs is not None:
-            await self.r.outputs.unload(queue.name)  # groups reload from the new ack levels
+            # emptied: groups reload from the new ack levels (their streams reconnect);
+            # deleted: their streams are closed for good
+            code = MOVED_CLOSE if contents_only else DELETED_CLOSE
+            await self.r.outputs.unload(queue.name, close_code=code)
         await self.r.controller.delete_queue(queue.name, contents_only=contents_only)
         return web.Response(status=204)
 
@@ -341,7 +344,7 @@ class Frontend:
         outputs = self._outputs()
         n, stale = outputs.settle(consumer, body.receipts, consumer.ack)
         if n:
-            await outputs.flushed()
+            await outputs.flushed(consumer)
         return json_response(s.AckResponse(n, stale))
 
     async def nack(self, request: web.Request) -> web.Response:
@@ -412,6 +415,7 @@ def build_app(roles: Roles) -> web.Application:
     app[ROUTER] = roles.router
     f = Frontend(roles)
     streams = StreamHandlers(f)
+    app.on_shutdown.append(streams.close_all)
     q = "/v1/queues/{queue}"
     g = q + "/groups/{group}"
     app.add_routes([

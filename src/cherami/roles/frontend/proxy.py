@@ -9,17 +9,21 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import aiohttp
+import msgspec
 from aiohttp import WSMsgType, web
 
 from cherami.cluster.membership import INPUTHOST, OUTPUTHOST, live_hosts
-from cherami.errors import Unavailable
+from cherami.errors import CheramiError, Unavailable, error_from_code
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN
 from cherami.roles.outputhost.ownership import group_lease
+from cherami.wire import close
 
 log = logging.getLogger("cherami.frontend.proxy")
 
 ROUTE_PATIENCE = 10.0  # how long to wait for a host to serve a new queue or group
+FORWARD_TIMEOUT = 5.0  # a forwarded request's deadline, on top of a receive's own wait
+UPSTREAM_HEARTBEAT = 2.0  # ping a forwarded stream's host this often; dead after 1.5x
 _HOP_HEADERS = {"Authorization", "Content-Type"}
 
 
@@ -60,12 +64,16 @@ class Router:
         return await _patiently(find, f"no output host serves group {queue}/{group}")
 
     async def http(self, request: web.Request, address: str) -> web.Response:
+        """Forward a request. A host that does not answer within FORWARD_TIMEOUT (plus
+        the long-poll wait of a receive) is reported 503 ``unavailable``, so a client
+        retries soon, and by then the route leads to the host that took over."""
         headers = {k: v for k, v in request.headers.items() if k in _HOP_HEADERS}
         url = f"http://{address}{request.rel_url}"
+        body = await request.read()
         try:
             async with self.session.request(
-                request.method, url, data=await request.read(), headers=headers,
-                timeout=aiohttp.ClientTimeout(total=60),
+                request.method, url, data=body, headers=headers,
+                timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT + _long_poll(body)),
             ) as resp:  # fmt: skip
                 body = await resp.read()
                 return web.Response(
@@ -79,9 +87,11 @@ class Router:
         try:
             upstream = await self.session.ws_connect(
                 f"ws://{address}{request.rel_url}", headers=headers, max_msg_size=64 << 20,
-                heartbeat=10,
+                heartbeat=UPSTREAM_HEARTBEAT, timeout=aiohttp.ClientWSTimeout(ws_close=2.0),
             )  # fmt: skip
-        except (aiohttp.ClientError, OSError) as err:
+        except aiohttp.WSServerHandshakeError as err:
+            raise _refused(err) from err
+        except (aiohttp.ClientError, OSError, TimeoutError) as err:
             raise Unavailable(f"host {address} did not answer: {err}") from err
         client = web.WebSocketResponse(max_msg_size=64 << 20, heartbeat=30)
         await client.prepare(request)
@@ -93,8 +103,13 @@ class Router:
         for pump in pumps:
             pump.cancel()
         await asyncio.gather(*pumps, return_exceptions=True)
+        # the host's close code reaches the client; a host that vanished (no close
+        # frame, or no pong in time) means: reconnect, the route leads elsewhere now
+        code, reason = upstream.close_code, b"upstream closed"
+        if code is None or code in (1006, 1011) or upstream.exception() is not None:
+            code, reason = close.RECONFIGURE, b"host lost; reconnect"
         await upstream.close()
-        await client.close()
+        await client.close(code=code, message=reason)
         return client
 
 
@@ -135,3 +150,22 @@ async def forward(router: Router, request: web.Request, address: str) -> web.Str
     if request.headers.get("Upgrade", "").lower() == "websocket":
         return await router.websocket(request, address)
     return await router.http(request, address)
+
+
+def _long_poll(body: bytes) -> float:
+    """The ``wait_seconds`` a receive request asks for (0 for anything else)."""
+    if b"wait_seconds" not in body:
+        return 0.0
+    try:
+        wait = msgspec.json.decode(body).get("wait_seconds", 0)
+    except (msgspec.DecodeError, AttributeError):
+        return 0.0
+    return float(wait) if isinstance(wait, int | float) and 0 < wait <= 60 else 0.0
+
+
+def _refused(err: aiohttp.WSServerHandshakeError) -> CheramiError:
+    """The host answered the upgrade with an HTTP error (the group was deleted, or it
+    does not serve it any more): pass that on as the same API error."""
+    if err.status == 404:
+        return error_from_code("not_found", err.message)
+    return Unavailable(f"upgrade refused by the host: {err.status} {err.message}")

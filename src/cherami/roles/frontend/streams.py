@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
 from aiohttp import WSMsgType, web
 
-from cherami.errors import CheramiError, InvalidRequest, Moved
+from cherami.errors import CheramiError, InvalidRequest, Moved, QueueNotFound
 from cherami.metadata.models import Queue
 from cherami.roles.frontend.convert import check_size
 from cherami.roles.inputhost.service import Message
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
+from cherami.roles.outputhost.service import NOT_ACTING_WAIT
+from cherami.wire import close
 from cherami.wire import stream as f
 
 if TYPE_CHECKING:
@@ -23,7 +27,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("cherami.frontend.streams")
 
 MAX_BATCHES_IN_FLIGHT = 64
-RECONFIGURE = 4000  # close code: publish elsewhere; reconnect and resend unacked batches
+RECONFIGURE = close.RECONFIGURE  # publish or consume elsewhere: reconnect (and resend)
+QUEUE_CHECK_INTERVAL = 1.0  # how often a publish stream checks that its queue still exists
 MAX_BATCH = 1000
 MAX_DELAY_MS = 30 * 86400 * 1000
 MAX_SETTLE_DELAY_MS = 12 * 3600 * 1000
@@ -47,14 +52,42 @@ def _check(queue: Queue, messages: list[f.OutMessage]) -> None:
 class StreamHandlers:
     def __init__(self, frontend: Frontend) -> None:
         self.f = frontend
+        self.open: weakref.WeakSet[web.WebSocketResponse] = weakref.WeakSet()
+
+    async def close_all(self, app: web.Application) -> None:
+        """On shutdown (SIGTERM): every open stream gets a close frame, GOING_AWAY."""
+        going = [ws.close(code=close.GOING_AWAY, message=b"server stopping") for ws in self.open]
+        await asyncio.gather(*going, return_exceptions=True)
+
+    async def _same_queue(self, queue: Queue) -> bool:
+        """Whether the queue a stream was opened for still exists (and is not another
+        queue since made under its name)."""
+        try:
+            current = await self.f.r.metadata.get_queue(queue.name)
+        except QueueNotFound:
+            return False
+        return current.created_at == queue.created_at
+
+    async def _watch_queue(self, ws: web.WebSocketResponse, queue: Queue) -> None:
+        """Close a publish stream whose queue is deleted: it never outlives it."""
+        while not ws.closed:
+            await asyncio.sleep(QUEUE_CHECK_INTERVAL)
+            try:
+                same = await self._same_queue(queue)
+            except CheramiError:
+                continue  # metadata unreachable: look again later
+            if not same:
+                await ws.close(code=close.DELETED, message=b"queue deleted")
 
     async def publish(self, request: web.Request) -> web.StreamResponse:
         queue = await self.f.queue(request, "produce")
         inputs = await self.f.input_host(queue)
         ws = web.WebSocketResponse(max_msg_size=WS_MAX_MSG, heartbeat=30)
         await ws.prepare(request)
+        self.open.add(ws)
         slots = asyncio.Semaphore(MAX_BATCHES_IN_FLIGHT)
         tasks: set[asyncio.Task[None]] = set()
+        watcher = asyncio.create_task(self._watch_queue(ws, queue))
 
         async def handle(frame: f.Publish) -> None:
             try:
@@ -66,8 +99,12 @@ class StreamHandlers:
                 self.f.r.metrics.published(queue.name, len(ids))
                 reply: f.ServerFrame = f.Published(frame.id, ids)
             except Moved:
-                # reconfigure: the producer reconnects and sends its unacked batches again
-                await ws.close(code=RECONFIGURE, message=b"reconfigure")
+                # reconfigure: the producer reconnects and sends its unacked batches again,
+                # unless the queue is gone (a new queue of the same name is another queue)
+                if await self._same_queue(queue):
+                    await ws.close(code=RECONFIGURE, message=b"reconfigure")
+                else:
+                    await ws.close(code=close.DELETED, message=b"queue deleted")
                 return
             except CheramiError as err:
                 reply = f.Error(frame.id, err.code, err.message)
@@ -88,6 +125,9 @@ class StreamHandlers:
                 continue
             try:
                 frame = f.decode_client(msg.data)
+            except f.BadPublish as err:  # the batch gets its own reply
+                await ws.send_bytes(f.encode(f.Error(err.id, "invalid_request", err.message)))
+                continue
             except msgspec.DecodeError as err:
                 await ws.send_bytes(f.encode(f.Error(0, "invalid_request", f"bad frame: {err}")))
                 continue
@@ -98,20 +138,32 @@ class StreamHandlers:
             task = asyncio.create_task(handle(frame))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-        await asyncio.gather(*tasks, return_exceptions=True)
+        watcher.cancel()
+        await asyncio.gather(watcher, *tasks, return_exceptions=True)
         return ws
 
     async def consume(self, request: web.Request) -> web.StreamResponse:
         consumer = await self.f.consumer(request, "consume")
+        outputs = self.f.r.outputs
+        assert outputs is not None  # consumer() forwarded otherwise
         ws = web.WebSocketResponse(max_msg_size=WS_MAX_MSG, heartbeat=30)
         await ws.prepare(request)
-        stream = _ConsumeStream(ws, consumer)
+        self.open.add(ws)
+
+        async def closer(code: int, reason: str) -> None:
+            await ws.close(code=code, message=reason.encode())
+
+        detach = outputs.attach(consumer, closer)
+        if consumer.stopped:  # unloaded while the stream was being opened
+            await closer(close.RECONFIGURE, "group moved; reconnect")
+        stream = _ConsumeStream(ws, consumer, lambda: outputs.acting(consumer))
         pump = asyncio.create_task(stream.pump())
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.BINARY:
                     await stream.handle(msg.data)
         finally:
+            detach()
             pump.cancel()
             await asyncio.gather(pump, return_exceptions=True)
             consumer.release_owner(stream)
@@ -119,9 +171,12 @@ class StreamHandlers:
 
 
 class _ConsumeStream:
-    def __init__(self, ws: web.WebSocketResponse, consumer: GroupConsumer) -> None:
+    def __init__(
+        self, ws: web.WebSocketResponse, consumer: GroupConsumer, acting: Callable[[], bool]
+    ) -> None:
         self.ws = ws
         self.consumer = consumer
+        self.acting = acting  # false while the group may be moving: deliver nothing
         self.credit = 0
         self._credited = asyncio.Event()
 
@@ -132,6 +187,10 @@ class _ConsumeStream:
             await self.ws.send_bytes(f.encode(f.Error(0, "invalid_request", f"bad frame: {err}")))
             return
         c = self.consumer
+        if not isinstance(frame, f.Credit) and not self.acting():
+            # settling is fenced like delivering: the handles go stale with the move
+            await self.ws.close(code=close.RECONFIGURE, message=b"group moved; reconnect")
+            return
         if isinstance(frame, f.Credit):
             self.credit = max(0, min(MAX_CREDIT, self.credit + frame.n))
             if self.credit:
@@ -159,6 +218,9 @@ class _ConsumeStream:
             if self.credit <= 0:
                 self._credited.clear()
                 await self._credited.wait()
+                continue
+            if not self.acting():
+                await asyncio.sleep(NOT_ACTING_WAIT)
                 continue
             taken = consumer.take(
                 min(self.credit, DELIVER_BATCH), None, owner=self, max_bytes=DELIVER_BYTES

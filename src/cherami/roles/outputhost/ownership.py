@@ -2,21 +2,34 @@
 the metadata store. An output host renews the leases it holds, takes unheld ones up to
 its fair share of the groups, and drops a group whose lease it lost. When an output
 host dies its leases expire and the others take its groups over from the persisted ack
-levels."""
+levels.
+
+The fencing rule: a group has one acting output host at any instant. A holder acts for a
+group (delivers, settles, writes ack levels) only while its own clock says the lease
+cannot have expired yet: from the moment it *asked* for the lease, ``LEASE_TTL`` minus
+``MARGIN``. The store judges expiry by its own clock from a later moment (when it
+served the request), so a holder always stops before anyone else can take the lease,
+whatever happens to it meanwhile (a pause, a slow or lost metadata store). Its ack-level
+writes carry the lease's epoch as well, and the store refuses them once the lease has
+passed to another holder."""
 
 from __future__ import annotations
 
 import logging
 import math
+import time
+from dataclasses import dataclass
 
 from cherami.cluster.membership import OUTPUTHOST, live_hosts
 from cherami.metadata.base import MetadataStore
+from cherami.metadata.models import Fence
 from cherami.periodic import Periodic
-from cherami.roles.outputhost.service import OutputHostService
+from cherami.roles.outputhost.service import DELETED_CLOSE, MOVED_CLOSE, OutputHostService
 
 log = logging.getLogger("cherami.outputhost.ownership")
 
 LEASE_TTL = 3.0
+MARGIN = 0.5  # seconds before the lease's end at which a holder stops acting
 TICK = 0.5
 
 
@@ -24,16 +37,34 @@ def group_lease(queue: str, group: str) -> str:
     return f"group:{queue}/{group}"
 
 
+@dataclass
+class _Held:
+    epoch: int
+    acting_until: float  # time.monotonic()
+
+
 class GroupOwnership:
     def __init__(self, outputs: OutputHostService, metadata: MetadataStore, host_id: str) -> None:
         self.outputs = outputs
         self.metadata = metadata
         self.id = host_id
-        self.owned: set[tuple[str, str]] = set()
+        self.held: dict[tuple[str, str], _Held] = {}
         self._periodic = Periodic("group ownership tick", TICK, self.tick)
 
+    @property
+    def owned(self) -> set[tuple[str, str]]:
+        return set(self.held)
+
     def owns(self, queue: str, group: str) -> bool:
-        return (queue, group) in self.owned
+        """Whether this host holds the group (requests for it are served here)."""
+        return (queue, group) in self.held
+
+    def fence(self, queue: str, group: str) -> Fence | None:
+        """The group's fence while this host may act for it, else None."""
+        held = self.held.get((queue, group))
+        if held is None or time.monotonic() >= held.acting_until:
+            return None
+        return Fence(lease=group_lease(queue, group), epoch=held.epoch)
 
     def start(self) -> None:
         self._periodic.start(first_now=True)
@@ -49,21 +80,27 @@ class GroupOwnership:
         ]
         outputs = max(1, len(await live_hosts(self.metadata, OUTPUTHOST)))
         fair = math.ceil(len(groups) / outputs)
-        for key in sorted(self.owned - set(groups)):
-            await self._drop(key)
+        for key in sorted(set(self.held) - set(groups)):
+            await self._drop(key, DELETED_CLOSE)
         for key in groups:
-            lease = group_lease(*key)
-            if key in self.owned:
-                if not await self.metadata.try_lease(lease, self.id, LEASE_TTL):
-                    await self._drop(key)
-            elif len(self.owned) < fair and await self.metadata.try_lease(
-                lease, self.id, LEASE_TTL
-            ):
-                self.owned.add(key)
-                log.info("output host %s takes group %s/%s", self.id, *key)
+            held = self.held.get(key)
+            if held is None and len(self.held) >= fair:
+                continue
+            asked = time.monotonic()
+            epoch = await self.metadata.try_lease(group_lease(*key), self.id, LEASE_TTL)
+            if held is not None and epoch != held.epoch:  # lost, or lost and taken back
+                await self._drop(key, MOVED_CLOSE)
+                held = None
+            if epoch is None:
+                continue
+            if held is None:
+                self.held[key] = _Held(epoch, asked + LEASE_TTL - MARGIN)
+                log.info("output host %s takes group %s/%s (epoch %d)", self.id, *key, epoch)
                 await self.outputs.group(*key)
+            else:
+                held.acting_until = asked + LEASE_TTL - MARGIN
 
-    async def _drop(self, key: tuple[str, str]) -> None:
-        self.owned.discard(key)
+    async def _drop(self, key: tuple[str, str], close_code: int) -> None:
+        self.held.pop(key, None)
         log.info("output host %s drops group %s/%s", self.id, *key)
-        await self.outputs.unload(*key)
+        await self.outputs.unload(*key, close_code=close_code)
