@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any, LiteralString
 
 import msgspec
@@ -23,6 +25,7 @@ from cherami.errors import (
     GroupNotFound,
     InvalidRequest,
     QueueNotFound,
+    Unavailable,
 )
 from cherami.metadata.models import (
     DELETED,
@@ -41,6 +44,26 @@ log = logging.getLogger("cherami.metadata.postgres")
 
 Row = tuple[Any, ...]
 Pool = AsyncConnectionPool[psycopg.AsyncConnection[Row]]
+
+# How long a call waits for a connection (and a new connection for the server) before
+# it fails with Unavailable: short, so an outage answers 503 rather than hanging.
+POOL_TIMEOUT = 5.0
+
+
+class _Pool(Pool):
+    """A pool whose connections raise ``Unavailable`` for an unreachable database
+    (refused, lost, timed out, shut down) instead of psycopg's OperationalError."""
+
+    @asynccontextmanager
+    async def connection(
+        self, timeout: float | None = None
+    ) -> AsyncIterator[psycopg.AsyncConnection[Row]]:
+        try:
+            async with super().connection(timeout) as conn:
+                yield conn
+        except psycopg.OperationalError as err:
+            raise Unavailable(f"metadata database unavailable: {err}") from err
+
 
 # Applied in order, each once, each in its own transaction; append, never edit.
 # Keys are COLLATE "C" so listings sort by code point, as SQLite's BINARY collation does.
@@ -207,11 +230,13 @@ class PostgresMetadataStore:
         """Migrate ``schema`` (creating it if missing), then open a pool of connections."""
         check_schema(schema)
         await migrate(url, schema)
-        pool: Pool = AsyncConnectionPool(
+        pool: Pool = _Pool(
             _with_search_path(url, schema),
             min_size=1,
             max_size=max_connections,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, "connect_timeout": int(POOL_TIMEOUT)},
+            timeout=POOL_TIMEOUT,
+            reconnect_timeout=POOL_TIMEOUT,  # bounds the reconnect back-off after an outage
             check=AsyncConnectionPool.check_connection,
             name=f"cherami-metadata-{schema}",
             open=False,

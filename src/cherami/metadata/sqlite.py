@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from cherami.errors import AlreadyExists, Fenced, GroupNotFound, QueueNotFound
+from cherami.errors import AlreadyExists, Fenced, GroupNotFound, QueueNotFound, Unavailable
 from cherami.metadata.models import (
     DELETED,
     AckLevel,
@@ -28,6 +28,13 @@ from cherami.metadata.models import (
 )
 
 T = TypeVar("T")
+
+# Result codes that mean "the database cannot be used now" (busy, locked, I/O, full, ...),
+# not "this statement is wrong": calls raise Unavailable for them.
+_UNAVAILABLE_CODES = frozenset({
+    sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_NOMEM, sqlite3.SQLITE_READONLY,
+    sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PROTOCOL,
+})  # fmt: skip
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS queues (
@@ -116,7 +123,12 @@ class SqliteMetadataStore:
             self._db.execute("ALTER TABLE leases ADD COLUMN epoch INTEGER NOT NULL DEFAULT 1")
 
     async def _run(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        except sqlite3.OperationalError as err:
+            if err.sqlite_errorcode & 0xFF in _UNAVAILABLE_CODES:  # the primary result code
+                raise Unavailable(f"metadata database unavailable: {err}") from err
+            raise
 
     def _tx(
         self, statements: list[tuple[str, tuple[Any, ...]]], fence: Fence | None = None
