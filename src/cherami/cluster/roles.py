@@ -11,6 +11,7 @@ import os
 from collections import Counter
 from typing import Any
 
+import aiohttp
 import msgspec
 from aiohttp import web
 
@@ -45,6 +46,10 @@ from cherami.storage.rocks import RocksExtentStore
 log = logging.getLogger("cherami.cluster.roles")
 
 INTERNAL_PUBLISH = "/internal/v1/queues/{queue}/messages"
+# An internal publish (to a DLQ) that is not answered by then fails Unavailable and is
+# retried by its caller, by when the route leads to the input host that took over. Long
+# enough for the input host's own wait for an extent and one append with its timeout.
+PUBLISH_REMOTE_TIMEOUT = 10.0
 _messages = msgspec.msgpack.Decoder(list[Message])
 _encoder = msgspec.msgpack.Encoder()
 
@@ -157,11 +162,17 @@ class RoleProcess:
         """Publish (to a DLQ) through an input host that serves the queue."""
         address = await self.router.input_host(queue)
         url = f"http://{address}{INTERNAL_PUBLISH.format(queue=queue)}"
-        async with self.router.session.post(url, data=_encoder.encode(messages)) as resp:
-            body = await resp.read()
-            if resp.status != 200:
-                raise Unavailable(f"publish to {queue} via {address} failed: {resp.status}")
-            return msgspec.msgpack.decode(body, type=list[str])
+        timeout = aiohttp.ClientTimeout(total=PUBLISH_REMOTE_TIMEOUT)
+        try:
+            async with self.router.session.post(
+                url, data=_encoder.encode(messages), timeout=timeout
+            ) as resp:
+                body = await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise Unavailable(f"publish to {queue} via {address}: {err!r}") from err
+        if resp.status != 200:
+            raise Unavailable(f"publish to {queue} via {address} failed: {resp.status}")
+        return msgspec.msgpack.decode(body, type=list[str])
 
     async def stop(self) -> None:
         self.ready = False
