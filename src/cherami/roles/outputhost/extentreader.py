@@ -56,8 +56,8 @@ def _entries(
 ) -> list[Entry]:
     """Entries for records read in order, tracked by the cursor's ack manager."""
     entries = [
-        Entry(cursor, record.orig_id or msg_id, record)
-        for record, msg_id in zip(records, ids, strict=True)
+        Entry(cursor, record.orig_id or msg_id, record, key)
+        for record, msg_id, key in zip(records, ids, keys, strict=True)
     ]
     ordinal = cursor.ack.track_many(keys, entries)
     for entry in entries:

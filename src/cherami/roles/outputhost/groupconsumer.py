@@ -1,5 +1,6 @@
 """One consumer group on the output host: what is ready to deliver, what is in flight,
-redelivery after the visibility timeout or a nack, and poison messages to the DLQ."""
+redelivery after the visibility timeout or a nack (parked durably, redelivery.py), and
+poison messages to the DLQ."""
 
 from __future__ import annotations
 
@@ -12,15 +13,21 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from cherami.metadata.models import STREAM, AckLevel, Extent, Group, Queue
+from cherami.errors import CheramiError
+from cherami.metadata.models import STREAM, AckLevel, Extent, Group, Queue, Redelivery
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.extentreader import ExtentCursor, read_extent
+from cherami.roles.outputhost.redelivery import OUT, Parked, Redeliveries, read_one
 from cherami.roles.outputhost.sharedreads import SharedReads
+from cherami.storage.keys import seq_of
+from cherami.wire.records import message_id
 
 log = logging.getLogger("cherami.outputhost.groupconsumer")
 
 READ_AHEAD = 20_000  # messages read but not yet acked, per group
 TICK = 0.02
+PIN_CHECK = 0.5  # how often a full read window looks for deliveries held at its head
+RETRY_READ_MS = 1000  # a parked body that could not be read by key is tried again then
 
 DeadLetter = Callable[["GroupConsumer", list[Entry]], Awaitable[None]]
 
@@ -45,8 +52,10 @@ class GroupConsumer:
         self.ready: deque[Entry] = deque()
         self.inflight: dict[int, Entry] = {}
         self._timeouts: list[tuple[float, int]] = []
-        self._delayed: list[tuple[float, int, Entry]] = []
-        self._tie = itertools.count()
+        self.parked = Redeliveries(group.queue, group.name, self._covered, self._redeliver)
+        self._reading: set[asyncio.Task[None]] = set()  # parked bodies read by key
+        self._held: set[int] = set()  # in flight at a full window's head at the last check
+        self._pin_at = 0.0
         self._room = asyncio.Event()
         self._room.set()
         self.readable = asyncio.Event()  # set while ready is not empty
@@ -73,6 +82,7 @@ class GroupConsumer:
         self.stopped = True
         self._room.set()  # a reader waiting for room sees the stop
         tasks = [c.task for c in self.cursors.values() if c.task] + [self._ticker, self._dlq_task]
+        tasks += self._reading
         live = [t for t in tasks if t is not None]
         for task in live:
             task.cancel()
@@ -157,6 +167,8 @@ class GroupConsumer:
     async def admit(self, entries: list[Entry]) -> None:
         """Messages read from an extent, in order: skip those from before the group's
         start or past retention, hold the rest until due, then make them ready."""
+        if self.parked.skip:  # rows loaded above the ack level: delivered as parked
+            entries = self.parked.pass_over(entries)
         now_ms = time.time() * 1000
         retention_ms = self.queue.config.retention_seconds * 1000
         start_ms, delay_ms, ready = self.group.start_ms, self.delay_ms, self.ready
@@ -205,6 +217,8 @@ class GroupConsumer:
             entry = ready.popleft()
             if entry.record.enqueued_ms < expired_before:  # never deliver an expired message
                 entry.cursor.ack.ack(entry.ordinal)
+                if entry.row is not None:
+                    self.parked.forget(entry.row)
                 self._room.set()
                 continue
             no = next(numbers)
@@ -243,6 +257,8 @@ class GroupConsumer:
         settled, stale = self._settle(numbers, owner)
         for entry in settled:
             entry.cursor.ack.ack(entry.ordinal)
+            if entry.row is not None:
+                self.parked.forget(entry.row)
         self.acked += len(settled)
         if settled:
             self._room.set()
@@ -250,12 +266,7 @@ class GroupConsumer:
 
     def nack(self, numbers: list[int], delay: float, owner: Any = None) -> list[int]:
         settled, stale = self._settle(numbers, owner)
-        if delay <= 0:
-            self._requeue(settled)
-        else:
-            at = time.monotonic() + delay
-            for entry in settled:
-                heapq.heappush(self._delayed, (at, next(self._tie), entry))
+        self._park(settled, delay)
         return stale
 
     def extend(self, numbers: list[int], visibility: float, owner: Any = None) -> list[int]:
@@ -271,20 +282,104 @@ class GroupConsumer:
         return stale
 
     def release_owner(self, owner: Any) -> None:
-        """A stream closed: what it held becomes deliverable again at once."""
+        """A stream closed: what it held is parked, due at once."""
         held = [no for no, e in self.inflight.items() if e.owner is owner]
-        self._requeue(self._settle(held, owner)[0])
+        self._park(self._settle(held, owner)[0], 0.0)
 
-    def _requeue(self, entries: list[Entry]) -> None:
-        poison = [e for e in entries if e.count >= self.group.config.max_delivery_count]
-        again = [e for e in entries if e.count < self.group.config.max_delivery_count]
-        if again:
-            self.ready.extendleft(reversed(again))
-            self._signal_ready()
-        if poison:
-            self._dlq_pending.extend(poison)
+    # parked messages (redelivery.py)
+    def _park(self, entries: list[Entry], delay: float) -> None:
+        """Deliveries that ended without an ack: each gets its row (the deliveries so
+        far, due after ``delay``; at once when it has had max_delivery_count)."""
+        now_ms = int(time.time() * 1000)
+        due_ms = now_ms + int(delay * 1000)
+        limit = self.group.config.max_delivery_count
+        for entry in entries:
+            self.parked.park(entry, now_ms if entry.count >= limit else due_ms)
+
+    def _covered(self, entry: Entry) -> None:
+        """A row holds the entry now: ack it in its cursor so the window moves on."""
+        if entry.cursor.ack.ack(entry.ordinal):
+            self._room.set()
+
+    def _redeliver(self, entries: list[Entry]) -> None:
+        """Parked entries whose next delivery is counted: deliver them first."""
+        self.ready.extendleft(reversed(entries))
+        self._signal_ready()
+
+    def _release_due(self, now_ms: int) -> None:
+        unread = []
+        for parked in self.parked.due(now_ms):
+            if parked.entry is None:
+                unread.append(parked)
+            else:
+                self._requeue(parked, parked.entry, now_ms)
+        if unread:
+            task = asyncio.create_task(self._read_parked(unread))
+            self._reading.add(task)
+            task.add_done_callback(self._reading.discard)
+
+    def _requeue(self, parked: Parked, entry: Entry, now_ms: int) -> None:
+        """A due parked message: to the DLQ at the delivery limit, else counted again."""
+        retention_ms = self.queue.config.retention_seconds * 1000
+        if now_ms > entry.record.enqueued_ms + retention_ms:
+            self.parked.forget(parked)
+        elif parked.count >= self.group.config.max_delivery_count:
+            parked.state = OUT
+            self._dlq_pending.append(entry)
             if self._dlq_task is None or self._dlq_task.done():
                 self._dlq_task = asyncio.create_task(self._flush_dead_letters())
+        else:
+            self.parked.bump(parked)
+
+    async def _read_parked(self, unread: list[Parked]) -> None:
+        """Bodies of due parked messages not kept in memory, read again by key."""
+        for parked in unread:
+            cursor = self.cursors.get(parked.extent)
+            if cursor is None:  # its extent was deleted (retention, or its queue's contents)
+                self.parked.forget(parked)
+                continue
+            try:
+                record = await read_one(self.reads.stores, cursor.extent, parked.key)
+            except CheramiError as err:
+                log.warning("group %s: parked message %s of %s could not be read: %s",
+                            self.key, seq_of(parked.key), parked.extent, err)  # fmt: skip
+                self.parked.retry(parked, int(time.time() * 1000) + RETRY_READ_MS)
+                continue
+            if record is None:  # deleted by retention
+                self.parked.forget(parked)
+                continue
+            msg_id = record.orig_id or message_id(parked.extent, seq_of(parked.key))
+            entry = Entry(cursor, msg_id, record, parked.key)
+            entry.ordinal = -1  # not tracked by the cursor: the level is past it
+            entry.count = parked.count
+            entry.row = parked
+            parked.entry = entry
+            self._requeue(parked, entry, int(time.time() * 1000))
+
+    def load_parked(self, rows: list[Redelivery], levels: dict[str, AckLevel]) -> None:
+        """The group's redelivery rows, as the group is loaded (before its reads start)."""
+        self.parked.load(
+            rows, {e: lv.level for e, lv in levels.items()},
+            self.group.config.max_delivery_count, int(time.time() * 1000),
+        )  # fmt: skip
+
+    def _pin_held(self, now: float) -> None:
+        """With the read window full, deliveries in flight at its head since the last
+        check (and every delivery made before them) get a row, so the window moves past
+        them while they stay in flight."""
+        self._pin_at = now + PIN_CHECK
+        if self.outstanding() < READ_AHEAD:
+            self._held.clear()
+            return
+        heads = {e.no for c in self.cursors.values() if (e := c.ack.oldest()) and e.no}
+        held, self._held = heads & self._held, heads
+        if not held:
+            return
+        newest = max(held)
+        now_ms = int(time.time() * 1000)
+        for entry in self.inflight.values():
+            if entry.no <= newest and entry.row is None:
+                self.parked.pin(entry, now_ms + int(max(0.0, entry.deadline - now) * 1000))
 
     async def _flush_dead_letters(self) -> None:
         while self._dlq_pending:
@@ -298,6 +393,8 @@ class GroupConsumer:
                 continue
             for entry in batch:
                 entry.cursor.ack.ack(entry.ordinal)
+                if entry.row is not None:
+                    self.parked.forget(entry.row)
             self.dead_lettered += len(batch)
             self._room.set()
 
@@ -320,12 +417,10 @@ class GroupConsumer:
                 del inflight[entry.no]
                 entry.no = 0
                 entry.owner = None
-            self._requeue(expired)
-        due: list[Entry] = []
-        while self._delayed and self._delayed[0][0] <= now:
-            due.append(heapq.heappop(self._delayed)[2])
-        if due:
-            self._requeue(due)
+            self._park(expired, 0.0)
+        self._release_due(int(time.time() * 1000))
+        if now >= self._pin_at:
+            self._pin_held(now)
 
     # stats
     def backlog_above(self, counts: dict[str, int]) -> int:
@@ -336,7 +431,7 @@ class GroupConsumer:
             if cursor.limit is not None:
                 count = min(count, int.from_bytes(cursor.limit, "big"))
             total += max(0, count - cursor.ack.acked - cursor.ack.acked_above_level())
-        return total
+        return total + self.parked.held()
 
     def oldest_unacked_ms(self) -> int | None:
         oldest = [e.record.enqueued_ms for c in self.cursors.values() if (e := c.ack.oldest())]
