@@ -75,8 +75,24 @@ async def _reconnect(
             log.warning("%s reconnect failed: %s", what, err)
 
 
+async def _messages(ws: aiohttp.ClientWebSocketResponse) -> AsyncIterator[bytes]:
+    """The binary messages of a stream until it closes. The close code the server sent
+    is kept as ``ws.sent_code`` (aiohttp reports 1006 in ``close_code`` when the server
+    drops the connection right after its close frame, before our reply)."""
+    ws.sent_code = None  # type: ignore[attr-defined]
+    while True:
+        msg = await ws.receive()
+        if msg.type == aiohttp.WSMsgType.BINARY:
+            yield msg.data
+        elif msg.type == aiohttp.WSMsgType.CLOSE:
+            ws.sent_code = msg.data  # type: ignore[attr-defined]
+        elif msg.type in (aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED,
+                          aiohttp.WSMsgType.ERROR):  # fmt: skip
+            return
+
+
 def _deleted(ws: aiohttp.ClientWebSocketResponse) -> bool:
-    return ws.close_code == close.DELETED
+    return getattr(ws, "sent_code", None) == close.DELETED or ws.close_code == close.DELETED
 
 
 def _code_for(status: int) -> str:
@@ -167,10 +183,8 @@ class Publisher:
         return str(queue["created_at"])
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        async for msg in ws:
-            if msg.type != aiohttp.WSMsgType.BINARY:
-                continue
-            frame = f.decode_server(msg.data)
+        async for data in _messages(ws):
+            frame = f.decode_server(data)
             if isinstance(frame, f.Published | f.Error):
                 entry = self._pending.pop(frame.id, None)
                 if entry is not None:
@@ -353,10 +367,8 @@ class StreamConsumer:
         await self._ws.send_bytes(f.encode(f.Credit(self._credit)))
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        async for msg in ws:
-            if msg.type != aiohttp.WSMsgType.BINARY:
-                continue
-            frame = _decode_consumed(msg.data)
+        async for data in _messages(ws):
+            frame = _decode_consumed(data)
             if isinstance(frame, _Deliver):
                 self._buffer.extend(frame.messages)
                 self._arrived.set()

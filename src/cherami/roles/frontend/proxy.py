@@ -102,12 +102,11 @@ class Router:
         await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
         for pump in pumps:
             pump.cancel()
-        await asyncio.gather(*pumps, return_exceptions=True)
-        # the host's close code reaches the client; a host that vanished (no close
-        # frame, or no pong in time) means: reconnect, the route leads elsewhere now
-        code, reason = upstream.close_code, b"upstream closed"
-        if code is None or code in (1006, 1011) or upstream.exception() is not None:
-            code, reason = close.RECONFIGURE, b"host lost; reconnect"
+        results = await asyncio.gather(*pumps, return_exceptions=True)
+        # the host's close frame reaches the client as it was; a host that vanished (no
+        # close frame, or no pong in time) means: reconnect, the route leads elsewhere
+        sent = results[1] if isinstance(results[1], tuple) else None
+        code, reason = sent or (close.RECONFIGURE, b"host lost; reconnect")
         await upstream.close()
         await client.close(code=code, message=reason)
         return client
@@ -116,14 +115,19 @@ class Router:
 async def _pump(
     source: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
     sink: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
-) -> None:
-    async for msg in source:
+) -> tuple[int, bytes] | None:
+    """Copy messages until the source closes; the code and reason of its close frame
+    (None when it ended without one)."""
+    while True:
+        msg = await source.receive()
         if msg.type == WSMsgType.BINARY:
             await sink.send_bytes(msg.data)
         elif msg.type == WSMsgType.TEXT:
             await sink.send_str(msg.data)
-        elif msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.ERROR):
-            break
+        elif msg.type == WSMsgType.CLOSE:
+            return int(msg.data), (msg.extra or "").encode()
+        elif msg.type in (WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+            return None
 
 
 async def _patiently(find: Callable[[], Awaitable[str | None]], message: str) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from cherami.errors import CheramiError, ExtentSealed, Moved, Unavailable
+from cherami.errors import CheramiError, ExtentSealed, Moved, QueueNotFound, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN, Queue
 from cherami.roles.inputhost.extentwriter import ExtentWriter
@@ -42,6 +42,7 @@ class _QueueWriters:
         self.turn = itertools.count()
         self.loaded = False
         self.loaded_at = 0.0
+        self.created_at = 0.0  # which queue of the name the writers serve
         self.lock = asyncio.Lock()
 
 
@@ -110,6 +111,7 @@ class InputHostService:
                 else:
                     plain.append(writer)
             writers.plain, writers.timer = plain, timer
+            writers.created_at = (await self.metadata.get_queue(queue)).created_at
             writers.loaded = True
             writers.loaded_at = time.monotonic()
         return writers
@@ -121,7 +123,14 @@ class InputHostService:
             log.error("could not replace extent %s: %s", extent_id, err)
 
     async def publish(self, queue: Queue, messages: list[Message]) -> list[str]:
-        """Append every message durably; returns their ids in order."""
+        """Append every message durably; returns their ids in order. Raises
+        QueueNotFound when ``queue`` was deleted since (a queue made again under its
+        name is another queue: a stream opened for the old one never writes into it)."""
+        writers = await self._writers(queue.name)
+        if writers.created_at != queue.created_at:
+            writers.loaded = False  # look again: the queue may be newer than what we know
+            if (await self._writers(queue.name)).created_at != queue.created_at:
+                raise QueueNotFound(f"queue {queue.name} was deleted")
         plain_idx, plain_records, timer_idx, timer_records, timer_due = _split(
             messages, int(time.time() * 1000), int(queue.config.delay_seconds * 1000)
         )
