@@ -1,0 +1,506 @@
+"""Liveness and exclusivity of one competing group under faults (issue 12, "Proof"), on a
+multi-process cluster with PostgreSQL metadata (2 output hosts, 2 input hosts, 2
+controllers, 3 store hosts), checked from outside by tests/support/liveness.py:
+
+1. the output host holding the group is paused (SIGSTOP) 8 s while stream and HTTP
+   consumers run: the consumers already connected get every acked message (stream
+   consumers reconnect by themselves), none is held by two consumers at once;
+2. a 20 s metadata outage (a private PostgreSQL stopped and started): stream consumers
+   resume by themselves, acks during it are answered 503 ``unavailable``, never 500;
+3. an input host paused 10 s under load: no producer waits more than 10 s for an ack;
+4. a queue deleted under an open publish stream and an open consume stream: both are
+   closed with the documented close code; nothing of the old streams lands in a queue
+   made again under the same name;
+5. a poison message (max_delivery_count 3, every delivery nacked) across four SIGKILLs
+   of the output host holding its group: at most 4 deliveries, then the group's DLQ.
+
+Each test prints its accounting; lost and concurrent duplicates must be 0."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from cherami.client.asyncclient import AsyncClient
+from cherami.cluster.local import LocalCluster
+from cherami.errors import CheramiError
+from cherami.wire import close
+from tests.support.drain import drain
+from tests.support.liveness import Delivery, History, Workload, error_kind
+from tests.support.pg import PrivatePostgres, private_postgres
+
+__all__ = ["private_postgres"]  # the fixture, imported for pytest
+
+PG = "postgresql://postgres@127.0.0.1:5432/test"
+GROUP = "workers"
+
+pytestmark = pytest.mark.postgres
+
+
+@dataclass
+class Cluster:
+    local: LocalCluster
+    dsn: str  # libpq URL of the metadata database
+    schema: str
+
+    @property
+    def url(self) -> str:
+        return self.local.url
+
+    def _ids(self, role: str) -> dict[str, str]:
+        """host id (kept in the data dir) -> process name"""
+        out = {}
+        for name in self.local.names(role):
+            path = self.local.procs[name].data_dir / f"{role}.id"
+            if path.exists():
+                out[path.read_text().strip()] = name
+        return out
+
+    def _query(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f'SET search_path TO "{self.schema}"')
+            return conn.execute(sql, args).fetchall()  # type: ignore[arg-type]
+
+    def group_holder(self, queue: str, group: str) -> str | None:
+        """The output host whose lease on the group has not run out (by the database's
+        clock), by process name."""
+        rows = self._query(
+            "SELECT holder FROM leases WHERE name = %s "
+            "AND expires_at >= extract(epoch FROM clock_timestamp())",
+            f"group:{queue}/{group}",
+        )
+        return self._ids("outputhost").get(rows[0][0]) if rows else None
+
+    async def wait_holder(self, queue: str, group: str, timeout: float = 20.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            holder = await asyncio.to_thread(self.group_holder, queue, group)
+            if holder is not None:
+                return holder
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"no output host holds {queue}/{group} after {timeout}s")
+
+    def input_hosts(self, queue: str) -> list[str]:
+        """Input hosts with an open extent of the queue, most extents first."""
+        rows = self._query(
+            "SELECT input_host, count(*) FROM extents WHERE queue = %s AND status = 'open' "
+            "GROUP BY input_host ORDER BY count(*) DESC",
+            queue,
+        )
+        ids = self._ids("inputhost")
+        return [ids[r[0]] for r in rows if r[0] in ids]
+
+    async def pause(self, name: str, seconds: float) -> tuple[float, float]:
+        """SIGSTOP the process for ``seconds``; when it was stopped and continued."""
+        stopped = time.time()
+        self.local.signal(name, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self.local.signal(name, signal.SIGCONT)
+        return stopped, time.time()
+
+    def dead(self) -> list[str]:
+        return [
+            n for n, p in self.local.procs.items()
+            if p.popen is not None and p.popen.poll() is not None
+        ]  # fmt: skip
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    schema = f"l_{uuid.uuid4().hex[:12]}"
+    local = LocalCluster(tmp_path / "cluster", f"{PG}?schema={schema}")
+    try:
+        local.up()
+        yield Cluster(local, PG, schema)
+    finally:
+        local.down()
+        with psycopg.connect(PG, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.fixture
+def outage_cluster(tmp_path: Path, private_postgres: PrivatePostgres) -> Iterator[Cluster]:
+    """A cluster whose metadata database is private to the test (it gets stopped)."""
+    local = LocalCluster(tmp_path / "cluster", f"{private_postgres.url()}&schema=cherami")
+    try:
+        local.up()
+        yield Cluster(local, private_postgres.url(), "cherami")
+    finally:
+        local.down()
+
+
+async def _make(url: str, queue: str, **group: Any) -> None:
+    async with AsyncClient(url) as client:
+        await client.create_queue(queue)
+        await client.create_group(queue, GROUP, **group)
+
+
+async def _start(
+    url: str,
+    queue: str,
+    visibility: float,
+    streams: int,
+    https: int,
+    http_producers: int,
+    **group: Any,
+) -> Workload:
+    """Make the queue and group; start stream-a.. and http-a.. consumers, hp-0.. HTTP
+    producers and one streaming publisher sp-0."""
+    await _make(url, queue, visibility_timeout_seconds=visibility, **group)
+    work = Workload(url, queue, GROUP, visibility)
+    for i in range(streams):
+        work.start_stream_consumer(f"stream-{'ab'[i]}")
+    for i in range(https):
+        work.start_http_consumer(f"http-{'ab'[i]}")
+    for i in range(http_producers):
+        work.start_http_producer(f"hp-{i}")
+    work.start_stream_producer("sp-0")
+    return work
+
+
+def _print(title: str, history: History, report: dict[str, Any], **extra: Any) -> None:
+    print(f"\n=== {title}")
+    for key, value in {**report, **extra}.items():
+        print(f"  {key}: {value}")
+    for line in history.describe_pairs():
+        print("  concurrent:", line)
+    if history.error_samples:
+        print("  error samples:", history.error_samples)
+    if history.consumer_failures:
+        print("  consumer failures:", history.consumer_failures)
+
+
+def _assert_checked(history: History, report: dict[str, Any]) -> None:
+    assert report["lost"] == 0, f"lost {history.lost_bodies()}: {report}"
+    assert report["unexpected"] == 0, report
+    assert report["concurrent_duplicates"] == 0, history.describe_pairs()
+
+
+def _logs(cluster: Cluster, names: list[str], tail: int = 1500) -> None:
+    for name in names:
+        proc = cluster.local.procs[name]
+        with contextlib.suppress(OSError):
+            print(f"--- {name} log tail:\n{proc.log.read_text(errors='replace')[-tail:]}")
+
+
+# 1 ------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(150)
+async def test_paused_output_host_connected_consumers_get_everything(cluster: Cluster) -> None:
+    queue = "paused-out"
+    visibility = 10.0
+    work = await _start(cluster.url, queue, visibility, streams=2, https=1, http_producers=2)
+    streams = {"stream-a", "stream-b"}
+
+    await asyncio.sleep(4)
+    holder = await cluster.wait_holder(queue, GROUP)
+    paused_at, resumed_at = await cluster.pause(holder, 8)
+    await asyncio.sleep(6)
+    # the tail: only the stream consumers (never opened again) are left to take it
+    await work.stop_consumers(["http-a"])
+    tail_from = time.time()
+    await asyncio.sleep(3)
+    await work.stop_producers()
+    tail = {b for b, t in work.history.acked.items() if t >= tail_from}
+    complete = await work.until_delivered(30)
+    await work.stop_consumers()
+
+    h = work.history
+    report = h.report()
+    _print(
+        "paused output host", h, report, paused=holder, pause_s=round(resumed_at - paused_at, 1),
+        tail_acked=len(tail),
+        tail_to_streams=sum(1 for d in h.seen() if d.body in tail and d.consumer in streams),
+        stream_deliveries_after_resume=work.delivered_to(streams, resumed_at),
+        stall_after_pause_s=round(h.longest_stall(since=paused_at), 2),
+        stream_close_codes={n: work.taps[n].closes() for n in sorted(streams)},
+        all_delivered=complete, lost_sample=h.lost_bodies(), dead=cluster.dead(),
+    )  # fmt: skip
+    _logs(cluster, [holder])
+    assert report["acked"] > 500, "too little was published"
+    assert tail, "nothing was published after the HTTP consumer stopped"
+    assert not h.consumer_failures, h.consumer_failures
+    _assert_checked(h, report)
+
+
+# 2 ------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+async def test_metadata_outage_streams_resume_and_acks_are_503(
+    outage_cluster: Cluster, private_postgres: PrivatePostgres
+) -> None:
+    cluster = outage_cluster
+    queue = "outage"
+    visibility = 10.0
+    outage = 20.0
+    work = await _start(cluster.url, queue, visibility, streams=2, https=1, http_producers=1)
+    streams = {"stream-a", "stream-b"}
+    await asyncio.sleep(4)
+
+    # a consumer that holds a batch across the outage and acks it during it
+    h = work.history
+    acks: list[tuple[float, float, str]] = []  # (sent, answered, result)
+    async with AsyncClient(cluster.url, timeout=30) as holder:
+        held = await holder.receive(queue, GROUP, max_messages=20, wait_seconds=2)
+        now = time.time()
+        held_ds = [Delivery(m.text, m.id, "holder", "http", now, m.delivery_count, seen=True)
+                   for m in held]  # fmt: skip
+        h.deliveries.extend(held_ds)
+
+        stopped_at = time.time()
+        await asyncio.to_thread(private_postgres.stop)
+        try:
+            while time.time() - stopped_at < outage:
+                await asyncio.sleep(1)
+                if not held:
+                    continue
+                sent = time.time()
+                try:
+                    reply = await holder.ack(queue, GROUP, [m.receipt or "" for m in held])
+                    result = f"ok acked={reply['acked']} stale={len(reply['stale'])}"
+                except CheramiError as err:
+                    result = error_kind(err)
+                    h.failed("held-ack", err, sent)
+                acks.append((sent, time.time(), result))
+        finally:
+            await asyncio.to_thread(private_postgres.start)
+        started_at = time.time()
+        if held:  # settle the held batch for good (it may have timed out meanwhile)
+            await asyncio.sleep(1)
+            with contextlib.suppress(CheramiError):
+                await work.http_settle(holder, "ack", held, held_ds)
+
+    await asyncio.sleep(8)
+    await work.stop_consumers(["http-a"])
+    tail_from = time.time()
+    await asyncio.sleep(4)
+    await work.stop_producers()
+    tail = {b for b, t in h.acked.items() if t >= tail_from}
+    complete = await work.until_delivered(40)
+    await work.stop_consumers()
+
+    report = h.report()
+    during = [r for s, e, r in acks if s >= stopped_at + 1 and e <= started_at]
+    _print(
+        "metadata outage", h, report, outage_s=round(started_at - stopped_at, 1),
+        held=len(held), acks_during_outage=during,
+        acks_after=[r for s, e, r in acks if e > started_at],
+        tail_acked=len(tail),
+        tail_to_streams=sum(1 for d in h.seen() if d.body in tail and d.consumer in streams),
+        stream_deliveries_after_outage=work.delivered_to(streams, started_at),
+        stream_close_codes={n: work.taps[n].closes() for n in sorted(streams)},
+        all_delivered=complete, lost_sample=h.lost_bodies(), dead=cluster.dead(),
+    )  # fmt: skip
+    assert held, "the holder got nothing to hold across the outage"
+    assert during, "no ack was answered during the outage"
+    assert all(r == "unavailable" for r in during), during
+    internal = {k: n for k, n in report["errors"].items() if k.endswith(":internal")}
+    assert not internal, f"500 internal answered: {internal}"
+    assert tail, "nothing was published after the outage"
+    assert not h.consumer_failures, h.consumer_failures
+    _assert_checked(h, report)
+    assert not cluster.dead(), cluster.dead()
+
+
+# 3 ------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(150)
+async def test_paused_input_host_stalls_no_producer(cluster: Cluster) -> None:
+    queue = "paused-in"
+    visibility = 10.0
+    bound = 10.0  # a liveness bound (the pause is 10 s), not a speed benchmark
+    work = await _start(cluster.url, queue, visibility, streams=1, https=1, http_producers=2)
+    await asyncio.sleep(4)
+
+    hosts = await asyncio.to_thread(cluster.input_hosts, queue)
+    assert hosts, "no input host has an open extent of the queue"
+    paused = hosts[0]
+    paused_at, resumed_at = await cluster.pause(paused, 10)
+    await asyncio.sleep(5)
+    await work.stop_producers()
+    complete = await work.until_delivered(30)
+    await work.stop_consumers()
+
+    h = work.history
+    report = h.report()
+    during = {p: 0 for p in h.producers}
+    for body, t in h.acked.items():
+        if paused_at < t < resumed_at:
+            during[body.rsplit("-", 1)[0]] += 1
+    _print(
+        "paused input host", h, report, paused=paused, input_hosts=hosts,
+        acked_during_pause=during, all_delivered=complete, lost_sample=h.lost_bodies(),
+        dead=cluster.dead(),
+    )  # fmt: skip
+    _logs(cluster, [paused])
+    assert report["acked"] > 500, "too little was published"
+    for name, wait in report["longest_publish_wait_s"].items():
+        assert wait <= bound, f"producer {name} waited {wait}s for a publish ack"
+    _assert_checked(h, report)
+
+
+# 4 ------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(150)
+async def test_deleted_queue_closes_its_streams(cluster: Cluster) -> None:
+    queue = "deleted"
+    visibility = 5.0
+    work = await _start(cluster.url, queue, visibility, streams=1, https=0, http_producers=0)
+    await asyncio.sleep(4)
+    work.producing.clear()  # the publish stream stays open, idle
+    await asyncio.sleep(0.5)
+    drained = await work.until_delivered(20)
+    h = work.history
+    before = h.report()
+
+    # publishing again, then the queue is deleted under both streams
+    work.prefix = "late-"
+    work.producing.set()
+    await asyncio.sleep(1)
+    deleted_at = time.time()
+    async with AsyncClient(cluster.url) as admin:
+        await admin.delete_queue(queue)
+        pub, con = work.taps["sp-0"], work.taps["stream-a"]
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not (pub.closes() and con.closes()):
+            await asyncio.sleep(0.1)
+        closed_in = {
+            t.owner: round(t.conns[0].closed - deleted_at, 2) if t.conns[0].closed else None
+            for t in (pub, con)
+        }
+        # the name is made again at once, while the old clients may still try to write
+        await admin.create_queue(queue)
+        await admin.create_group(queue, GROUP, visibility_timeout_seconds=visibility)
+        fresh = [f"fresh-{i}" for i in range(20)]
+        await admin.publish(queue, fresh)
+        await asyncio.sleep(4)
+        await work.stop_producers()
+        await work.stop_consumers()
+        in_new = await drain(admin, queue, GROUP, wait_seconds=2)
+
+    old_in_new = sorted(b for b in in_new if not b.startswith("fresh-"))
+    late = {b for b in h.acked if b.startswith("late-")}
+    report = h.report(exclude=late)
+    _print(
+        "deleted queue", h, report, drained_before_delete=drained, before_delete=before,
+        late_acked=len(late), publish_closes=pub.closes(), consume_closes=con.closes(),
+        closed_after_delete_s=closed_in, documented=close.DELETED, in_new_queue=len(in_new),
+        old_in_new=len(old_in_new), old_in_new_sample=old_in_new[:5],
+        late_in_new=sum(1 for b in old_in_new if b.startswith("late-")),
+        fresh_missing=sorted(set(fresh) - set(in_new)),
+        dead=cluster.dead(),
+    )  # fmt: skip
+    assert drained and before["lost"] == 0, before
+    assert pub.closes()[:1] == [close.DELETED], f"publish stream closes: {pub.closes()}"
+    assert con.closes()[:1] == [close.DELETED], f"consume stream closes: {con.closes()}"
+    assert 4000 <= close.DELETED <= 4099
+    assert old_in_new == [], f"{len(old_in_new)} old messages in the new queue"
+    assert set(fresh) <= set(in_new)
+    _assert_checked(h, report)
+
+
+# 5 ------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(200)
+async def test_poison_message_bounded_across_output_host_kills(cluster: Cluster) -> None:
+    queue = "poison"
+    visibility = 4.0
+    await _make(cluster.url, queue, visibility_timeout_seconds=visibility, max_delivery_count=3)
+    work = Workload(cluster.url, queue, GROUP, visibility)
+    h = work.history
+    poison = "poison"
+    normal = [f"ok-{i}" for i in range(50)]
+    kills: list[str] = []
+    async with AsyncClient(cluster.url, timeout=30) as client:
+        h.attempted.update([poison, *normal])
+        await client.publish(queue, [poison])
+        await client.publish(queue, normal)
+        now = time.time()
+        for b in [poison, *normal]:
+            h.acked[b] = now
+
+        async def take_poison(timeout: float) -> tuple[Any, Delivery] | None:
+            """Receive (acking everything else) until the poison comes or time is up."""
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                started = time.time()
+                try:
+                    got = await client.receive(queue, GROUP, max_messages=20, wait_seconds=1)
+                except CheramiError as err:
+                    h.failed("receive", err, started)
+                    await asyncio.sleep(0.2)
+                    continue
+                now = time.time()
+                ds = [Delivery(m.text, m.id, "http", "http", now, m.delivery_count, seen=True)
+                      for m in got]  # fmt: skip
+                h.deliveries.extend(ds)
+                rest = [(m, d) for m, d in zip(got, ds, strict=True) if m.text != poison]
+                if rest:
+                    await work.http_settle(client, "ack", [m for m, _ in rest],
+                                           [d for _, d in rest])  # fmt: skip
+                for m, d in zip(got, ds, strict=True):
+                    if m.text == poison:
+                        return m, d
+            return None
+
+        async def kill_holder() -> None:
+            holder = await cluster.wait_holder(queue, GROUP)
+            kills.append(holder)
+            await asyncio.to_thread(cluster.local.kill, holder)
+            await asyncio.sleep(1)
+            await asyncio.to_thread(cluster.local.restart, holder)
+
+        for round_ in range(4):
+            taken = await take_poison(3 * visibility + 8)
+            if taken is not None:
+                m, d = taken
+                if round_ % 2 == 0:  # nacked, then the host dies: the count must survive
+                    await work.http_settle(client, "nack", [m], [d])
+                    await kill_holder()
+                else:  # the host dies with the delivery in flight, then the nack
+                    await kill_holder()
+                    await work.http_settle(client, "nack", [m], [d])
+            else:
+                await kill_holder()
+        while (taken := await take_poison(3 * visibility + 4)) is not None:
+            await work.http_settle(client, "nack", [taken[0]], [taken[1]])
+
+        in_dlq: list[str] = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with contextlib.suppress(CheramiError):
+                dlq = await client.dlq(queue, GROUP)
+                in_dlq = [m.get("body", "") for m in dlq["messages"]]
+                if poison in in_dlq:
+                    break
+            await asyncio.sleep(0.5)
+
+    report = h.report()
+    poison_ds = [d for d in h.deliveries if d.body == poison]
+    _print(
+        "poison message", h, report, kills=kills,
+        poison_deliveries=[(d.count, d.settle, d.result()) for d in poison_ds],
+        dlq=in_dlq, dead=cluster.dead(),
+    )  # fmt: skip
+    _logs(cluster, cluster.local.names("outputhost"))
+    assert len(kills) == 4
+    assert len(poison_ds) <= 4, f"{len(poison_ds)} deliveries for max_delivery_count 3"
+    assert poison in in_dlq, f"the poison message is not in the DLQ: {in_dlq}"
+    _assert_checked(h, report)
