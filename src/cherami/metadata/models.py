@@ -30,6 +30,8 @@ def check_name(kind: str, name: str) -> str:
 class QueueConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     type: Literal["ap", "cp"] = "ap"
     replicas: Annotated[int, msgspec.Meta(ge=1, le=9)] | None = None
+    # fewest replicas a new extent may have while store hosts are down (None: replicas)
+    min_replicas: Annotated[int, msgspec.Meta(ge=1, le=9)] | None = None
     min_extents: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] = 0.0
     retention_seconds: Annotated[float, msgspec.Meta(ge=1, le=365 * 86400)] = 7 * 86400.0
@@ -38,6 +40,7 @@ class QueueConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class QueuePatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    min_replicas: Annotated[int, msgspec.Meta(ge=1, le=9)] | None = None
     min_extents: Annotated[int, msgspec.Meta(ge=1, le=64)] | None = None
     delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] | None = None
     retention_seconds: Annotated[float, msgspec.Meta(ge=1, le=365 * 86400)] | None = None

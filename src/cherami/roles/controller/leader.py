@@ -82,6 +82,8 @@ class Leader:
         self._seen_stores = live_stores
         for store_id in back:
             await self.controller.reseal_replicas(store_id)
+        # whole extents again for those opened degraded (min_replicas) once hosts are back
+        await self.controller.restore_replication(rescan=bool(back))
         await self.controller.seal_stragglers()
         for queue in await self.metadata.list_queues():
             if not self.acting():  # the lease may have run out: leave the rest to the next

@@ -50,6 +50,15 @@ def dlq_name(queue: str, group: str) -> str:
     return f"_dlq.{secrets.token_hex(6)}.{queue}.{group}"[:200]
 
 
+def check_min_replicas(config: QueueConfig) -> None:
+    """Fill ``min_replicas`` in (default: ``replicas``) and check it is at most that."""
+    replicas = config.replicas or 1
+    if config.min_replicas is None:
+        config.min_replicas = replicas
+    elif config.min_replicas > replicas:
+        raise InvalidRequest(f"min_replicas {config.min_replicas} exceeds replicas {replicas}")
+
+
 def parse_start(start_from: str) -> int:
     """The start time in ms of a group's ``start_from`` (0 for earliest)."""
     if start_from == "earliest":
@@ -86,6 +95,8 @@ class ControllerService:
         self._live_stores = live_stores
         # replicas a seal could not reach; sealed when they answer again
         self.unsealed_replicas: set[tuple[str, str]] = set()
+        # open extents with fewer replicas than their queue's (extent id -> queue)
+        self.degraded: dict[str, str] = {}
         self._queue_locks: dict[str, asyncio.Lock] = {}
         # the leading controller's lease fence: extent changes it makes are refused by
         # the metadata store once another controller leads (None: unfenced, one node)
@@ -107,12 +118,16 @@ class ControllerService:
             raise InvalidRequest(
                 f"replicas {config.replicas} exceeds the {len(self.stores.ids())} store hosts"
             )
+        check_min_replicas(config)
+        self._warn_without_spare_store(name, config)
         async with self._lock(name):
             queue = Queue(name=name, config=config, created_at=time.time(), dlq_of=dlq_of)
             try:
                 await self.metadata.insert_queue(queue)
             except AlreadyExists:
                 existing = await self.metadata.get_queue(name)
+                if existing.config.min_replicas is None:  # made before min_replicas
+                    check_min_replicas(existing.config)
                 if existing.config != config:
                     raise AlreadyExists(f"queue {name} exists with a different config") from None
                 return existing, False
@@ -121,6 +136,7 @@ class ControllerService:
 
     async def update_queue(self, queue: Queue) -> None:
         """Store a changed config and open extents up to its min_extents."""
+        check_min_replicas(queue.config)
         async with self._lock(queue.name):
             await self.metadata.update_queue(queue)
             await self._ensure_extents(queue)
@@ -171,8 +187,9 @@ class ControllerService:
             return existing, False
         dlq = dlq_name(queue_name, name)
         dlq_config = QueueConfig(
-            replicas=queue.config.replicas, retention_seconds=queue.config.retention_seconds
-        )
+            replicas=queue.config.replicas, min_replicas=queue.config.min_replicas,
+            retention_seconds=queue.config.retention_seconds,
+        )  # fmt: skip
         group = Group(
             queue=queue_name, name=name, config=config, created_at=time.time(),
             start_ms=start_ms, dlq=dlq,
@@ -239,7 +256,7 @@ class ControllerService:
         prefer: frozenset[str] = frozenset(),
     ) -> Extent:
         replicas = queue.config.replicas or self.default_replicas()
-        stores = await self._place(replicas)
+        stores = await self._place(replicas, queue.config.min_replicas or replicas)
         extent = Extent(
             id=new_extent_id(), queue=queue.name, kind=kind, status=OPEN,
             input_host=input_host or await self._pick_input_host(set(prefer)), stores=stores,
@@ -251,14 +268,19 @@ class ControllerService:
         if not await self.metadata.insert_extent(extent, fence=self.fence):
             raise Unavailable(f"extent {predecessor} already has a successor")
         log.info("extent %s opened for queue %s on %s", extent.id, queue.name, stores)
+        if len(stores) < replicas:
+            self.degraded[extent.id] = queue.name
+            log.warning(
+                "extent %s of queue %s is degraded: %d of %d replicas (store hosts down)",
+                extent.id, queue.name, len(stores), replicas,
+            )  # fmt: skip
         return extent
 
-    async def _place(self, replicas: int) -> list[str]:
-        live = self._live_stores() if self._live_stores else None
-        ids = [
-            s for s in self.stores.ids() if (live is None or s in live) and await self._reachable(s)
-        ]
-        if len(ids) < replicas:
+    async def _place(self, replicas: int, least: int) -> list[str]:
+        """The ``replicas`` least loaded live store hosts; as few as ``least`` when
+        fewer are up (a degraded extent)."""
+        ids = await self._up_stores()
+        if len(ids) < min(least, replicas):
             raise Unavailable(f"{replicas} replicas wanted, {len(ids)} store hosts up")
         load: dict[str, int] = dict.fromkeys(ids, 0)
         for queue in await self.metadata.list_queues():
@@ -267,6 +289,13 @@ class ControllerService:
                     if store_id in load:
                         load[store_id] += 1
         return sorted(ids, key=lambda s: (load[s], s))[:replicas]
+
+    async def _up_stores(self) -> list[str]:
+        """The store hosts that are live (heartbeating) and answer now."""
+        live = self._live_stores() if self._live_stores else None
+        return [
+            s for s in self.stores.ids() if (live is None or s in live) and await self._reachable(s)
+        ]
 
     async def _reachable(self, store_id: str) -> bool:
         try:
@@ -333,6 +362,43 @@ class ControllerService:
                     raise
                 log.warning("queue %s: cannot open extents yet: %s", queue_name, err)
                 await asyncio.sleep(0.2)
+
+    async def restore_replication(self, rescan: bool = False) -> None:
+        """Seal the open extents opened with fewer replicas than their queue wants (store
+        hosts were down) once enough store hosts answer for a whole one, so that their
+        successors (opened at the next ensure_extents) are fully replicated. ``rescan``:
+        look for them in the metadata too (a new leader does not know them). Sealed
+        degraded extents keep the replicas they have until retention drops them."""
+        if rescan:
+            for queue in await self.metadata.list_queues():
+                for extent in await self.metadata.list_extents(queue.name, (OPEN,)):
+                    if len(extent.stores) < (queue.config.replicas or 1):
+                        self.degraded[extent.id] = queue.name
+        if not self.degraded:
+            return
+        up = await self._up_stores()
+        for extent_id, queue_name in sorted(self.degraded.items()):
+            current = await self.metadata.get_extent(extent_id)
+            if current is None or current.status != OPEN:
+                self.degraded.pop(extent_id, None)
+                continue
+            queue = await self.metadata.get_queue(queue_name)
+            if len(up) >= (queue.config.replicas or 1):
+                log.info("extent %s of queue %s: sealed for full replication", extent_id,
+                         queue_name)  # fmt: skip
+                async with self._lock(queue_name):
+                    await self.seal_extent(current)
+                self.degraded.pop(extent_id, None)
+
+    def _warn_without_spare_store(self, name: str, config: QueueConfig) -> None:
+        # in a cluster (live_stores given) nothing restarts a store host that went down
+        stores = len(self.stores.ids())
+        if self._live_stores and config.min_replicas == config.replicas == stores:
+            log.warning(
+                "queue %s has %d replicas on %d store hosts: publishing to it stops while "
+                "any store host is down; run %d store hosts or set min_replicas below %d",
+                name, stores, stores, stores + 1, stores,
+            )  # fmt: skip
 
     async def seal_stragglers(self) -> None:
         """Seal the replicas that earlier seals could not reach, at the sealed seq."""
