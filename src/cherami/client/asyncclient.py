@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
@@ -15,6 +16,9 @@ from cherami.client.stream import Publisher, StreamConsumer
 from cherami.errors import Unavailable, error_from_response
 
 PUBLISH_BATCH = 1000
+# How long publish() keeps sending a batch again that was refused 503 (its input host
+# failed, was paused or moved): past the cluster's failover, which takes a few seconds.
+PUBLISH_RETRY_SECONDS = 30.0
 
 
 class AsyncClient:
@@ -100,19 +104,41 @@ class AsyncClient:
 
     # messages over HTTP
     async def publish(
-        self, queue: str, messages: Iterable[OutgoingMessage | bytes | str]
+        self,
+        queue: str,
+        messages: Iterable[OutgoingMessage | bytes | str],
+        retry_seconds: float = PUBLISH_RETRY_SECONDS,
     ) -> list[str]:
-        """Publish in batches of 1000; returns once every message is durable."""
+        """Publish in batches of 1000; returns once every message is durable.
+
+        A batch refused with 503 (``unavailable``, ``moved``, ``extent_sealed``) or lost
+        with its connection is sent again, with back-off, for up to ``retry_seconds``
+        (0: never); part of a refused batch may be stored already, so a retried batch
+        can store some messages twice (publishing is at-least-once)."""
         items = [outgoing(m).to_json() for m in messages]
         ids: list[str] = []
         for start in range(0, len(items), PUBLISH_BATCH):
-            reply = await self.request(
+            reply = await self._retrying(
+                retry_seconds,
                 "POST",
                 self._q(queue) + "/messages",
                 {"messages": items[start : start + PUBLISH_BATCH]},
             )
             ids.extend(reply["ids"])
         return ids
+
+    async def _retrying(self, retry_seconds: float, method: str, path: str, body: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + retry_seconds
+        pause = 0.1
+        while True:
+            try:
+                return await self.request(method, path, body)
+            except Unavailable:
+                if loop.time() + pause > deadline:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, 1.0)
 
     async def receive(
         self,

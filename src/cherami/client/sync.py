@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
-from cherami.client.asyncclient import AsyncClient
+from cherami.client.asyncclient import PUBLISH_RETRY_SECONDS, AsyncClient
 from cherami.client.models import OutgoingMessage, Received
 from cherami.client.stream import Publisher, StreamConsumer
 from cherami.client.worker import STOP_SIGNALS, Handler, Worker
@@ -136,8 +136,10 @@ class Client:
         self._run(self.aio.delete_group(queue, group))
 
     # messages over HTTP
-    def publish(self, queue: str, messages: Messages) -> list[str]:
-        return self._run(self.aio.publish(queue, list(messages)))
+    def publish(
+        self, queue: str, messages: Messages, retry_seconds: float = PUBLISH_RETRY_SECONDS
+    ) -> list[str]:
+        return self._run(self.aio.publish(queue, list(messages), retry_seconds))
 
     def receive(
         self,
