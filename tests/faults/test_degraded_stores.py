@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,8 +16,8 @@ from cherami.client.asyncclient import AsyncClient
 from cherami.cluster.local import LocalCluster
 from cherami.errors import CheramiError, InvalidRequest
 from tests.support.drain import drain
+from tests.support.pgcluster import PG, cluster_on_postgres
 
-PG = "postgresql://postgres@127.0.0.1:5432/test"
 QUEUE, GROUP = "degraded", "g"
 HANG_GUARD = 60.0  # only so that a stall fails the test instead of hanging it
 
@@ -27,16 +26,9 @@ pytestmark = pytest.mark.postgres
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[LocalCluster, str]]:
-    schema = f"d_{uuid.uuid4().hex[:12]}"
     counts = {"storehost": 3, "controller": 1, "inputhost": 1, "outputhost": 1, "frontend": 1}
-    local = LocalCluster(tmp_path / "cluster", f"{PG}?schema={schema}", counts)
-    try:
-        local.up()
-        yield local, schema
-    finally:
-        local.down()
-        with psycopg.connect(PG, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    with cluster_on_postgres(tmp_path / "cluster", counts) as up:
+        yield up
 
 
 def _open_extent_replicas(schema: str) -> list[int]:

@@ -1,0 +1,29 @@
+"""A LocalCluster on the local PostgreSQL (127.0.0.1:5432, database ``test``) in a schema
+of its own, dropped when the cluster is taken down."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+
+from cherami.cluster.local import LocalCluster
+
+PG = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+@contextlib.contextmanager
+def cluster_on_postgres(root: Path, counts: dict[str, int]) -> Iterator[tuple[LocalCluster, str]]:
+    """The cluster, up, and its metadata schema's name."""
+    schema = f"c_{uuid.uuid4().hex[:12]}"
+    local = LocalCluster(root, f"{PG}?schema={schema}", counts)
+    try:
+        local.up()
+        yield local, schema
+    finally:
+        local.down()
+        with psycopg.connect(PG, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
