@@ -24,6 +24,7 @@ log = logging.getLogger("cherami.frontend.proxy")
 ROUTE_PATIENCE = 10.0  # how long to wait for a host to serve a new queue or group
 FORWARD_TIMEOUT = 5.0  # a forwarded request's deadline, on top of a receive's own wait
 UPSTREAM_HEARTBEAT = 2.0  # ping a forwarded stream's host this often; dead after 1.5x
+ALIVE_CHECK = 0.5  # how often a forward under way checks that its host still heartbeats
 _HOP_HEADERS = {"Authorization", "Content-Type"}
 
 
@@ -32,6 +33,8 @@ class Router:
         self.metadata = metadata
         self._turn = itertools.count()
         self._session: aiohttp.ClientSession | None = None
+        self._alive_addresses: set[str] = set()
+        self._alive_at = -ALIVE_CHECK
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -70,17 +73,47 @@ class Router:
         headers = {k: v for k, v in request.headers.items() if k in _HOP_HEADERS}
         url = f"http://{address}{request.rel_url}"
         body = await request.read()
-        try:
+
+        async def send() -> web.Response:
             async with self.session.request(
                 request.method, url, data=body, headers=headers,
                 timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT + _long_poll(body)),
             ) as resp:  # fmt: skip
-                body = await resp.read()
+                reply = await resp.read()
                 return web.Response(
-                    body=body, status=resp.status, content_type=resp.content_type or None
+                    body=reply, status=resp.status, content_type=resp.content_type or None
                 )
+
+        forwarded = asyncio.ensure_future(send())
+        try:
+            while True:  # a host that membership declares dead is given up on at once
+                done, _ = await asyncio.wait({forwarded}, timeout=ALIVE_CHECK)
+                if done:
+                    return forwarded.result()
+                if not await self._alive(address):
+                    raise Unavailable(f"host {address} stopped heartbeating")
         except (aiohttp.ClientError, TimeoutError) as err:
             raise Unavailable(f"host {address} did not answer: {err}") from err
+        finally:
+            forwarded.cancel()
+
+    async def _alive(self, address: str) -> bool:
+        """Whether an input or output host at ``address`` heartbeats (DEAD_AFTER); one
+        membership read serves every forward under way for ALIVE_CHECK seconds. True
+        when the metadata store cannot tell (a slow answer is not a dead host)."""
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._alive_at + ALIVE_CHECK:
+            try:
+                hosts = [
+                    h
+                    for role in (INPUTHOST, OUTPUTHOST)
+                    for h in await live_hosts(self.metadata, role)
+                ]
+            except CheramiError:
+                return True
+            self._alive_addresses = {h.address for h in hosts}
+            self._alive_at = loop.time()
+        return address in self._alive_addresses
 
     async def websocket(self, request: web.Request, address: str) -> web.WebSocketResponse:
         headers = {k: v for k, v in request.headers.items() if k == "Authorization"}
