@@ -39,10 +39,12 @@ def _free_port() -> int:
 
 
 class PrivatePostgres:
-    """One PostgreSQL server on 127.0.0.1:``port`` with trust authentication."""
+    """One PostgreSQL server on 127.0.0.1:``port`` (or ``listen``: an address of this
+    machine, such as a bridge that network namespaces reach) with trust authentication."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, listen: str = "127.0.0.1") -> None:
         self.port = port or _free_port()
+        self.listen = listen
         self.root = Path(tempfile.mkdtemp(prefix="cherami-pg-"))
         self.data_dir = self.root / "data"
         self.log_path = self.root / "postgres.log"
@@ -51,7 +53,7 @@ class PrivatePostgres:
             shutil.chown(self.root, _RUN_AS, _RUN_AS)
 
     def url(self, dbname: str = "postgres") -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}?connect_timeout=5"
+        return f"postgresql://postgres@{self.listen}:{self.port}/{dbname}?connect_timeout=5"
 
     @property
     def running(self) -> bool:
@@ -68,6 +70,9 @@ class PrivatePostgres:
             ],
             check=True, capture_output=True, **self._run_as(),  # type: ignore[call-overload]
         )  # fmt: skip
+        if self.listen != "127.0.0.1":  # clients come from other addresses
+            with open(self.data_dir / "pg_hba.conf", "a") as hba:
+                hba.write("host all all 0.0.0.0/0 trust\n")
 
     def start(self, timeout: float = 30.0) -> PrivatePostgres:
         """Start the server (running ``initdb`` the first time) and wait until it accepts
@@ -78,7 +83,7 @@ class PrivatePostgres:
             self._initdb()
         cmd = [
             str(PG_BIN / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
-            "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
+            "-c", f"listen_addresses={self.listen}", "-c", "unix_socket_directories=",
             "-c", "fsync=off", "-c", "max_connections=200",
         ]  # fmt: skip
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it open

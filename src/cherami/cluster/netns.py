@@ -1,0 +1,581 @@
+"""Hosts in Linux network namespaces: a test network on one machine, and a Cherami cluster
+over it (``cherami cluster up --netns``, and the tests that cross a network).
+
+``Network`` makes a bridge in the root namespace (``chbr<id>``, the gateway ``.1`` of a
+free 10.213.N.0/24) and one namespace per host (``ch<id>-<name>``) joined to it by a veth
+pair, with its own address, loopback up and a zone label. A host may get a CPU quota (a
+cgroup of its own, v1 ``cpu.cfs_quota_us`` or v2 ``cpu.max``); ``run`` starts a process
+inside the host's namespace and cgroup. ``delay`` adds latency between zones (``tc
+netem`` where the kernel has it, otherwise NFQUEUE and ``cherami.cluster.netdelay``),
+``cut``/``heal`` drop and restore the traffic between hosts or zones with iptables.
+``teardown`` removes everything it made; it is idempotent and registered with atexit.
+Needs root, iproute2 and iptables.
+
+``NetnsCluster`` is ``LocalCluster`` with each role process on a host of its own: it
+listens on 0.0.0.0 in its namespace and advertises ``<its address>:<port>``; the frontend
+URL is reachable from the root namespace through the bridge."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ipaddress
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from cherami.cluster.local import LocalCluster, RoleProc
+
+__all__ = ["HOST_PORT", "Host", "Network", "NetnsCluster", "NetnsError", "teardown_state"]
+
+HOST_PORT = 7000  # every host has a namespace of its own, so every role can use one port
+SUBNET_PREFIX = "10.213"
+_CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
+_CGROUP_V2 = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
+_PERIOD_US = 100_000
+
+
+class NetnsError(RuntimeError):
+    """A command that builds or changes the network failed."""
+
+
+def _sh(*argv: str, check: bool = True) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise NetnsError(f"{' '.join(argv)}: {done.stderr.strip() or done.returncode}")
+    return done.stdout
+
+
+@dataclass
+class Host:
+    name: str
+    zone: str
+    ns: str  # the namespace
+    ip: str
+    veth: str  # the root-side end of its veth pair, on the bridge
+    cgroup: str = ""  # the host's cgroup directory when it has a CPU quota
+
+
+class Network:
+    """A bridge and one namespace per host. ``hosts`` maps each host name to its zone."""
+
+    def __init__(
+        self,
+        hosts: dict[str, str],
+        cpu_quota: float | dict[str, float] | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        self.id = run_id or f"{random.getrandbits(24):06x}"
+        self.bridge = f"chbr{self.id}"
+        self.subnet = ""
+        self.gateway = ""
+        self.cgroup_version = ""
+        self.cgroup_root = ""  # this network's cgroup directory (parent of the hosts')
+        self.forward_rule = False
+        self.delays: dict[tuple[str, str], float] = {}  # (from zone, to zone) -> ms
+        self.cuts: set[tuple[str, str]] = set()  # unordered host pairs
+        self.delayers: dict[str, int] = {}  # namespace -> pid of its netdelay
+        self.relays: list[int] = []
+        self.netem: bool | None = None
+        self._zones = dict(hosts)
+        self._quota = cpu_quota
+        self.hosts: dict[str, Host] = {}
+        self._up = False
+        self._down = False
+
+    # building
+    def up(self) -> Network:
+        if self._up:
+            return self
+        self._up = True
+        atexit.register(self.teardown)
+        try:
+            self._build()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __enter__(self) -> Network:
+        return self.up()
+
+    def __exit__(self, *_: object) -> None:
+        self.teardown()
+
+    def _build(self) -> None:
+        for tool in ("ip", "iptables"):
+            if shutil.which(tool) is None:
+                raise NetnsError(f"{tool} is not installed (apt-get install iproute2 iptables)")
+        if len(self._zones) > 250:
+            raise NetnsError("at most 250 hosts")
+        self.subnet = _free_subnet()
+        net = ipaddress.ip_network(self.subnet)
+        self.gateway = str(net[1])
+        _sh("ip", "link", "add", self.bridge, "type", "bridge")
+        _sh("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+        _sh("ip", "link", "set", self.bridge, "up")
+        # with br_netfilter, bridged frames pass the root FORWARD chain (Docker drops them)
+        _sh("iptables", "-w", "-I", "FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT")
+        self.forward_rule = True
+        for i, (name, zone) in enumerate(self._zones.items()):
+            host = Host(name, zone, f"ch{self.id}-{name}", str(net[2 + i]), f"ch{self.id}v{i}")
+            self.hosts[name] = host
+            _sh("ip", "netns", "add", host.ns)
+            _sh("ip", "link", "add", host.veth, "type", "veth", "peer", "name", "eth0",
+                "netns", host.ns)  # fmt: skip
+            _sh("ip", "link", "set", host.veth, "master", self.bridge, "up")
+            _sh("ip", "-n", host.ns, "addr", "add", f"{host.ip}/24", "dev", "eth0")
+            _sh("ip", "-n", host.ns, "link", "set", "eth0", "up")
+            _sh("ip", "-n", host.ns, "link", "set", "lo", "up")
+            _sh("ip", "-n", host.ns, "route", "add", "default", "via", self.gateway)
+            for chain in ("INPUT", "OUTPUT"):
+                self.ipt(name, "-N", f"CH{chain}")
+                self.ipt(name, "-A", chain, "-j", f"CH{chain}")
+            self.ipt(name, "-t", "mangle", "-N", "CHDELAY")
+            self.ipt(name, "-t", "mangle", "-A", "POSTROUTING", "-j", "CHDELAY")
+        quotas = self._quota if isinstance(self._quota, dict) else {
+            name: self._quota for name in self.hosts if self._quota
+        }  # fmt: skip
+        for name, quota in quotas.items():
+            if quota:
+                self._set_quota(self.hosts[name], quota)
+
+    def _set_quota(self, host: Host, cpus: float) -> None:
+        if not self.cgroup_root:
+            self.cgroup_version, base = _cgroup_base()
+            root = base / f"cherami-{self.id}"
+            root.mkdir()
+            self.cgroup_root = str(root)
+            if self.cgroup_version == "v2":
+                (base / "cgroup.subtree_control").write_text("+cpu")
+                (root / "cgroup.subtree_control").write_text("+cpu")
+        group = Path(self.cgroup_root) / host.name
+        group.mkdir()
+        quota = max(1000, int(cpus * _PERIOD_US))
+        if self.cgroup_version == "v1":
+            (group / "cpu.cfs_period_us").write_text(str(_PERIOD_US))
+            (group / "cpu.cfs_quota_us").write_text(str(quota))
+        else:
+            (group / "cpu.max").write_text(f"{quota} {_PERIOD_US}")
+        host.cgroup = str(group)
+
+    # use
+    def run(self, name: str, argv: list[str], **popen: Any) -> subprocess.Popen[Any]:
+        """Start ``argv`` inside the host's namespace (and its cgroup, if it has one). The
+        Popen's pid is the process itself (``ip netns exec`` and the shell exec it)."""
+        host = self.hosts[name]
+        prefix = ["ip", "netns", "exec", host.ns]
+        if host.cgroup:  # joined before ip netns exec, which mounts a /sys of its own
+            procs = Path(host.cgroup) / "cgroup.procs"
+            prefix = ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", *prefix]
+        return subprocess.Popen([*prefix, *argv], **popen)
+
+    def exec(self, name: str, *argv: str, check: bool = True) -> str:
+        """Run a command in the host's namespace and return its output."""
+        return _sh("ip", "netns", "exec", self.hosts[name].ns, *argv, check=check)
+
+    def ipt(self, name: str, *args: str) -> None:
+        self.exec(name, "iptables", "-w", *args)
+
+    def address(self, name: str) -> str:
+        """The host's IPv4 address as its namespace reports it (not as recorded)."""
+        out = _sh("ip", "-n", self.hosts[name].ns, "-4", "-o", "addr", "show", "dev", "eth0")
+        match = re.search(r"inet (\S+)/", out)
+        if not match:
+            raise NetnsError(f"{name} has no IPv4 address")
+        return match.group(1)
+
+    def zone_hosts(self, name: str) -> list[str]:
+        """The hosts of a zone, or ``[name]`` for a host."""
+        if name in self.hosts:
+            return [name]
+        found = [h.name for h in self.hosts.values() if h.zone == name]
+        if not found:
+            raise KeyError(f"no host or zone {name!r}")
+        return found
+
+    def cut(self, a: str, b: str) -> None:
+        """Drop every packet between ``a`` and ``b`` (hosts or zones), both ways, in both
+        namespaces, so open connections stall as on a real partition."""
+        for x in self.zone_hosts(a):
+            for y in self.zone_hosts(b):
+                if x == y or (x, y) in self.cuts or (y, x) in self.cuts:
+                    continue
+                self.cuts.add((x, y))
+                for me, peer in ((x, y), (y, x)):
+                    ip = self.hosts[peer].ip
+                    self.ipt(me, "-A", "CHINPUT", "-s", ip, "-j", "DROP")
+                    self.ipt(me, "-A", "CHOUTPUT", "-d", ip, "-j", "DROP")
+
+    def heal(self) -> None:
+        """Undo every ``cut``."""
+        names = {n for pair in self.cuts for n in pair}
+        for name in names:
+            self.ipt(name, "-F", "CHINPUT")
+            self.ipt(name, "-F", "CHOUTPUT")
+        self.cuts.clear()
+
+    def delay(self, zone_a: str, zone_b: str, ms: float) -> None:
+        """Delay every packet between the two zones by ``ms`` each way (a round trip
+        gains 2 x ``ms``); 0 removes the delay. Applies to packets sent from now on."""
+        for x, y in ((zone_a, zone_b), (zone_b, zone_a)):
+            if ms > 0:
+                self.delays[(x, y)] = ms
+            else:
+                self.delays.pop((x, y), None)
+        for name in self.zone_hosts(zone_a) + self.zone_hosts(zone_b):
+            self._apply_delays(self.hosts[name])
+
+    def _apply_delays(self, host: Host) -> None:
+        if self.netem is None:
+            self.netem = _has_netem(self)
+        toward = {z: ms for (src, z), ms in self.delays.items() if src == host.zone}
+        if self.netem:
+            self._apply_netem(host, toward)
+            return
+        self.ipt(host.name, "-t", "mangle", "-F", "CHDELAY")
+        self._stop_delayer(host.ns)
+        if not toward:
+            return
+        queues: list[str] = []
+        for i, (zone, ms) in enumerate(sorted(toward.items()), start=1):
+            queues.append(f"{i}:{ms}")
+            for peer in self.zone_hosts(zone):
+                self.ipt(host.name, "-t", "mangle", "-A", "CHDELAY", "-d", self.hosts[peer].ip,
+                         "-j", "NFQUEUE", "--queue-num", str(i), "--queue-bypass")  # fmt: skip
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", host.ns, sys.executable, "-m", "cherami.cluster.netdelay",
+             *queues],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        self.delayers[host.ns] = proc.pid
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "netdelay ready" once its queues are bound
+        proc.stdout.close()
+        if not line.startswith(b"netdelay ready"):
+            raise NetnsError(f"the delayer in {host.ns} did not start")
+
+    def _apply_netem(self, host: Host, toward: dict[str, float]) -> None:
+        self.exec(host.name, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+        if not toward:
+            return
+        self.exec(host.name, "tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:",
+                  "htb", "default", "1")  # fmt: skip
+        self.exec(host.name, "tc", "class", "add", "dev", "eth0", "parent", "1:", "classid",
+                  "1:1", "htb", "rate", "10gbit")  # fmt: skip
+        for i, (zone, ms) in enumerate(sorted(toward.items()), start=2):
+            self.exec(host.name, "tc", "class", "add", "dev", "eth0", "parent", "1:",
+                      "classid", f"1:{i}", "htb", "rate", "10gbit")  # fmt: skip
+            self.exec(host.name, "tc", "qdisc", "add", "dev", "eth0", "parent", f"1:{i}",
+                      "netem", "delay", f"{ms}ms")  # fmt: skip
+            for peer in self.zone_hosts(zone):
+                self.exec(host.name, "tc", "filter", "add", "dev", "eth0", "parent", "1:",
+                          "protocol", "ip", "u32", "match", "ip", "dst",
+                          f"{self.hosts[peer].ip}/32", "flowid", f"1:{i}")  # fmt: skip
+
+    def _stop_delayer(self, ns: str) -> None:
+        pid = self.delayers.pop(ns, 0)
+        if pid:
+            _kill_and_wait([pid], signal.SIGTERM)
+
+    def relay(self, target: str) -> str:
+        """Forward TCP from the gateway to ``target`` (HOST:PORT in the root namespace, such
+        as a database on 127.0.0.1): returns the GATEWAY:PORT the hosts can use."""
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cherami.cluster.netns", "relay", self.gateway, target],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        self.relays.append(proc.pid)
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode().strip()
+        proc.stdout.close()
+        if not line.startswith("relay "):
+            raise NetnsError(f"the relay to {target} did not start")
+        return line.split()[1]
+
+    # teardown
+    def teardown(self) -> None:
+        """Remove every namespace, veth, rule, cgroup and process this network made.
+        Idempotent; never raises for something already gone."""
+        if self._down:
+            return
+        self._down = True
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.teardown)
+        teardown_state(self.state())
+        self.delayers.clear()
+        self.relays.clear()
+
+    def state(self) -> dict[str, Any]:
+        """Everything ``teardown_state`` needs, as JSON-ready data."""
+        return {
+            "id": self.id, "bridge": self.bridge, "subnet": self.subnet,
+            "gateway": self.gateway, "forward_rule": self.forward_rule,
+            "cgroup_version": self.cgroup_version, "cgroup_root": self.cgroup_root,
+            "delayers": list(self.delayers.values()), "relays": self.relays,
+            "hosts": {n: asdict(h) for n, h in self.hosts.items()},
+        }  # fmt: skip
+
+    def leftovers(self) -> list[str]:
+        """What of this network is still on the machine (empty after ``teardown``)."""
+        return leftovers(self.id)
+
+
+def teardown_state(state: dict[str, Any]) -> None:
+    """Remove the network described by ``Network.state()``: kill the processes in its
+    namespaces and cgroups, then delete namespaces, veths, the bridge, the root rule and
+    the cgroups. Every step goes on when something is already gone."""
+    run_id = state["id"]
+    pids = [*state.get("delayers", []), *state.get("relays", [])]
+    hosts = state.get("hosts", {})
+    for host in hosts.values():
+        pids += _ns_pids(host["ns"])
+        if host.get("cgroup"):
+            pids += _cgroup_pids(Path(host["cgroup"]))
+    _kill_and_wait(pids, signal.SIGKILL)
+    for ns in _namespaces(run_id):
+        _sh("ip", "netns", "del", ns, check=False)
+    for link in _links(run_id):
+        _sh("ip", "link", "del", link, check=False)
+    if state.get("forward_rule"):
+        bridge = state["bridge"]
+        _sh("iptables", "-w", "-D", "FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT",
+            check=False)  # fmt: skip
+    root = state.get("cgroup_root")
+    if root and Path(root).exists():
+        for group in Path(root).iterdir():
+            if group.is_dir():
+                _rmdir(group)
+        _rmdir(Path(root))
+
+
+def leftovers(run_id: str) -> list[str]:
+    found = [f"netns {ns}" for ns in _namespaces(run_id)]
+    found += [f"link {link}" for link in _links(run_id)]
+    found += [f"cgroup {p}" for p in _cgroup_dirs(run_id)]
+    if f"chbr{run_id}" in _sh("iptables", "-w", "-S", "FORWARD", check=False):
+        found.append(f"iptables FORWARD rule for chbr{run_id}")
+    return found
+
+
+def _namespaces(run_id: str) -> list[str]:
+    out = _sh("ip", "netns", "list", check=False)
+    return [line.split()[0] for line in out.splitlines()
+            if line.startswith(f"ch{run_id}-")]  # fmt: skip
+
+
+def _links(run_id: str) -> list[str]:
+    out = _sh("ip", "-o", "link", "show", check=False)
+    names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines()]
+    return [n for n in names if n in (f"chbr{run_id}",) or n.startswith(f"ch{run_id}v")]
+
+
+def _cgroup_dirs(run_id: str) -> list[Path]:
+    bases = [_CGROUP_V1, *_CGROUP_V2]
+    return [b / f"cherami-{run_id}" for b in bases if (b / f"cherami-{run_id}").exists()]
+
+
+def _ns_pids(ns: str) -> list[int]:
+    out = _sh("ip", "netns", "pids", ns, check=False)
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def _cgroup_pids(group: Path) -> list[int]:
+    try:
+        return [int(p) for p in (group / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
+
+
+def _kill_and_wait(pids: list[int], sig: signal.Signals, timeout: float = 10.0) -> None:
+    pids = [p for p in set(pids) if p > 1 and p != os.getpid()]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, sig)
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a child of ours is reaped; a zombie counts as gone)."""
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+    except OSError:
+        return False
+    return stat.rsplit(") ", 1)[-1][:1] != "Z"
+
+
+def _rmdir(path: Path) -> None:
+    for _ in range(100):  # a cgroup empties a moment after its last process dies
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.05)
+
+
+def _free_subnet() -> str:
+    used = _sh("ip", "-4", "-o", "addr", "show") + _sh("ip", "-4", "route", "show")
+    taken = {int(n) for n in re.findall(rf"\b{re.escape(SUBNET_PREFIX)}\.(\d+)\.", used)}
+    free = [n for n in range(1, 255) if n not in taken]
+    if not free:
+        raise NetnsError(f"no free {SUBNET_PREFIX}.N.0/24")
+    return f"{SUBNET_PREFIX}.{random.choice(free)}.0/24"
+
+
+def _cgroup_base() -> tuple[str, Path]:
+    if (_CGROUP_V1 / "cpu.cfs_quota_us").exists():
+        return "v1", _CGROUP_V1
+    for base in _CGROUP_V2:
+        controllers = base / "cgroup.controllers"
+        if controllers.exists() and "cpu" in controllers.read_text().split():
+            return "v2", base
+    raise NetnsError("no cgroup cpu controller (v1 /sys/fs/cgroup/cpu or v2 cpu.max)")
+
+
+def _has_netem(network: Network) -> bool:
+    name = next(iter(network.hosts))
+    out = subprocess.run(
+        ["ip", "netns", "exec", network.hosts[name].ns, "tc", "qdisc", "add", "dev", "lo",
+         "root", "netem", "delay", "1ms"], capture_output=True,
+    )  # fmt: skip
+    _sh("ip", "netns", "exec", network.hosts[name].ns, "tc", "qdisc", "del", "dev", "lo",
+        "root", check=False)  # fmt: skip
+    return out.returncode == 0
+
+
+# a Cherami cluster over the network
+
+
+class NetnsCluster(LocalCluster):
+    """``LocalCluster`` with every role process on a host of its own. ``zones`` are dealt
+    to each role's processes in turn (storehost-0 in the first zone, storehost-1 in the
+    second, ...); ``cpu_quota`` caps every host (in CPUs) or the named ones."""
+
+    def __init__(
+        self,
+        root: Path,
+        metadata: str,
+        counts: dict[str, int] | None = None,
+        frontend_port: int = 8080,
+        extra_args: list[str] | None = None,
+        zones: list[str] | None = None,
+        cpu_quota: float | dict[str, float] | None = None,
+        network: Network | None = None,
+    ) -> None:
+        super().__init__(root, metadata, counts, frontend_port or 8080, extra_args)
+        zones = zones or ["default"]
+        self.zones: dict[str, str] = {}
+        for role in {p.role for p in self.procs.values()}:
+            for i, name in enumerate(self.names(role)):
+                self.zones[name] = zones[i % len(zones)]
+        self.network = network or Network(self.zones, cpu_quota)
+        self._zone_flag: bool | None = None
+
+    def up(self, timeout: float = 60.0) -> None:
+        """Build the network (unless it is up), then start every role as LocalCluster does."""
+        self.network.up()
+        for name, proc in self.procs.items():
+            port = proc.port or HOST_PORT
+            proc.port = port
+            proc.advertise = f"{self.network.hosts[name].ip}:{port}"
+        super().up(timeout)
+
+    def _spawn(self, proc: RoleProc) -> None:
+        proc.data_dir.mkdir(parents=True, exist_ok=True)
+        proc.log.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable, "-m", "cherami.cli.main", "serve", "--role", proc.role,
+            "--metadata", self.metadata, "--data-dir", str(proc.data_dir),
+            "--host", "0.0.0.0", "--port", str(proc.port), "--advertise", proc.advertise or "",
+            "--allow-remote-without-auth", *self.extra_args,
+        ]  # fmt: skip
+        if self._has_zone_flag():
+            cmd += ["--zone", self.zones[proc.name]]
+        proc.log_offset = proc.log.stat().st_size if proc.log.exists() else 0
+        with open(proc.log, "ab") as log:
+            proc.popen = self.network.run(
+                proc.name, cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        proc.pid = proc.popen.pid
+
+    def _has_zone_flag(self) -> bool:
+        if self._zone_flag is None:
+            out = subprocess.run(
+                [sys.executable, "-m", "cherami.cli.main", "serve", "--help"],
+                capture_output=True, text=True,
+            )  # fmt: skip
+            self._zone_flag = "--zone" in out.stdout
+        return self._zone_flag
+
+    def save(self) -> None:
+        super().save()
+        path = self.root / "cluster.json"
+        state = json.loads(path.read_text())
+        state["netns"] = self.network.state()
+        state["zones"] = self.zones
+        path.write_text(json.dumps(state, indent=2))
+
+    def down(self, timeout: float = 20.0) -> None:
+        """Stop every role, then tear the network down (even if stopping failed)."""
+        try:
+            super().down(timeout)
+        finally:
+            self.network.teardown()
+
+
+# ``python -m cherami.cluster.netns relay LISTEN_HOST TARGET_HOST:PORT``
+
+
+def _relay(listen: str, target: str) -> None:
+    import asyncio
+
+    host, port = target.rsplit(":", 1)
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, listen, 0)
+        bound = server.sockets[0].getsockname()
+        print(f"relay {bound[0]}:{bound[1]}", flush=True)
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["relay"]:
+        _relay(sys.argv[2], sys.argv[3])
