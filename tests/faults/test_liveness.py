@@ -32,8 +32,10 @@ import psycopg
 import pytest
 
 from cherami.client.asyncclient import AsyncClient
+from cherami.client.models import Received
 from cherami.cluster.local import LocalCluster
 from cherami.errors import CheramiError
+from cherami.roles.outputhost.ownership import LEASE_TTL
 from cherami.wire import close
 from tests.support.drain import drain
 from tests.support.liveness import Delivery, History, Workload, error_kind
@@ -176,6 +178,8 @@ def _print(title: str, history: History, report: dict[str, Any], **extra: Any) -
         print(f"  {key}: {value}")
     for line in history.describe_pairs():
         print("  concurrent:", line)
+    for line in history.describe_duplicates():
+        print("  duplicate:", line)
     if history.error_samples:
         print("  error samples:", history.error_samples)
     if history.consumer_failures:
@@ -251,15 +255,17 @@ async def test_metadata_outage_streams_resume_and_acks_are_503(
     streams = {"stream-a", "stream-b"}
     await asyncio.sleep(4)
 
-    # a consumer that holds a batch across the outage and acks it during it
+    # a consumer of a group of its own holds a batch across the outage and acks it during
+    # it (in the workload's group the other consumers would leave it nothing to hold)
     h = work.history
     acks: list[tuple[float, float, str]] = []  # (sent, answered, result)
     async with AsyncClient(cluster.url, timeout=30) as holder:
-        held = await holder.receive(queue, GROUP, max_messages=20, wait_seconds=2)
-        now = time.time()
-        held_ds = [Delivery(m.text, m.id, "holder", "http", now, m.delivery_count, seen=True)
-                   for m in held]  # fmt: skip
-        h.deliveries.extend(held_ds)
+        await holder.create_group(queue, "holders", visibility_timeout_seconds=60)
+        held: list[Received] = []
+        deadline = time.monotonic() + 15
+        while not held and time.monotonic() < deadline:
+            with contextlib.suppress(CheramiError):
+                held = await holder.receive(queue, "holders", max_messages=20, wait_seconds=2)
 
         stopped_at = time.time()
         await asyncio.to_thread(private_postgres.stop)
@@ -270,7 +276,7 @@ async def test_metadata_outage_streams_resume_and_acks_are_503(
                     continue
                 sent = time.time()
                 try:
-                    reply = await holder.ack(queue, GROUP, [m.receipt or "" for m in held])
+                    reply = await holder.ack(queue, "holders", [m.receipt or "" for m in held])
                     result = f"ok acked={reply['acked']} stale={len(reply['stale'])}"
                 except CheramiError as err:
                     result = error_kind(err)
@@ -279,10 +285,6 @@ async def test_metadata_outage_streams_resume_and_acks_are_503(
         finally:
             await asyncio.to_thread(private_postgres.start)
         started_at = time.time()
-        if held:  # settle the held batch for good (it may have timed out meanwhile)
-            await asyncio.sleep(1)
-            with contextlib.suppress(CheramiError):
-                await work.http_settle(holder, "ack", held, held_ds)
 
     await asyncio.sleep(8)
     await work.stop_consumers(["http-a"])
@@ -295,10 +297,14 @@ async def test_metadata_outage_streams_resume_and_acks_are_503(
 
     report = h.report()
     during = [r for s, e, r in acks if s >= stopped_at + 1 and e <= started_at]
+    # no host can renew a lease while the database is down: past LEASE_TTL (and a slack
+    # for frames already on their way) nobody may deliver
+    unfenced = [d for d in h.deliveries if stopped_at + LEASE_TTL + 2 < d.at < started_at]
     _print(
         "metadata outage", h, report, outage_s=round(started_at - stopped_at, 1),
         held=len(held), acks_during_outage=during,
         acks_after=[r for s, e, r in acks if e > started_at],
+        deliveries_past_lease_ttl_in_outage=len(unfenced),
         tail_acked=len(tail),
         tail_to_streams=sum(1 for d in h.seen() if d.body in tail and d.consumer in streams),
         stream_deliveries_after_outage=work.delivered_to(streams, started_at),
@@ -310,6 +316,7 @@ async def test_metadata_outage_streams_resume_and_acks_are_503(
     assert all(r == "unavailable" for r in during), during
     internal = {k: n for k, n in report["errors"].items() if k.endswith(":internal")}
     assert not internal, f"500 internal answered: {internal}"
+    assert not unfenced, f"{len(unfenced)} deliveries while no lease could be renewed"
     assert tail, "nothing was published after the outage"
     assert not h.consumer_failures, h.consumer_failures
     _assert_checked(h, report)
@@ -460,11 +467,13 @@ async def test_poison_message_bounded_across_output_host_kills(cluster: Cluster)
                         return m, d
             return None
 
-        async def kill_holder() -> None:
+        async def kill_holder(round_: int) -> None:
+            """Odd rounds keep the host down past its lease: the other one takes over;
+            even rounds restart it at once (it takes its own lease back)."""
             holder = await cluster.wait_holder(queue, GROUP)
             kills.append(holder)
             await asyncio.to_thread(cluster.local.kill, holder)
-            await asyncio.sleep(1)
+            await asyncio.sleep(LEASE_TTL + 2 if round_ % 2 else 1)
             await asyncio.to_thread(cluster.local.restart, holder)
 
         for round_ in range(4):
@@ -473,12 +482,12 @@ async def test_poison_message_bounded_across_output_host_kills(cluster: Cluster)
                 m, d = taken
                 if round_ % 2 == 0:  # nacked, then the host dies: the count must survive
                     await work.http_settle(client, "nack", [m], [d])
-                    await kill_holder()
+                    await kill_holder(round_)
                 else:  # the host dies with the delivery in flight, then the nack
-                    await kill_holder()
+                    await kill_holder(round_)
                     await work.http_settle(client, "nack", [m], [d])
             else:
-                await kill_holder()
+                await kill_holder(round_)
         while (taken := await take_poison(3 * visibility + 4)) is not None:
             await work.http_settle(client, "nack", [taken[0]], [taken[1]])
 

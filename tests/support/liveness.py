@@ -11,9 +11,11 @@ consumers (receive + ack).
 Every delivery is recorded: body, message id, consumer, the connection it came on, the
 wall time it arrived, its ``delivery_count``, and how it was settled (the time the ack or
 nack was sent and whether the server accepted it). An HTTP ack answers with its stale
-receipts; a stream ack has no positive answer, so it counts as accepted unless a
-``settled`` frame names its handle as stale, and as *unknown* if its connection closed
-less than ``ACK_GRACE`` seconds after it was sent.
+receipts; a stream ack has no positive answer: it is stale when a ``settled`` frame
+names its handle, accepted when the server went on after it (a frame arrived on its
+connection more than ``ACK_GRACE`` seconds after it was sent, or the client closed the
+connection cleanly later: the server reads frames in order and answers the close after
+the ack), and *unknown* otherwise (for example when the host was paused or lost).
 
 ``History.report`` gives attempted, acked (by the publish), delivered, lost (acked but
 never delivered to the application), unexpected, duplicated (delivered more than once),
@@ -47,7 +49,7 @@ from cherami.client.models import Received
 from cherami.errors import CheramiError
 from cherami.wire import stream as f
 
-ACK_GRACE = 1.0  # a stream ack followed this soon by the loss of its connection: unknown
+ACK_GRACE = 0.5  # a frame this long after a stream ack shows the server ran past it
 CLOSED_TYPES = frozenset({aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING,
                           aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR})  # fmt: skip
 
@@ -71,6 +73,8 @@ class Connection:
     index: int
     opened: float
     closed: float | None = None
+    last_frame: float = 0.0  # when the last binary frame arrived
+    closing: bool = False  # the client is closing it (the end of the run)
     by_handle: dict[int, Delivery] = field(default_factory=dict)
     ws: aiohttp.ClientWebSocketResponse | None = field(default=None, repr=False)
 
@@ -83,6 +87,13 @@ class Connection:
     @property
     def name(self) -> str:
         return f"{self.owner}#{self.index}"
+
+    def went_on_after(self, sent: float) -> bool:
+        """Whether the server certainly read a frame the client sent at ``sent``."""
+        if self.last_frame - sent > ACK_GRACE:
+            return True
+        clean = self.closing and self.close_code == 1000
+        return clean and self.closed is not None and self.closed > sent
 
 
 @dataclass
@@ -106,10 +117,9 @@ class Delivery:
             return self.outcome
         # a stream settlement without a stale answer
         assert self.settled_at is not None
-        closed = self.conn.closed if self.conn is not None else None
-        if closed is not None and closed - self.settled_at < ACK_GRACE:
-            return "unknown"
-        return "accepted"
+        if self.conn is not None and self.conn.went_on_after(self.settled_at):
+            return "accepted"
+        return "unknown"
 
     def held_until(self, visibility: float) -> float:
         end = self.at + visibility
@@ -247,7 +257,7 @@ class History:
             "concurrent_duplicates": len(pairs),
             "concurrent_bodies": len({a.body for a, _ in pairs}),
             "both_acks_accepted": self.both_accepted(),
-            "stale_settlements": sum(1 for d in self.deliveries if d.result() == "stale"),
+            "settlements": dict(Counter(d.result() for d in self.deliveries if d.settle)),
             "longest_stall_s": round(self.longest_stall(), 2),
             "longest_publish_wait_s": {
                 p.name: round(p.longest_wait, 2) for p in self.producers.values()
@@ -264,6 +274,22 @@ class History:
                 f"{a.settle or 'unsettled'} {a.result()} at {a.settled_at}) then "
                 f"{b.consumer}({b.via} count {b.count} at {b.at:.3f}, +{b.at - a.at:.3f}s)"
             )
+        return out
+
+    def describe_duplicates(self, limit: int = 3) -> list[str]:
+        """The deliveries of a few bodies delivered more than once."""
+        by_body: dict[str, list[Delivery]] = defaultdict(list)
+        for d in self.seen():
+            by_body[d.body].append(d)
+        out = []
+        for body, ds in by_body.items():
+            if len(ds) > 1 and len(out) < limit:
+                ds.sort(key=lambda d: d.at)
+                out.append(f"{body}: " + "; ".join(
+                    f"{d.consumer}{'#' + str(d.conn.index) if d.conn else ''} count {d.count} "
+                    f"+{d.at - ds[0].at:.3f}s {d.settle} {d.result()}"
+                    for d in ds
+                ))  # fmt: skip
         return out
 
     def lost_bodies(self, exclude: set[str] | None = None, limit: int = 10) -> list[str]:
@@ -288,6 +314,7 @@ class _TapWS(aiohttp.ClientWebSocketResponse):
     async def receive(self, *args: Any, **kwargs: Any) -> aiohttp.WSMessage:
         msg = await super().receive(*args, **kwargs)
         if msg.type == aiohttp.WSMsgType.BINARY:
+            self._tap_conn.last_frame = time.time()
             self._tap.frame(self._tap_conn, msg.data)
         elif msg.type in CLOSED_TYPES and self._tap_conn.closed is None:
             self._tap_conn.closed = time.time()
@@ -341,6 +368,11 @@ class Tap:
             if d is not None and d.msg_id == m.id:
                 return d
         return None
+
+    def closing(self) -> None:
+        """The client is about to close its current connection itself."""
+        if self.conns:
+            self.conns[-1].closing = True
 
     def closes(self) -> list[int | None]:
         return [c.close_code for c in self.conns if c.closed is not None]
@@ -534,6 +566,7 @@ class Workload:
                     if got:
                         consumer.ack(*got)
             finally:
+                tap.closing()
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(consumer.close(), 10)
 
