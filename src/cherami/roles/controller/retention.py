@@ -1,7 +1,8 @@
 """Retention: how space is freed. Open extents that grew old or large are sealed (a new
 one takes over), so that whole extents can go; a sealed extent is deleted (its column
 family dropped on every replica, no per-message deletes) once every consumer group has
-acked all of it and ``consumed_retention_seconds`` have passed, or once its newest
+acked all of it (and none of its messages is parked for redelivery) and
+``consumed_retention_seconds`` have passed, or once its newest
 message is older than ``retention_seconds``."""
 
 from __future__ import annotations
@@ -63,14 +64,18 @@ class Retention:
     async def _free(self, queue: Queue) -> None:
         groups = await self.metadata.list_groups(queue.name)
         acked: dict[str, list[int]] = {}
+        parked: set[str] = set()  # extents holding parked messages (past their ack levels)
         for group in groups:
             for level in await self.metadata.get_ack_levels(queue.name, group.name):
                 acked.setdefault(level.extent, []).append(level.acked)
+            rows = await self.metadata.get_redeliveries(queue.name, group.name)
+            parked.update(row.extent for row in rows)
         for extent in await self.metadata.list_extents(queue.name, (SEALED,)):
             info = await self.stores.info(extent)
             levels = acked.get(extent.id, [])
-            consumed = info.count == 0 or (
-                bool(groups) and len(levels) == len(groups) and min(levels) >= info.count
+            consumed = extent.id not in parked and (
+                info.count == 0
+                or (bool(groups) and len(levels) == len(groups) and min(levels) >= info.count)
             )
             if consumed:
                 since = self._consumed_since.setdefault(extent.id, time.time())

@@ -279,7 +279,9 @@ def key_before(key: bytes) -> bytes:
 async def read_one(stores: StoreDirectory, extent: Extent, key: bytes) -> Record | None:
     """The record stored under ``key``: from the first replica that has it; None when
     a replica answered that the extent (deleted by retention) or the record is gone and
-    none had it; Unavailable when no replica answered."""
+    none had it; Unavailable when no replica could tell (an empty read is no answer: an
+    open extent is not readable on a restarted store host until it is committed or
+    sealed again)."""
     after = key_before(key)
     error: CheramiError = Unavailable(f"extent {extent.id} has no replicas")
     answered = False
@@ -295,7 +297,10 @@ async def read_one(stores: StoreDirectory, extent: Extent, key: bytes) -> Record
             continue
         if batch.keys and batch.keys[0] == key:
             return decode_record(batch.records[0])
-        answered = True
+        if batch.keys:
+            answered = True  # it has what follows, not this one
+        else:
+            error = Unavailable(f"extent {extent.id} is not readable at {key.hex()} yet")
     if answered:
         return None
     raise error
