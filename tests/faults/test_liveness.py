@@ -112,6 +112,13 @@ class Cluster:
             self.local.signal(name, signal.SIGCONT)
         return stopped, time.time()
 
+    def extents(self, queue: str) -> list[tuple[str, str, float]]:
+        """(id, status, created_at) of every extent row of a queue name."""
+        return [(r[0], r[1], r[2]) for r in self._query(
+            "SELECT id, status, created_at FROM extents WHERE queue = %s ORDER BY created_at",
+            queue,
+        )]  # fmt: skip
+
     def dead(self) -> list[str]:
         return [
             n for n, p in self.local.procs.items()
@@ -170,6 +177,19 @@ async def _start(
         work.start_http_producer(f"hp-{i}")
     work.start_stream_producer("sp-0")
     return work
+
+
+async def _publish(client: AsyncClient, queue: str, bodies: list[str]) -> None:
+    """Publish with retries (a new queue may take a moment to get an input host)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            await client.publish(queue, bodies)
+            return
+        except CheramiError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 def _print(title: str, history: History, report: dict[str, Any], **extra: Any) -> None:
@@ -267,6 +287,12 @@ async def test_metadata_outage_streams_resume_and_acks_are_503(
             with contextlib.suppress(CheramiError):
                 held = await holder.receive(queue, "holders", max_messages=20, wait_seconds=2)
 
+        # a backlog for the outage: a host that went on delivering after its lease ran out
+        # would be seen doing so
+        burst = [f"burst-{i}" for i in range(30_000)]
+        h.attempted.update(burst)
+        await _publish(holder, queue, burst)
+        h.published("burst", burst, time.time())
         stopped_at = time.time()
         await asyncio.to_thread(private_postgres.stop)
         try:
@@ -303,6 +329,7 @@ async def test_metadata_outage_streams_resume_and_acks_are_503(
     _print(
         "metadata outage", h, report, outage_s=round(started_at - stopped_at, 1),
         held=len(held), acks_during_outage=during,
+        delivered_in_outage=sum(1 for d in h.deliveries if stopped_at < d.at < started_at),
         acks_after=[r for s, e, r in acks if e > started_at],
         deliveries_past_lease_ttl_in_outage=len(unfenced),
         tail_acked=len(tail),
@@ -388,7 +415,7 @@ async def test_deleted_queue_closes_its_streams(cluster: Cluster) -> None:
         while time.monotonic() < deadline and not (pub.closes() and con.closes()):
             await asyncio.sleep(0.1)
         closed_in = {
-            t.owner: round(t.conns[0].closed - deleted_at, 2) if t.conns[0].closed else None
+            t.owner: round(c.closed - deleted_at, 2) if (c := t.first) and c.closed else None
             for t in (pub, con)
         }
         # the name is made again at once, while the old clients may still try to write
@@ -400,6 +427,12 @@ async def test_deleted_queue_closes_its_streams(cluster: Cluster) -> None:
         await work.stop_producers()
         await work.stop_consumers()
         in_new = await drain(admin, queue, GROUP, wait_seconds=2)
+        made_again = (await admin.get_queue(queue))["created_at"]
+    # extents of the old queue that are not deleted (the new queue would read them)
+    old_extents = [
+        (e, status) for e, status, created in await asyncio.to_thread(cluster.extents, queue)
+        if status != "deleted" and created < deleted_at
+    ]  # fmt: skip
 
     old_in_new = sorted(b for b in in_new if not b.startswith("fresh-"))
     late = {b for b in h.acked if b.startswith("late-")}
@@ -410,7 +443,8 @@ async def test_deleted_queue_closes_its_streams(cluster: Cluster) -> None:
         closed_after_delete_s=closed_in, documented=close.DELETED, in_new_queue=len(in_new),
         old_in_new=len(old_in_new), old_in_new_sample=old_in_new[:5],
         late_in_new=sum(1 for b in old_in_new if b.startswith("late-")),
-        fresh_missing=sorted(set(fresh) - set(in_new)),
+        fresh_missing=sorted(set(fresh) - set(in_new)), made_again=made_again,
+        old_extents_not_deleted=old_extents,
         dead=cluster.dead(),
     )  # fmt: skip
     assert drained and before["lost"] == 0, before
@@ -437,8 +471,8 @@ async def test_poison_message_bounded_across_output_host_kills(cluster: Cluster)
     kills: list[str] = []
     async with AsyncClient(cluster.url, timeout=30) as client:
         h.attempted.update([poison, *normal])
-        await client.publish(queue, [poison])
-        await client.publish(queue, normal)
+        await _publish(client, queue, [poison])
+        await _publish(client, queue, normal)
         now = time.time()
         for b in [poison, *normal]:
             h.acked[b] = now

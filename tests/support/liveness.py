@@ -337,6 +337,10 @@ class Tap:
         return conn
 
     @property
+    def first(self) -> Connection | None:
+        return self.conns[0] if self.conns else None
+
+    @property
     def current(self) -> Connection | None:
         return self.conns[-1] if self.conns else None
 
