@@ -42,6 +42,7 @@ log = logging.getLogger("cherami.frontend.app")
 
 T = TypeVar("T")
 ROUTER: web.AppKey[Router | None] = web.AppKey("router")
+STREAMS: web.AppKey[Any] = web.AppKey("streams")  # its StreamHandlers (open streams)
 MAX_REQUEST_BYTES = 64 << 20
 _json = msgspec.json.Encoder()
 
@@ -350,9 +351,12 @@ class Frontend:
     async def nack(self, request: web.Request) -> web.Response:
         consumer = await self.consumer(request, "consume")
         body = await decode(request, s.NackRequest, empty_ok=False)
-        n, stale = self._outputs().settle(
+        outputs = self._outputs()
+        n, stale = outputs.settle(
             consumer, body.receipts, lambda nos: consumer.nack(nos, body.delay_seconds)
         )
+        if n:  # answered once the messages are parked durably (their rows are written)
+            await outputs.flushed(consumer)
         return json_response(s.NackResponse(n, stale))
 
     async def visibility(self, request: web.Request) -> web.Response:
@@ -415,6 +419,7 @@ def build_app(roles: Roles) -> web.Application:
     app[ROUTER] = roles.router
     f = Frontend(roles)
     streams = StreamHandlers(f)
+    app[STREAMS] = streams
     app.on_shutdown.append(streams.close_all)
     q = "/v1/queues/{queue}"
     g = q + "/groups/{group}"
