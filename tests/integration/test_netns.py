@@ -37,9 +37,11 @@ while True:
 RTT = """
 import socket, sys, time
 try:
-    s = socket.create_connection((sys.argv[1], 9000), timeout=2)
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)
 except OSError:
     print("unreachable"); raise SystemExit
+if len(sys.argv) > 3:
+    print("reachable"); raise SystemExit
 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 times = []
 for _ in range(5):
@@ -66,6 +68,10 @@ def _ip(*args: str) -> str:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=True).stdout
 
 
+def _reachable(network: Network, host: str, ip: str, port: int) -> bool:
+    return _out(network, host, RTT, ip, str(port), "connect-only") == "reachable"
+
+
 def _netns_names() -> str:
     return _ip("netns", "list")
 
@@ -82,17 +88,17 @@ def test_network_gives_addresses_delay_cuts_quota_and_cleans_up() -> None:
         echo = network.run("b0", [sys.executable, "-c", ECHO], stdout=subprocess.PIPE)
         assert echo.stdout is not None and echo.stdout.readline().strip() == b"ready"
         b0 = network.hosts["b0"].ip
-        assert float(_out(network, "a0", RTT, b0)) < 10  # no delay yet
+        assert float(_out(network, "a0", RTT, b0, "9000")) < 10  # no delay yet
 
         network.delay("a", "b", 25)
-        assert float(_out(network, "a0", RTT, b0)) >= 45  # 25 ms each way
+        assert float(_out(network, "a0", RTT, b0, "9000")) >= 45  # 25 ms each way
         network.delay("a", "b", 0)
-        assert float(_out(network, "a0", RTT, b0)) < 10
+        assert float(_out(network, "a0", RTT, b0, "9000")) < 10
 
         network.cut("a0", "b")
-        assert _out(network, "a0", RTT, b0) == "unreachable"
+        assert _out(network, "a0", RTT, b0, "9000") == "unreachable"
         network.heal()
-        assert float(_out(network, "a0", RTT, b0)) < 10
+        assert float(_out(network, "a0", RTT, b0, "9000")) < 10
 
         cpu = float(_out(network, "a1", SPIN))  # 1 s of spinning under a 0.1 CPU quota
         assert cpu < 0.3, f"the quota did not hold: {cpu:.2f} s of CPU in 1 s"
@@ -202,6 +208,12 @@ async def test_cluster_across_namespaces_delivers_every_acked_message(
     assert f"ch{run_id}" not in _ip("-o", "link")
 
 
+async def _open_extents(url: str, queue: str) -> set[str]:
+    async with AsyncClient(url) as client:
+        body = await client.request("GET", f"/v1/queues/{queue}/extents")
+    return {e["id"] for e in body["extents"] if e["status"] == "open" and e["kind"] == "plain"}
+
+
 @pytest.mark.timeout(120)
 async def test_store_host_cut_off_from_input_hosts_loses_nothing(
     netns_cluster: NetnsCluster,
@@ -214,17 +226,26 @@ async def test_store_host_cut_off_from_input_hosts_loses_nothing(
     producers = [asyncio.create_task(traffic.publish(w, batch=20)) for w in range(2)]
     await asyncio.sleep(3)
     acked_before = len(traffic.history.acked)
+    open_before = await _open_extents(cluster.url, "cut")
+    store = network.hosts["storehost-0"].ip
     for name in cluster.names("inputhost"):
         network.cut("storehost-0", name)
+    assert not await asyncio.to_thread(_reachable, network, "inputhost-0", store, HOST_PORT)
+    assert await asyncio.to_thread(_reachable, network, "controller-0", store, HOST_PORT)
     await asyncio.sleep(8)
+    acked_in_cut = len(traffic.history.acked) - acked_before
     network.heal()
+    assert await asyncio.to_thread(_reachable, network, "inputhost-0", store, HOST_PORT)
     await asyncio.sleep(4)
     traffic.stop.set()
     await asyncio.gather(*producers)
     await traffic.drain("g")
     report = traffic.history.report()
-    print(f"acked {acked_before} before the cut; {report}")
+    print(f"acked {acked_before} before the cut, {acked_in_cut} during it; {report}")
     assert acked_before > 0
+    # the extents open before the cut lost a replica: they were sealed (or consumed and
+    # deleted since), so the cut did bite
+    assert not open_before & await _open_extents(cluster.url, "cut")
     assert report["acked"] > acked_before, report
     assert report["lost"] == 0, report
     assert report["unexpected"] == 0, report

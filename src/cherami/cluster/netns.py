@@ -488,6 +488,7 @@ class NetnsCluster(LocalCluster):
                 self.zones[name] = zones[i % len(zones)]
         self.network = network or Network(self.zones, cpu_quota)
         self._zone_flag: bool | None = None
+        self._stopped = False
 
     def up(self, timeout: float = 60.0) -> None:
         """Build the network (unless it is up), then start every role as LocalCluster does."""
@@ -534,7 +535,11 @@ class NetnsCluster(LocalCluster):
         path.write_text(json.dumps(state, indent=2))
 
     def down(self, timeout: float = 20.0) -> None:
-        """Stop every role, then tear the network down (even if stopping failed)."""
+        """Stop every role, then tear the network down (even if stopping failed). A
+        second call does nothing (the old pids may belong to other processes by then)."""
+        if self._stopped:
+            return
+        self._stopped = True
         try:
             super().down(timeout)
         finally:
