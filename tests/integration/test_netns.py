@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cherami.client.asyncclient import AsyncClient
-from cherami.cluster.netns import HOST_PORT, NetnsCluster, Network
+from cherami.cluster.netns import HOST_PORT, NetnsCluster, Network, leftovers
 from cherami.errors import CheramiError
 from tests.support.checker import QueueHistory
 from tests.support.pg import PrivatePostgres
@@ -108,6 +108,21 @@ def test_network_gives_addresses_delay_cuts_quota_and_cleans_up() -> None:
     assert f"ch{run_id}-" not in _netns_names()
     assert echo.wait(5) is not None
     network.teardown()  # idempotent
+
+
+def test_a_network_left_by_a_killed_run_is_removed_by_the_next() -> None:
+    script = (
+        "import time; from cherami.cluster.netns import Network\n"
+        "n = Network({'x0': 'a'}, cpu_quota=0.2).up(); print(n.id, flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    run_id = proc.stdout.readline().decode().strip()
+    proc.kill()  # no atexit, no finally
+    proc.wait()
+    assert leftovers(run_id), "the killed run left nothing to sweep?"
+    with Network({"y0": "a"}):
+        assert leftovers(run_id) == []
 
 
 @pytest.fixture

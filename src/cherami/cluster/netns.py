@@ -35,13 +35,18 @@ from typing import Any
 
 from cherami.cluster.local import LocalCluster, RoleProc
 
-__all__ = ["HOST_PORT", "Host", "Network", "NetnsCluster", "NetnsError", "teardown_state"]
+__all__ = [
+    "HOST_PORT", "Host", "NetnsCluster", "NetnsError", "Network", "leftovers", "sweep_stale",
+    "teardown_state",
+]  # fmt: skip
 
 HOST_PORT = 7000  # every host has a namespace of its own, so every role can use one port
 SUBNET_PREFIX = "10.213"
 _CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
 _CGROUP_V2 = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
 _PERIOD_US = 100_000
+# one JSON file per live network, so that the next run removes what a killed one left
+STATE_DIR = Path(os.environ.get("CHERAMI_NETNS_STATE", "/run/cherami-netns"))
 
 
 class NetnsError(RuntimeError):
@@ -73,8 +78,12 @@ class Network:
         hosts: dict[str, str],
         cpu_quota: float | dict[str, float] | None = None,
         run_id: str | None = None,
+        keep: bool = False,
     ) -> None:
+        """``keep``: the network outlives this process (``cherami cluster up --netns``):
+        no teardown at exit, and no later run removes it as stale."""
         self.id = run_id or f"{random.getrandbits(24):06x}"
+        self.keep = keep
         self.bridge = f"chbr{self.id}"
         self.subnet = ""
         self.gateway = ""
@@ -97,9 +106,13 @@ class Network:
         if self._up:
             return self
         self._up = True
-        atexit.register(self.teardown)
+        if not self.keep:
+            atexit.register(self.teardown)
+        sweep_stale()
         try:
+            self._record()
             self._build()
+            self._record()
         except BaseException:
             self.teardown()
             raise
@@ -258,6 +271,7 @@ class Network:
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         self.delayers[host.ns] = proc.pid
+        self._record()
         assert proc.stdout is not None
         line = proc.stdout.readline()  # "netdelay ready" once its queues are bound
         proc.stdout.close()
@@ -295,6 +309,7 @@ class Network:
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         self.relays.append(proc.pid)
+        self._record()
         assert proc.stdout is not None
         line = proc.stdout.readline().decode().strip()
         proc.stdout.close()
@@ -329,6 +344,37 @@ class Network:
         """What of this network is still on the machine (empty after ``teardown``)."""
         return leftovers(self.id)
 
+    def _record(self) -> None:
+        owner = None if self.keep else [os.getpid(), _start_time(os.getpid())]
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        path = STATE_DIR / f"{self.id}.json"
+        path.write_text(json.dumps({**self.state(), "owner": owner}))
+
+
+def sweep_stale() -> list[str]:
+    """Tear down the networks whose owning process is gone (a run that was killed before
+    its teardown); returns their ids. Kept networks (``keep=True``) are left alone."""
+    swept = []
+    for path in sorted(STATE_DIR.glob("*.json")) if STATE_DIR.is_dir() else []:
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        owner = state.get("owner")
+        if owner and _start_time(owner[0]) != owner[1]:
+            teardown_state(state)
+            swept.append(state["id"])
+    return swept
+
+
+def _start_time(pid: int) -> str:
+    """When ``pid`` started (in clock ticks since boot), or "" if it is gone: a pid with
+    another start time is another process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
 
 def teardown_state(state: dict[str, Any]) -> None:
     """Remove the network described by ``Network.state()``: kill the processes in its
@@ -356,6 +402,7 @@ def teardown_state(state: dict[str, Any]) -> None:
             if group.is_dir():
                 _rmdir(group)
         _rmdir(Path(root))
+    (STATE_DIR / f"{run_id}.json").unlink(missing_ok=True)
 
 
 def leftovers(run_id: str) -> list[str]:
