@@ -1,7 +1,9 @@
-"""``cherami cluster up|down``: a local multi-process cluster on loopback."""
+"""``cherami cluster up|down``: a local multi-process cluster on loopback, or with
+``--netns`` each process on a host of its own (a Linux network namespace)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -23,10 +25,15 @@ def cluster() -> None:
 @click.option("--controllers", default=2, show_default=True)
 @click.option("--frontends", default=1, show_default=True)
 @click.option("--port", default=8080, show_default=True, help="Port of the first frontend.")
+@click.option("--netns", is_flag=True, help="Each process in a network namespace (root).")
+@click.option("--zones", default="", help="With --netns: zone names (a,b,c), dealt in turn.")
+@click.option("--cpu-quota", type=float, help="With --netns: CPUs per host (0.1 = 10%).")
 def up(root: str, metadata: str | None, stores: int, inputs: int, outputs: int,
-       controllers: int, frontends: int, port: int) -> None:  # fmt: skip
+       controllers: int, frontends: int, port: int, netns: bool, zones: str,
+       cpu_quota: float | None) -> None:  # fmt: skip
     """Start the cluster in the background; prints the frontend URL."""
     from cherami.cluster.local import LocalCluster
+    from cherami.cluster.netns import NetnsCluster
 
     path = Path(root).resolve()
     if (path / "cluster.json").exists():
@@ -35,24 +42,39 @@ def up(root: str, metadata: str | None, stores: int, inputs: int, outputs: int,
         "storehost": stores, "controller": controllers, "inputhost": inputs,
         "outputhost": outputs, "frontend": max(1, frontends),
     }  # fmt: skip
-    local = LocalCluster(path, metadata or f"sqlite:///{path}/metadata.db", counts, port)
+    if (zones or cpu_quota) and not netns:
+        raise click.ClickException("--zones and --cpu-quota need --netns")
+    url = metadata or f"sqlite:///{path}/metadata.db"
+    local = (
+        NetnsCluster(path, url, counts, port, zones=[z for z in zones.split(",") if z] or None,
+                     cpu_quota=cpu_quota, keep=True)
+        if netns else LocalCluster(path, url, counts, port)
+    )  # fmt: skip
     try:
         local.up()
     except Exception:
         local.down()
         raise
     for name, proc in local.procs.items():
-        click.echo(f"{name:14} pid {proc.pid:<8} {proc.address}")
+        zone = f"  zone {local.zones[name]}" if isinstance(local, NetnsCluster) else ""
+        click.echo(f"{name:14} pid {proc.pid:<8} {proc.address}{zone}")
     click.echo(f"frontend: {local.url}")
 
 
 @cluster.command()
 @click.option("--dir", "root", default="./cluster", show_default=True)
 def down(root: str) -> None:
-    """Stop the cluster started in --dir."""
+    """Stop the cluster started in --dir (and remove its namespaces, if it has them)."""
     from cherami.cluster.local import down_from_state
+    from cherami.cluster.netns import teardown_state
 
     path = Path(root).resolve()
     if not (path / "cluster.json").exists():
         raise click.ClickException(f"no cluster is up in {path}")
-    click.echo(f"stopped {down_from_state(path)} processes")
+    network = json.loads((path / "cluster.json").read_text()).get("netns")
+    try:
+        click.echo(f"stopped {down_from_state(path)} processes")
+    finally:
+        if network:
+            teardown_state(network)
+            click.echo(f"removed {len(network['hosts'])} network namespaces")

@@ -32,6 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from cherami.cluster.local import LocalCluster, RoleProc
 
@@ -526,20 +527,24 @@ class NetnsCluster(LocalCluster):
         zones: list[str] | None = None,
         cpu_quota: float | dict[str, float] | None = None,
         network: Network | None = None,
+        keep: bool = False,
     ) -> None:
+        """``keep``: the hosts outlive this process (see ``Network``)."""
         super().__init__(root, metadata, counts, frontend_port or 8080, extra_args)
         zones = zones or ["default"]
         self.zones: dict[str, str] = {}
         for role in {p.role for p in self.procs.values()}:
             for i, name in enumerate(self.names(role)):
                 self.zones[name] = zones[i % len(zones)]
-        self.network = network or Network(self.zones, cpu_quota)
+        self.network = network or Network(self.zones, cpu_quota, keep=keep)
         self._zone_flag: bool | None = None
         self._stopped = False
 
     def up(self, timeout: float = 60.0) -> None:
-        """Build the network (unless it is up), then start every role as LocalCluster does."""
+        """Build the network (unless it is up), then start every role as LocalCluster does.
+        A PostgreSQL metadata URL on loopback is reached through a relay on the gateway."""
         self.network.up()
+        self.metadata = _reachable(self.network, self.metadata)
         for name, proc in self.procs.items():
             port = proc.port or HOST_PORT
             proc.port = port
@@ -591,6 +596,17 @@ class NetnsCluster(LocalCluster):
             super().down(timeout)
         finally:
             self.network.teardown()
+
+
+def _reachable(network: Network, metadata: str) -> str:
+    """``metadata`` as the hosts can reach it: a PostgreSQL URL on loopback (which the
+    namespaces do not share) goes through a relay on the gateway."""
+    url = urlsplit(metadata)
+    if not url.scheme.startswith("postgres") or url.hostname not in ("127.0.0.1", "localhost"):
+        return metadata
+    relay = network.relay(f"127.0.0.1:{url.port or 5432}")
+    user = url.netloc.rsplit("@", 1)[0] + "@" if "@" in url.netloc else ""
+    return urlunsplit(url._replace(netloc=user + relay))
 
 
 # ``python -m cherami.cluster.netns relay LISTEN_HOST TARGET_HOST:PORT``
