@@ -6,6 +6,7 @@ iproute2 and iptables; a missing facility fails these tests, never skips them.""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -264,3 +265,27 @@ async def test_store_host_cut_off_from_input_hosts_loses_nothing(
     assert report["acked"] > acked_before, report
     assert report["lost"] == 0, report
     assert report["unexpected"] == 0, report
+
+
+def test_cli_cluster_up_netns_and_down_leave_nothing(tmp_path: Path) -> None:
+    """``cherami cluster up --netns`` (SQLite metadata: the namespaces share the disk, not
+    the network) and ``cluster down``, which removes the hosts from the saved state."""
+    cli = [sys.executable, "-m", "cherami.cli.main", "cluster"]
+    root = str(tmp_path / "cli")
+    up = subprocess.run(
+        [*cli, "up", "--dir", root, "--netns", "--zones", "a,b", "--cpu-quota", "0.5",
+         "--controllers", "1", "--inputs", "1", "--outputs", "1", "--port", "8090"],
+        capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+    state = json.loads((tmp_path / "cli" / "cluster.json").read_text())
+    run_id = state["netns"]["id"]
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "zone b" in up.stdout
+        assert len({p["address"] for p in state["procs"].values()}) == 7
+        assert state["url"].endswith(":8090")
+        assert _ip("netns", "list").count(f"ch{run_id}-") == 7
+    finally:
+        down = subprocess.run([*cli, "down", "--dir", root], capture_output=True, text=True)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert leftovers(run_id) == []
