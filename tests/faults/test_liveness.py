@@ -32,7 +32,7 @@ import psycopg
 import pytest
 
 from cherami.client.asyncclient import AsyncClient
-from cherami.client.models import Received
+from cherami.client.models import OutgoingMessage, Received
 from cherami.cluster.local import LocalCluster
 from cherami.errors import CheramiError
 from cherami.roles.outputhost.ownership import LEASE_TTL
@@ -45,6 +45,8 @@ __all__ = ["private_postgres"]  # the fixture, imported for pytest
 
 PG = "postgresql://postgres@127.0.0.1:5432/test"
 GROUP = "workers"
+BURST_DELAY = 10.0  # the outage test's backlog comes due this long after it is published
+PAUSE_RESUME_BOUND = 6.0  # seconds: a paused host's group is delivered again by then
 
 pytestmark = pytest.mark.postgres
 
@@ -179,7 +181,7 @@ async def _start(
     return work
 
 
-async def _publish(client: AsyncClient, queue: str, bodies: list[str]) -> None:
+async def _publish(client: AsyncClient, queue: str, bodies: list[Any]) -> None:
     """Publish with retries (a new queue may take a moment to get an input host)."""
     deadline = time.monotonic() + 30
     while True:
@@ -255,6 +257,8 @@ async def test_paused_output_host_connected_consumers_get_everything(cluster: Cl
     )  # fmt: skip
     _logs(cluster, [holder])
     assert report["acked"] > 500, "too little was published"
+    stall = h.longest_stall(since=paused_at)
+    assert stall < PAUSE_RESUME_BOUND, f"nothing delivered for {stall:.1f}s of the pause"
     assert tail, "nothing was published after the HTTP consumer stopped"
     assert not h.consumer_failures, h.consumer_failures
     _assert_checked(h, report)
@@ -287,12 +291,16 @@ async def test_metadata_outage_streams_resume_and_acks_are_503(
             with contextlib.suppress(CheramiError):
                 held = await holder.receive(queue, "holders", max_messages=20, wait_seconds=2)
 
-        # a backlog for the outage: a host that went on delivering after its lease ran out
-        # would be seen doing so
-        burst = [f"burst-{i}" for i in range(30_000)]
+        # a backlog that comes due just after the database stops (delayed messages): a
+        # host that went on delivering after its lease ran out would be seen doing so
+        burst = [f"burst-{i}" for i in range(40_000)]
         h.attempted.update(burst)
-        await _publish(holder, queue, burst)
-        h.published("burst", burst, time.time())
+        due = time.time() + BURST_DELAY
+        await _publish(
+            holder, queue, [OutgoingMessage(b, delay_seconds=BURST_DELAY) for b in burst]
+        )
+        h.published("burst", burst, due)  # acked now, deliverable from then on
+        await asyncio.sleep(max(0.0, due - 0.5 - time.time()))
         stopped_at = time.time()
         await asyncio.to_thread(private_postgres.stop)
         try:
@@ -325,13 +333,19 @@ async def test_metadata_outage_streams_resume_and_acks_are_503(
     during = [r for s, e, r in acks if s >= stopped_at + 1 and e <= started_at]
     # no host can renew a lease while the database is down: past LEASE_TTL (and a slack
     # for frames already on their way) nobody may deliver
-    unfenced = [d for d in h.deliveries if stopped_at + LEASE_TTL + 2 < d.at < started_at]
+    fenced_from = stopped_at + LEASE_TTL + 2
+    unfenced = [d for d in h.deliveries if fenced_from < d.at < started_at]
+    first = {}
+    for d in h.deliveries:
+        first[d.body] = min(d.at, first.get(d.body, d.at))
+    backlog = sum(1 for b in burst if first.get(b, started_at) > fenced_from)
     _print(
         "metadata outage", h, report, outage_s=round(started_at - stopped_at, 1),
         held=len(held), acks_during_outage=during,
         delivered_in_outage=sum(1 for d in h.deliveries if stopped_at < d.at < started_at),
         acks_after=[r for s, e, r in acks if e > started_at],
         deliveries_past_lease_ttl_in_outage=len(unfenced),
+        burst_waiting_past_lease_ttl=backlog,
         tail_acked=len(tail),
         tail_to_streams=sum(1 for d in h.seen() if d.body in tail and d.consumer in streams),
         stream_deliveries_after_outage=work.delivered_to(streams, started_at),
