@@ -10,7 +10,7 @@ PORT   ?= 8080
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: install run demo test test-fast test-spark lint bench bench-quick bench-throughput bench-floor bench-spark clean
+.PHONY: install sysdeps run demo test test-fast test-spark lint bench bench-quick bench-throughput bench-floor bench-spark clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,13 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(PY) demo/crash_reports.py
 
+## sysdeps: the system tools the network-namespace tests use (Debian; needs root)
+sysdeps:
+	@command -v ip >/dev/null && command -v iptables >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq iproute2 iptables >/dev/null)
+
 ## test: the whole suite (unit, contract, integration, Spark, faults)
-test: $(STAMP)
+test: $(STAMP) sysdeps
 	$(PY) -m pytest -p no:cacheprovider
 
 test-spark: $(STAMP)
