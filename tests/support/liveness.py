@@ -286,8 +286,8 @@ class History:
             if len(ds) > 1 and len(out) < limit:
                 ds.sort(key=lambda d: d.at)
                 out.append(f"{body}: " + "; ".join(
-                    f"{d.consumer}{'#' + str(d.conn.index) if d.conn else ''} count {d.count} "
-                    f"+{d.at - ds[0].at:.3f}s {d.settle} {d.result()}"
+                    f"{d.consumer}{'#' + str(d.conn.index) if d.conn else ''} {d.msg_id} "
+                    f"count {d.count} +{d.at - ds[0].at:.3f}s {d.settle} {d.result()}"
                     for d in ds
                 ))  # fmt: skip
         return out
