@@ -25,6 +25,12 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     role: str | None = None  # one role per process (a cluster); None: every role (a node)
     metadata: str | None = None  # sqlite:///path or postgresql://...; node default DIR/metadata.db
     advertise: str | None = None  # HOST:PORT other hosts reach this one at
+    zone: str = ""  # a failure domain (rack, zone): replicas of an extent go to distinct ones
+    load_report_interval: float = 2.0  # seconds between a host's load reports
+    # the leading controller opens an extent for a queue above extent_target_rate for
+    # this long on average, and seals one below half of it for scale_down_window
+    scale_up_window: float = 10.0
+    scale_down_window: float = 60.0
     extent_max_messages: int = 1_000_000  # an open extent this large is sealed, a new one opens
 
     def check(self, auth_enabled: bool) -> None:
@@ -36,6 +42,12 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise InvalidRequest("--extent-max-messages must be at least 1")
         if self.stores < 1:
             raise InvalidRequest("--stores must be at least 1")
+        if not 0.1 <= self.load_report_interval <= 60:
+            raise InvalidRequest("--load-report-interval must be 0.1 to 60 seconds")
+        if not 0 < self.scale_up_window <= self.scale_down_window <= 3600:
+            raise InvalidRequest(
+                "--scale-up-window and --scale-down-window: 0 < up <= down <= 3600 seconds"
+            )
         if not auth_enabled and not self.allow_remote_without_auth and not _is_loopback(self.host):
             raise InvalidRequest(
                 f"refusing to listen on {self.host} without API keys; give --auth-file, "

@@ -8,11 +8,14 @@ import asyncio
 import logging
 import os
 import time
+from functools import partial
 
 from aiohttp import web
 
+from cherami.cluster.loadmeter import LoadMeter, LoadSources
+from cherami.cluster.roles import delivered_counts
 from cherami.config import NodeConfig
-from cherami.metadata.models import Host
+from cherami.metadata.models import Extent, Host
 from cherami.metadata.sqlite import SqliteMetadataStore
 from cherami.periodic import Periodic
 from cherami.roles.controller.retention import Retention
@@ -28,7 +31,19 @@ from cherami.roles.storehost.process import StoreProcess
 log = logging.getLogger("cherami.node")
 
 INPUT_HOST_ID = "inputhost-0"
+FRONTEND_ID, CONTROLLER_ID, OUTPUT_HOST_ID = "frontend-0", "controller-0", "outputhost-0"
 RETENTION_INTERVAL = 2.0
+NODE_HEARTBEAT = 1.0  # the node's roles in the hosts table (alive within 3 s)
+
+
+def _cpu_seconds(proc: StoreProcess) -> float:
+    """CPU seconds a child process has used (Linux /proc; 0 where unknown)."""
+    try:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, TypeError):
+        return 0.0
 
 
 class Node:
@@ -67,6 +82,7 @@ class Node:
         )
         self._retention = Periodic("retention", RETENTION_INTERVAL, retention.tick)
         self._retention.start()
+        self._hosts: list[tuple[Host, LoadMeter]] = []
         roles = Roles(
             metadata=self.metadata, stores=self.stores, controller=self.controller,
             inputs=self.inputs, outputs=self.outputs, keys=self.keys, metrics=Metrics(),
@@ -79,6 +95,10 @@ class Node:
         server = site._server
         assert server is not None
         self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        self._hosts = self._role_hosts()
+        self._heartbeats = Periodic("node heartbeat", NODE_HEARTBEAT, self._beat)
+        await self._beat()
+        self._heartbeats.start()
         self.ready = True
 
     async def _store_up(self, store_id: str, address: str) -> None:
@@ -90,8 +110,48 @@ class Node:
         if hasattr(self, "controller"):  # a restart: seal what was sealed while it was away
             await self.controller.reseal_replicas(store_id)
 
-    async def _input_host(self, prefer: set[str]) -> str:
+    async def _input_host(self, queue_extents: list[Extent]) -> str:
         return INPUT_HOST_ID
+
+    def _role_hosts(self) -> list[tuple[Host, LoadMeter]]:
+        """The node's roles as hosts of the hosts table (GET /v1/cluster), each with a
+        meter: the in-process roles report this process's CPU; a store host (a child
+        process) its own CPU, its data dir's disk and the node's appends to it."""
+        cfg = self.config
+        address = f"{cfg.host}:{self.port}"
+        data = cfg.data_dir
+        inputs = LoadSources(counters=self.inputs.extent_counts, data_dir=data)
+        outputs = LoadSources(counters=lambda: delivered_counts(self.outputs), data_dir=data)
+        interval = cfg.load_report_interval
+        hosts = [
+            (Host(id=host_id, role=role, address=address, heartbeat_at=0.0, zone=cfg.zone),
+             LoadMeter(sources, interval))
+            for host_id, role, sources in [
+                (FRONTEND_ID, "frontend", LoadSources(data_dir=data)),
+                (CONTROLLER_ID, "controller", LoadSources(data_dir=data)),
+                (INPUT_HOST_ID, "inputhost", inputs),
+                (OUTPUT_HOST_ID, "outputhost", outputs),
+            ]
+        ]  # fmt: skip
+        for proc in self.store_processes:
+            meter = LoadMeter(
+                LoadSources(counters=partial(self.inputs.extent_counts, proc.store_id),
+                            data_dir=proc.data_dir),
+                interval, cpu_clock=partial(_cpu_seconds, proc),
+            )  # fmt: skip
+            host = Host(id=proc.store_id, role="storehost", address=proc.address,
+                        heartbeat_at=0.0, zone=cfg.zone)  # fmt: skip
+            hosts.append((host, meter))
+        return hosts
+
+    async def _beat(self) -> None:
+        now = time.time()
+        for host, meter in self._hosts:
+            host.heartbeat_at = now
+            if host.role == "storehost":
+                host.address = self.stores.get(host.id).address
+            host.load = meter.report()
+            await self.metadata.heartbeat(host)
 
     async def _replace_extent(self, extent_id: str) -> None:
         await self.controller.replace_extent(extent_id)
@@ -110,6 +170,8 @@ class Node:
         self.ready = False
         if hasattr(self, "_retention"):
             await self._retention.stop()
+        if hasattr(self, "_heartbeats"):
+            await self._heartbeats.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         if hasattr(self, "outputs"):

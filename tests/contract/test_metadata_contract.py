@@ -19,10 +19,12 @@ from cherami.metadata.models import (
     SEALED,
     AckLevel,
     Extent,
+    ExtentLoad,
     Fence,
     Group,
     GroupConfig,
     Host,
+    LoadReport,
     Queue,
     QueueConfig,
     Redelivery,
@@ -450,3 +452,55 @@ async def test_a_stale_fence_refuses_redeliveries(meta: MetadataStore) -> None:
     current = Fence(lease="group:q1/g", epoch=old + 1)
     await meta.put_redeliveries([], [_redelivery(1)], fence=current)
     assert await meta.get_redeliveries("q1", "g") == []
+
+
+async def test_hosts_carry_zone_and_latest_load_report(meta: MetadataStore) -> None:
+    now = time.time()
+    report = LoadReport(
+        at=now, interval=2.0, cpu=0.25, open_extents=2, connections=3,
+        disk_free_bytes=10 << 30, disk_total_bytes=100 << 30, append_p99_ms=1.5,
+        extents={"e1": ExtentLoad(msgs_in=500.0, bytes_in=50_000.0)},
+    )  # fmt: skip
+    await meta.heartbeat(
+        Host(id="i0", role="inputhost", address="10.0.0.1:1", heartbeat_at=now,
+             zone="a", load=report)  # fmt: skip
+    )
+    await meta.heartbeat(Host(id="s0", role="storehost", address="10.0.0.2:1", heartbeat_at=now))
+    await meta.heartbeat(
+        Host(id="old", role="storehost", address="10.0.0.3:1", heartbeat_at=now - 60)
+    )
+    (host,) = await meta.list_hosts("inputhost", alive_within=10)
+    assert (host.zone, host.load) == ("a", report)
+    assert host.load is not None and host.load.msgs_in() == 500.0
+    # a beat without a report keeps the last one; the zone follows the beat
+    await meta.heartbeat(
+        Host(id="i0", role="inputhost", address="10.0.0.1:1", heartbeat_at=now + 1, zone="b")
+    )
+    (host,) = await meta.list_hosts("inputhost", alive_within=10)
+    assert (host.zone, host.load, host.heartbeat_at) == ("b", report, now + 1)
+    (store,) = await meta.list_hosts("storehost", alive_within=10)
+    assert (store.id, store.zone, store.load) == ("s0", "", None)
+    # every role, and dead hosts too
+    assert [h.id for h in await meta.list_hosts(None, alive_within=10)] == ["i0", "s0"]
+    assert [h.id for h in await meta.list_hosts(None, alive_within=None)] == ["i0", "old", "s0"]
+
+
+async def test_sqlite_made_before_zones_gains_the_hosts_columns(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = str(tmp_path / "old.db")
+    db = sqlite3.connect(path)
+    db.execute(
+        "CREATE TABLE hosts (id TEXT PRIMARY KEY, role TEXT NOT NULL, address TEXT NOT NULL, "
+        "heartbeat_at REAL NOT NULL)"
+    )
+    db.execute("INSERT INTO hosts VALUES ('s0', 'storehost', '127.0.0.1:1', ?)", (time.time(),))
+    db.commit()
+    db.close()
+    meta = SqliteMetadataStore(path)
+    (host,) = await meta.list_hosts("storehost", alive_within=10)
+    assert (host.id, host.zone, host.load) == ("s0", "", None)
+    await meta.heartbeat(msgspec.structs.replace(host, zone="z", load=LoadReport(cpu=0.5)))
+    (host,) = await meta.list_hosts("storehost", alive_within=10)
+    assert (host.zone, host.load) == ("z", LoadReport(cpu=0.5))
+    await meta.close()

@@ -16,10 +16,13 @@ PG = "postgresql://postgres@127.0.0.1:5432/test"
 
 
 @contextlib.contextmanager
-def cluster_on_postgres(root: Path, counts: dict[str, int]) -> Iterator[tuple[LocalCluster, str]]:
-    """The cluster, up, and its metadata schema's name."""
+def cluster_on_postgres(
+    root: Path, counts: dict[str, int], extra_args: list[str] | None = None
+) -> Iterator[tuple[LocalCluster, str]]:
+    """The cluster, up, and its metadata schema's name. ``extra_args`` go to every
+    ``cherami serve`` of it."""
     schema = f"c_{uuid.uuid4().hex[:12]}"
-    local = LocalCluster(root, f"{PG}?schema={schema}", counts)
+    local = LocalCluster(root, f"{PG}?schema={schema}", counts, extra_args=extra_args)
     try:
         local.up()
         yield local, schema

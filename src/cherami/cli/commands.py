@@ -109,6 +109,8 @@ def queue() -> None:
 @click.option("--type", "type_", type=click.Choice(["ap", "cp"]), help="Consistency (default ap).")
 @click.option("--replicas", type=int)
 @click.option("--min-extents", type=int)
+@click.option("--max-extents", type=int)
+@click.option("--extent-target-rate", type=float, help="msgs/s one extent should carry.")
 @click.option("--delay-seconds", type=float)
 @click.option("--retention-seconds", type=float)
 @click.option("--max-message-bytes", type=int)

@@ -42,6 +42,16 @@ def cli() -> None:
 )
 @click.option("--metadata", help="sqlite:///path or postgresql://... (needed with --role).")
 @click.option("--advertise", help="HOST:PORT at which other hosts reach this one.")
+@click.option("--zone", help="Failure domain of this host; replicas go to distinct zones.")
+@click.option("--load-report-interval", type=float, help="Seconds between load reports (2).")
+@click.option(
+    "--scale-up-window", type=float,
+    help="Seconds a queue must run above extent_target_rate before an extent opens (10).",
+)  # fmt: skip
+@click.option(
+    "--scale-down-window", type=float,
+    help="Seconds a queue must run below half of it before an extent is sealed (60).",
+)  # fmt: skip
 @click.option(
     "--extent-max-messages", type=int,
     help="Seal an open extent once it holds this many messages (default 1,000,000).",
@@ -59,7 +69,7 @@ def serve(config_file: str | None, **args: Any) -> None:
 def main() -> None:
     # import the package module, not ``__main__``: under ``python -m cherami.cli.main``
     # this file runs as a second module whose ``cli`` the commands never see
-    from cherami.cli import cluster, commands  # noqa: F401
+    from cherami.cli import cluster, clusterstatus, commands  # noqa: F401
     from cherami.cli import main as package_main
 
     package_main.cli()

@@ -9,6 +9,7 @@ import os
 import secrets
 import time
 
+from cherami.cluster.loadmeter import LoadMeter
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Host
 from cherami.periodic import Periodic
@@ -39,9 +40,14 @@ def host_id(data_dir: str, role: str) -> str:
 
 
 class Membership:
-    def __init__(self, metadata: MetadataStore, host: str, role: str, address: str) -> None:
+    def __init__(
+        self, metadata: MetadataStore, host: str, role: str, address: str,
+        zone: str = "", meter: LoadMeter | None = None,
+    ) -> None:  # fmt: skip
+        """Every beat carries the ``meter``'s latest load report (made every 2 s)."""
         self.metadata = metadata
-        self.host = Host(id=host, role=role, address=address, heartbeat_at=0.0)
+        self.host = Host(id=host, role=role, address=address, heartbeat_at=0.0, zone=zone)
+        self.meter = meter
         self._beats = Periodic(f"heartbeat of {host}", HEARTBEAT_INTERVAL, self.beat)
 
     async def start(self) -> None:
@@ -50,6 +56,8 @@ class Membership:
 
     async def beat(self) -> None:
         self.host.heartbeat_at = time.time()
+        if self.meter is not None:
+            self.host.load = self.meter.report()
         await self.metadata.heartbeat(self.host)
 
     async def stop(self) -> None:

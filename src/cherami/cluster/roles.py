@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import Counter
 from typing import Any
 
 import aiohttp
 import msgspec
 from aiohttp import web
 
+from cherami.cluster.loadmeter import Counts, LoadMeter, LoadSources
 from cherami.cluster.membership import (
     CONTROLLER,
     INPUTHOST,
@@ -28,11 +28,13 @@ from cherami.cluster.membership import (
 from cherami.config import NodeConfig
 from cherami.errors import Unavailable
 from cherami.metadata.base import MetadataStore
-from cherami.metadata.models import FAILING, OPEN
+from cherami.metadata.models import FAILING, OPEN, Extent
 from cherami.metadata.open import open_metadata
 from cherami.roles.controller.leader import Leader
+from cherami.roles.controller.placement import pick_input_host
+from cherami.roles.controller.scaling import ScalingPolicy
 from cherami.roles.controller.service import ControllerService
-from cherami.roles.frontend.app import Roles, build_app
+from cherami.roles.frontend.app import STREAMS, Roles, build_app
 from cherami.roles.frontend.auth import KeyRing
 from cherami.roles.frontend.metrics import Metrics
 from cherami.roles.frontend.proxy import Router
@@ -67,6 +69,7 @@ class RoleProcess:
         self.address = ""
         self.ready = False
         self._stoppers: list[Any] = []
+        self._load_sources = LoadSources(data_dir=config.data_dir)
 
     async def start(self) -> str:
         cfg = self.config
@@ -76,7 +79,10 @@ class RoleProcess:
             await self._start_storehost()
         else:
             await self._start_api_role()
-        self.membership = Membership(self.metadata, self.id, self.role, self.address)
+        self.membership = Membership(
+            self.metadata, self.id, self.role, self.address, self.config.zone,
+            LoadMeter(self._load_sources, self.config.load_report_interval),
+        )  # fmt: skip
         await self.membership.start()
         self._stoppers.insert(0, self.membership.stop)
         self.ready = True
@@ -89,6 +95,10 @@ class RoleProcess:
         store = RocksExtentStore(os.path.join(self.config.data_dir, "rocksdb"))
         service = StoreHostService(store, self.config.host, self.config.port)
         await service.start()
+        self._load_sources.counters = service.extent_counts
+        self._load_sources.open_extents = service.open_extents
+        self._load_sources.connections = service.connections
+        self._load_sources.append_p99_ms = service.appends.p99_ms
         self.address = self._advertise(service.address)
         self._stoppers.append(service.stop)
 
@@ -100,14 +110,16 @@ class RoleProcess:
         controller = ControllerService(
             self.metadata, stores, self._pick_input_host,
             manage_extents=self.role == CONTROLLER,
-            live_stores=lambda: watcher.live,
+            live_stores=lambda: watcher.live, default_min_extents=2,
         )  # fmt: skip
+        self.controller = controller
         inputs = outputs = None
         if self.role == INPUTHOST:
             inputs = InputHostService(
                 self.id, self.metadata, stores, self._mark_failing, _nothing,
                 serves_every_queue=False,
             )  # fmt: skip
+            self._load_sources.counters = inputs.extent_counts
         if self.role == OUTPUTHOST:
             self.ownership = GroupOwnership(None, self.metadata, self.id)  # type: ignore[arg-type]
             outputs = OutputHostService(
@@ -115,13 +127,16 @@ class RoleProcess:
                 owns=self.ownership.owns, fence=self.ownership.fence,
             )  # fmt: skip
             self.ownership.outputs = outputs
+            self._load_sources.counters = lambda: delivered_counts(outputs)
             await outputs.start()
             self.ownership.start()
             self._stoppers += [self.ownership.stop, outputs.stop]
         if self.role == CONTROLLER:
+            scaling = ScalingPolicy(self.config.scale_up_window, self.config.scale_down_window)
             self.leader = Leader(
-                controller, self.metadata, self.id, watcher, self.config.extent_max_messages
-            )
+                controller, self.metadata, self.id, watcher, self.config.extent_max_messages,
+                scaling,
+            )  # fmt: skip
             self.leader.start()
             self._stoppers.append(self.leader.stop)
         roles = Roles(
@@ -130,6 +145,7 @@ class RoleProcess:
             router=self.router,
         )  # fmt: skip
         app = build_app(roles)
+        self._load_sources.connections = app[STREAMS].count
         if inputs is not None:
             app.router.add_post(INTERNAL_PUBLISH, _internal_publish(inputs, self.metadata))
         runner = web.AppRunner(app, access_log=None)
@@ -140,23 +156,20 @@ class RoleProcess:
         self.address = self._advertise(f"{self.config.host}:{port}")
         self._stoppers += [runner.cleanup, self.router.close, watcher.stop, stores.close]
 
-    async def _pick_input_host(self, prefer: set[str]) -> str:
-        """A live input host: one of ``prefer`` (where the queue's producers already
-        are) if any is alive, else the one with the fewest open extents."""
-        hosts = [h.id for h in await live_hosts(self.metadata, INPUTHOST)]
-        if preferred := sorted(set(hosts) & prefer):
-            hosts = preferred
+    async def _pick_input_host(self, queue_extents: list[Extent]) -> str:
+        """The live input host for a new extent of a queue whose open extents are
+        ``queue_extents``: by load reports (placement.py), one read of the hosts table."""
+        hosts = await live_hosts(self.metadata, INPUTHOST)
         if not hosts:
             raise Unavailable("no input host is alive")
-        load: Counter[str] = Counter()
-        for queue in await self.metadata.list_queues():
-            for extent in await self.metadata.list_extents(queue.name, (OPEN,)):
-                load[extent.input_host] += 1
-        return min(hosts, key=lambda h: (load[h], h))
+        return pick_input_host(hosts, queue_extents, self.controller.placed)
 
     async def _mark_failing(self, extent_id: str) -> None:
-        """A replica failed under this input host: the leading controller seals it."""
-        await self.metadata.set_extent_status(extent_id, FAILING)
+        """A replica failed under this input host: the leading controller seals it
+        (unless it is sealing it already, e.g. to scale the queue down)."""
+        extent = await self.metadata.get_extent(extent_id)
+        if extent is not None and extent.status == OPEN:
+            await self.metadata.set_extent_status(extent_id, FAILING)
 
     async def _publish_remote(self, queue: str, messages: list[Message]) -> list[str]:
         """Publish (to a DLQ) through an input host that serves the queue."""
@@ -182,6 +195,16 @@ class RoleProcess:
             except Exception:
                 log.exception("stopping %s failed", self.role)
         await self.metadata.close()
+
+
+def delivered_counts(outputs: OutputHostService) -> dict[str, Counts]:
+    """Messages and bytes delivered from each extent, over every group served here."""
+    counts: dict[str, Counts] = {}
+    for consumer in outputs.groups.values():
+        for cursor in consumer.cursors.values():
+            _, _, n, b = counts.get(cursor.id, (0, 0, 0, 0))
+            counts[cursor.id] = (0, 0, n + cursor.delivered, b + cursor.delivered_bytes)
+    return counts
 
 
 async def _nothing(queue: str) -> None:

@@ -80,7 +80,10 @@ class MetadataStore(Protocol):
     # membership and leadership
     async def heartbeat(self, host: Host) -> None: ...
 
-    async def list_hosts(self, role: str, alive_within: float) -> list[Host]: ...
+    async def list_hosts(self, role: str | None, alive_within: float | None) -> list[Host]:
+        """The hosts of ``role`` (None: every role) that heartbeat within the last
+        ``alive_within`` seconds (None: every host ever seen), by id, each with its
+        zone and latest load report."""
 
     async def lease_holder(self, name: str) -> str | None:
         """Who holds the lease now (None when nobody holds an unexpired one)."""

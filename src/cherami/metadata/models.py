@@ -12,6 +12,8 @@ from cherami.errors import InvalidName
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=365 * 86400)]
+Extents = Annotated[int, msgspec.Meta(ge=1, le=64)]
+TargetRate = Annotated[float, msgspec.Meta(gt=0, le=10_000_000)]
 
 OPEN, SEALED, CONSUMED, DELETED = "open", "sealed", "consumed", "deleted"
 FAILING = "failing"  # open, but its input host saw a replica fail: the controller seals it
@@ -32,7 +34,11 @@ class QueueConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     replicas: Annotated[int, msgspec.Meta(ge=1, le=9)] | None = None
     # fewest replicas a new extent may have while store hosts are down (None: replicas)
     min_replicas: Annotated[int, msgspec.Meta(ge=1, le=9)] | None = None
-    min_extents: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    # open plain extents the queue keeps at least (None: 1 on a node, 2 in a cluster,
+    # filled in when the queue is created) and at most (scaling by load opens up to it)
+    min_extents: Extents | None = None
+    max_extents: Extents = 16
+    extent_target_rate: TargetRate = 20_000  # msgs/s one extent should carry
     delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] = 0.0
     retention_seconds: Annotated[float, msgspec.Meta(ge=1, le=365 * 86400)] = 7 * 86400.0
     consumed_retention_seconds: Seconds = 0.0
@@ -41,7 +47,9 @@ class QueueConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class QueuePatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     min_replicas: Annotated[int, msgspec.Meta(ge=1, le=9)] | None = None
-    min_extents: Annotated[int, msgspec.Meta(ge=1, le=64)] | None = None
+    min_extents: Extents | None = None
+    max_extents: Extents | None = None
+    extent_target_rate: TargetRate | None = None
     delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] | None = None
     retention_seconds: Annotated[float, msgspec.Meta(ge=1, le=365 * 86400)] | None = None
     consumed_retention_seconds: Seconds | None = None
@@ -129,8 +137,39 @@ class Fence(msgspec.Struct, frozen=True):
     epoch: int
 
 
+class ExtentLoad(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One extent's traffic on one host over a load report's interval, per second:
+    in (appended: input and store hosts) and out (delivered: output hosts; read:
+    store hosts)."""
+
+    msgs_in: float = 0.0
+    bytes_in: float = 0.0
+    msgs_out: float = 0.0
+    bytes_out: float = 0.0
+
+
+class LoadReport(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What a host carried over the last ``interval`` seconds, computed every 2 s and
+    sent with its heartbeats. A field a role cannot measure is left out (None)."""
+
+    at: float = 0.0  # when it was computed (seconds since the epoch)
+    interval: float = 0.0
+    cpu: float = 0.0  # process CPU seconds per wall second (1.0: one core busy)
+    open_extents: int = 0
+    connections: int | None = None  # open streams (API roles) or store connections
+    disk_free_bytes: int | None = None  # of the data dir's file system
+    disk_total_bytes: int | None = None
+    append_p99_ms: float | None = None  # store hosts: p99 of a synced append round
+    extents: dict[str, ExtentLoad] = msgspec.field(default_factory=dict)
+
+    def msgs_in(self) -> float:
+        return sum(e.msgs_in for e in self.extents.values())
+
+
 class Host(msgspec.Struct, kw_only=True):
     id: str
     role: str
     address: str
     heartbeat_at: float
+    zone: str = ""  # --zone; "" when none was given
+    load: LoadReport | None = None  # its latest load report

@@ -35,6 +35,7 @@ from cherami.metadata.models import (
     Group,
     GroupConfig,
     Host,
+    LoadReport,
     Queue,
     QueueConfig,
     Redelivery,
@@ -107,6 +108,8 @@ MIGRATIONS: tuple[LiteralString, ...] = (
         PRIMARY KEY (queue, grp, extent, key)
     );
     """,
+    # zones and load reports (the hosts' latest, JSON) for placement and scaling
+    "ALTER TABLE hosts ADD COLUMN zone text NOT NULL DEFAULT '', ADD COLUMN load jsonb;",
 )
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -152,6 +155,14 @@ def _extent(row: Row) -> Extent:
         sealed_seq=sealed_seq,
         predecessor=predecessor,
     )
+
+
+def _host(row: Row) -> Host:
+    id_, role, address, heartbeat_at, zone, load = row
+    return Host(
+        id=id_, role=role, address=address, heartbeat_at=heartbeat_at, zone=zone,
+        load=None if load is None else msgspec.convert(load, LoadReport),
+    )  # fmt: skip
 
 
 async def _check_fence(cur: psycopg.AsyncCursor[Row], fence: Fence | None) -> None:
@@ -469,20 +480,23 @@ class PostgresMetadataStore:
     # membership and leadership
     async def heartbeat(self, host: Host) -> None:
         await self._execute(
-            "INSERT INTO hosts VALUES (%s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
+            "INSERT INTO hosts AS h (id, role, address, heartbeat_at, zone, load) "
+            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
             "role = excluded.role, address = excluded.address, "
-            "heartbeat_at = excluded.heartbeat_at",
-            (host.id, host.role, host.address, host.heartbeat_at),
+            "heartbeat_at = excluded.heartbeat_at, zone = excluded.zone, "
+            "load = COALESCE(excluded.load, h.load)",  # a beat without one keeps it
+            (host.id, host.role, host.address, host.heartbeat_at, host.zone,
+             None if host.load is None else _config(host.load)),  # fmt: skip
         )
 
-    async def list_hosts(self, role: str, alive_within: float) -> list[Host]:
-        since = time.time() - alive_within
+    async def list_hosts(self, role: str | None, alive_within: float | None) -> list[Host]:
+        since = -1.0 if alive_within is None else time.time() - alive_within
         rows = await self._fetchall(
-            "SELECT id, role, address, heartbeat_at FROM hosts "
-            "WHERE role = %s AND heartbeat_at >= %s ORDER BY id",
-            (role, since),
+            "SELECT id, role, address, heartbeat_at, zone, load FROM hosts "
+            "WHERE (%s::text IS NULL OR role = %s) AND heartbeat_at >= %s ORDER BY id",
+            (role, role, since),
         )
-        return [Host(id=i, role=r, address=a, heartbeat_at=h) for i, r, a, h in rows]
+        return [_host(row) for row in rows]
 
     async def lease_holder(self, name: str) -> str | None:
         row = await self._fetchone(

@@ -22,6 +22,7 @@ from cherami.metadata.models import (
     Group,
     GroupConfig,
     Host,
+    LoadReport,
     Queue,
     QueueConfig,
     Redelivery,
@@ -55,7 +56,8 @@ CREATE TABLE IF NOT EXISTS ack_levels (
     acked INTEGER NOT NULL, lim BLOB, PRIMARY KEY (queue, grp, extent)
 );
 CREATE TABLE IF NOT EXISTS hosts (
-    id TEXT PRIMARY KEY, role TEXT NOT NULL, address TEXT NOT NULL, heartbeat_at REAL NOT NULL
+    id TEXT PRIMARY KEY, role TEXT NOT NULL, address TEXT NOT NULL, heartbeat_at REAL NOT NULL,
+    zone TEXT NOT NULL DEFAULT '', load TEXT
 );
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL,
@@ -107,6 +109,14 @@ def _extent(row: tuple[Any, ...]) -> Extent:
     )
 
 
+def _host(row: tuple[Any, ...]) -> Host:
+    id_, role, address, heartbeat_at, zone, load = row
+    return Host(
+        id=id_, role=role, address=address, heartbeat_at=heartbeat_at, zone=zone,
+        load=None if load is None else msgspec.json.decode(load, type=LoadReport),
+    )  # fmt: skip
+
+
 _EXTENT_COLUMNS = "id, queue, kind, status, input_host, stores, created_at, sealed_seq, predecessor"
 
 
@@ -121,6 +131,10 @@ class SqliteMetadataStore:
         leases = [row[1] for row in self._db.execute("PRAGMA table_info(leases)")]
         if "epoch" not in leases:  # made before lease epochs
             self._db.execute("ALTER TABLE leases ADD COLUMN epoch INTEGER NOT NULL DEFAULT 1")
+        hosts = [row[1] for row in self._db.execute("PRAGMA table_info(hosts)")]
+        if "zone" not in hosts:  # made before zones and load reports
+            self._db.execute("ALTER TABLE hosts ADD COLUMN zone TEXT NOT NULL DEFAULT ''")
+            self._db.execute("ALTER TABLE hosts ADD COLUMN load TEXT")
 
     async def _run(self, fn: Callable[[], T]) -> T:
         try:
@@ -371,23 +385,26 @@ class SqliteMetadataStore:
     async def heartbeat(self, host: Host) -> None:
         await self._run(
             lambda: self._db.execute(
-                "INSERT INTO hosts VALUES (?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                "INSERT INTO hosts (id, role, address, heartbeat_at, zone, load) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
                 "role = excluded.role, address = excluded.address, "
-                "heartbeat_at = excluded.heartbeat_at",
-                (host.id, host.role, host.address, host.heartbeat_at),
+                "heartbeat_at = excluded.heartbeat_at, zone = excluded.zone, "
+                "load = COALESCE(excluded.load, hosts.load)",  # a beat without one keeps it
+                (host.id, host.role, host.address, host.heartbeat_at, host.zone,
+                 None if host.load is None else _json.encode(host.load)),  # fmt: skip
             )
         )
 
-    async def list_hosts(self, role: str, alive_within: float) -> list[Host]:
-        since = time.time() - alive_within
+    async def list_hosts(self, role: str | None, alive_within: float | None) -> list[Host]:
+        since = -1.0 if alive_within is None else time.time() - alive_within
         rows = await self._run(
             lambda: self._db.execute(
-                "SELECT id, role, address, heartbeat_at FROM hosts "
-                "WHERE role = ? AND heartbeat_at >= ? ORDER BY id",
-                (role, since),
+                "SELECT id, role, address, heartbeat_at, zone, load FROM hosts "
+                "WHERE (? IS NULL OR role = ?) AND heartbeat_at >= ? ORDER BY id",
+                (role, role, since),
             ).fetchall()
         )
-        return [Host(id=i, role=r, address=a, heartbeat_at=h) for i, r, a, h in rows]
+        return [_host(row) for row in rows]
 
     async def lease_holder(self, name: str) -> str | None:
         row = await self._run(

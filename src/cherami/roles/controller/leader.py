@@ -11,10 +11,19 @@ import time
 from cherami.cluster.membership import INPUTHOST, StoreWatcher, live_hosts
 from cherami.errors import CheramiError
 from cherami.metadata.base import MetadataStore
-from cherami.metadata.models import FAILING, OPEN, Extent, Fence
+from cherami.metadata.models import FAILING, OPEN, Extent, Fence, Queue
 from cherami.periodic import Periodic
 from cherami.roles.controller.retention import Retention
+from cherami.roles.controller.scaling import (
+    OPEN_ONE,
+    SEAL_ONE,
+    QueueLoad,
+    ScalingPolicy,
+    extent_rates,
+    extent_to_seal,
+)
 from cherami.roles.controller.service import ControllerService
+from cherami.wire.store import PLAIN
 
 log = logging.getLogger("cherami.controller.leader")
 
@@ -33,6 +42,7 @@ class Leader:
         controller_id: str,
         stores: StoreWatcher,
         max_extent_messages: int = 1_000_000,
+        scaling: ScalingPolicy | None = None,
     ) -> None:
         self.controller = controller
         self.metadata = metadata
@@ -42,6 +52,7 @@ class Leader:
         self._acting_until = 0.0
         self._seen_stores: set[str] = set()
         self.retention = Retention(controller, metadata, stores.stores, max_extent_messages)
+        self.scaling = scaling or ScalingPolicy()
         self._ticks = 0
         self._periodic = Periodic("controller tick", TICK, self._lead)
 
@@ -77,7 +88,11 @@ class Leader:
 
     async def tick(self) -> None:
         live_stores = await self.stores.refresh()
-        live_inputs = {h.id for h in await live_hosts(self.metadata, INPUTHOST)}
+        inputs = await live_hosts(self.metadata, INPUTHOST)
+        live_inputs = {h.id for h in inputs}
+        rates = extent_rates([
+            {e: load.msgs_in for e, load in h.load.extents.items()} for h in inputs if h.load
+        ])  # fmt: skip
         back = live_stores - self._seen_stores
         self._seen_stores = live_stores
         for store_id in back:
@@ -85,21 +100,49 @@ class Leader:
         # whole extents again for those opened degraded (min_replicas) once hosts are back
         await self.controller.restore_replication(rescan=bool(back))
         await self.controller.seal_stragglers()
-        for queue in await self.metadata.list_queues():
+        queues = await self.metadata.list_queues()
+        self.scaling.forget({q.name for q in queues})
+        for queue in queues:
             if not self.acting():  # the lease may have run out: leave the rest to the next
                 log.info("controller %s stops acting: its lease may have expired", self.id)
                 return
+            healthy = []
             for extent in await self.metadata.list_extents(queue.name, (OPEN, FAILING)):
                 if _needs_seal(extent, live_inputs, live_stores):
                     try:
                         await self.controller.seal_extent(extent)
                     except CheramiError as err:
                         log.warning("cannot seal extent %s yet: %s", extent.id, err)
+                else:
+                    healthy.append(extent)
             if live_inputs:
                 try:
                     await self.controller.ensure_extents(queue.name, patience=0)
+                    await self._scale(queue, healthy, rates)
                 except CheramiError as err:
                     log.warning("queue %s: cannot open extents: %s", queue.name, err)
+
+    async def _scale(self, queue: Queue, extents: list[Extent], rates: dict[str, float]) -> None:
+        """Open or seal one plain extent when the queue's rate says so (scaling.py)."""
+        plain = [e for e in extents if e.kind == PLAIN and e.status == OPEN]
+        load = QueueLoad(
+            extents=len(plain), rate=sum(rates.get(e.id, 0.0) for e in plain),
+            target=queue.config.extent_target_rate, min_extents=queue.config.min_extents or 1,
+            max_extents=queue.config.max_extents,
+        )  # fmt: skip
+        decision = self.scaling.decide(queue.name, load)
+        if decision == OPEN_ONE:
+            extent = await self.controller.scale_up(queue.name)
+            if extent is not None:
+                log.info(
+                    "queue %s carries %.0f msgs/s on %d extents: opened %s on %s",
+                    queue.name, load.rate, load.extents, extent.id, extent.input_host,
+                )  # fmt: skip
+        elif decision == SEAL_ONE and plain:
+            extent = extent_to_seal(plain, rates)
+            log.info("queue %s carries %.0f msgs/s on %d extents: sealing %s", queue.name,
+                     load.rate, load.extents, extent.id)  # fmt: skip
+            await self.controller.scale_down(extent)
 
 
 def _needs_seal(extent: Extent, live_inputs: set[str], live_stores: set[str]) -> bool:

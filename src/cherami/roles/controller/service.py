@@ -27,15 +27,19 @@ from cherami.metadata.models import (
     Fence,
     Group,
     GroupConfig,
+    Host,
     Queue,
     QueueConfig,
 )
+from cherami.roles.controller.placement import Placements, has_room, pick_stores
 from cherami.roles.storehost.client import StoreError
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.storage.keys import plain_key
 from cherami.wire.store import PLAIN, TIMER
 
 log = logging.getLogger("cherami.controller.service")
+
+STOREHOST = "storehost"
 
 DLQ_CURSOR = "_dlq_cursor"  # internal group on a DLQ queue: how far it was merged or purged
 PING = "_ping"  # an extent name no extent has: asking for it tests that a store answers
@@ -48,6 +52,17 @@ def new_extent_id() -> str:
 def dlq_name(queue: str, group: str) -> str:
     # the leading "_" keeps it out of the public name space (names start alphanumeric)
     return f"_dlq.{secrets.token_hex(6)}.{queue}.{group}"[:200]
+
+
+def check_extent_bounds(config: QueueConfig, default_min: int = 1) -> None:
+    """Fill ``min_extents`` in (default: 1 on a node, 2 in a cluster) and check it is at
+    most ``max_extents``."""
+    if config.min_extents is None:
+        config.min_extents = min(default_min, config.max_extents)
+    if config.min_extents > config.max_extents:
+        raise InvalidRequest(
+            f"min_extents {config.min_extents} exceeds max_extents {config.max_extents}"
+        )
 
 
 def check_min_replicas(config: QueueConfig) -> None:
@@ -80,19 +95,24 @@ class ControllerService:
         self,
         metadata: MetadataStore,
         stores: StoreDirectory,
-        pick_input_host: Callable[[set[str]], Awaitable[str]],
+        pick_input_host: Callable[[list[Extent]], Awaitable[str]],
         on_extents_changed: Callable[[str], None] = lambda queue: None,
         manage_extents: bool = True,
         live_stores: Callable[[], set[str]] | None = None,
+        default_min_extents: int = 1,
     ) -> None:
-        """``manage_extents`` false: only the leading controller opens extents (a
-        frontend in a cluster writes queues and groups and leaves extents to it)."""
+        """``pick_input_host`` is given the queue's open extents. ``manage_extents``
+        false: only the leading controller opens extents (a frontend in a cluster writes
+        queues and groups and leaves extents to it). ``default_min_extents``: a queue's
+        ``min_extents`` when its creator gave none (2 in a cluster)."""
         self.metadata = metadata
         self.stores = stores
         self._pick_input_host = pick_input_host
         self._on_extents_changed = on_extents_changed
         self.manage_extents = manage_extents
         self._live_stores = live_stores
+        self.default_min_extents = default_min_extents
+        self.placed = Placements()  # placements the hosts' load reports do not show yet
         # replicas a seal could not reach; sealed when they answer again
         self.unsealed_replicas: set[tuple[str, str]] = set()
         # open extents with fewer replicas than their queue's (extent id -> queue)
@@ -119,6 +139,7 @@ class ControllerService:
                 f"replicas {config.replicas} exceeds the {len(self.stores.ids())} store hosts"
             )
         check_min_replicas(config)
+        check_extent_bounds(config, self.default_min_extents)
         self._warn_without_spare_store(name, config)
         async with self._lock(name):
             queue = Queue(name=name, config=config, created_at=time.time(), dlq_of=dlq_of)
@@ -137,6 +158,7 @@ class ControllerService:
     async def update_queue(self, queue: Queue) -> None:
         """Store a changed config and open extents up to its min_extents."""
         check_min_replicas(queue.config)
+        check_extent_bounds(queue.config, self.default_min_extents)
         async with self._lock(queue.name):
             await self.metadata.update_queue(queue)
             await self._ensure_extents(queue)
@@ -188,7 +210,7 @@ class ControllerService:
         dlq = dlq_name(queue_name, name)
         dlq_config = QueueConfig(
             replicas=queue.config.replicas, min_replicas=queue.config.min_replicas,
-            retention_seconds=queue.config.retention_seconds,
+            retention_seconds=queue.config.retention_seconds, min_extents=1,
         )  # fmt: skip
         group = Group(
             queue=queue_name, name=name, config=config, created_at=time.time(),
@@ -222,20 +244,64 @@ class ControllerService:
         open_extents = await self.metadata.list_extents(queue.name, (OPEN,))
         plain = [e for e in open_extents if e.kind == PLAIN]
         created: list[Extent] = []
-        # a replacement goes where the queue's producers are: its other open extents
-        prefer = frozenset(e.input_host for e in open_extents)
         heads = await self._unsucceeded(queue) if queue.config.type == "cp" else []
-        for i in range(queue.config.min_extents - len(plain)):
+        for i in range((queue.config.min_extents or 1) - len(plain)):
             predecessor = heads[i].id if i < len(heads) else None
             created.append(
-                await self._create_extent(queue, PLAIN, predecessor=predecessor, prefer=prefer)
+                await self._create_extent(
+                    queue, PLAIN, predecessor=predecessor, beside=open_extents + created
+                )
             )
-        with_timer = {e.input_host for e in open_extents if e.kind == TIMER}
-        for host in sorted({e.input_host for e in plain + created} - with_timer):
-            created.append(await self._create_extent(queue, TIMER, input_host=host))
+        created += await self._timers_beside(queue, open_extents, created)
         if created:
             self._on_extents_changed(queue.name)
         return created
+
+    async def _timers_beside(
+        self, queue: Queue, open_extents: list[Extent], created: list[Extent]
+    ) -> list[Extent]:
+        """A timer extent on every input host that has a plain extent of the queue and
+        no timer extent yet."""
+        plain = [e for e in open_extents if e.kind == PLAIN]
+        timers = []
+        with_timer = {e.input_host for e in open_extents if e.kind == TIMER}
+        for host in sorted({e.input_host for e in plain + created} - with_timer):
+            timers.append(await self._create_extent(queue, TIMER, input_host=host))
+        return timers
+
+    async def scale_up(self, queue_name: str) -> Extent | None:
+        """Open one more plain extent for the queue (throughput), up to max_extents, on
+        the input host that holds the fewest of its extents."""
+        if not self.manage_extents:
+            return None
+        async with self._lock(queue_name):
+            queue = await self.metadata.get_queue(queue_name)
+            open_extents = await self.metadata.list_extents(queue_name, (OPEN,))
+            if sum(e.kind == PLAIN for e in open_extents) >= queue.config.max_extents:
+                return None
+            heads = await self._unsucceeded(queue) if queue.config.type == "cp" else []
+            extent = await self._create_extent(
+                queue, PLAIN, predecessor=heads[0].id if heads else None, beside=open_extents
+            )
+            await self._timers_beside(queue, open_extents, [extent])
+        self._on_extents_changed(queue_name)
+        return extent
+
+    async def scale_down(self, extent: Extent) -> None:
+        """Seal an open plain extent without a successor (the queue carries less than
+        its extents need). Its input host moves publishes to the queue's other extents;
+        when it holds no other plain extent of the queue, its timer extent is sealed
+        too, so producers are sent to the input hosts that do."""
+        async with self._lock(extent.queue):
+            current = await self.metadata.get_extent(extent.id)
+            if current is None or current.status != OPEN:
+                return
+            await self.seal_extent(current)
+            rest = await self.metadata.list_extents(extent.queue, (OPEN,))
+            if not any(e.kind == PLAIN and e.input_host == extent.input_host for e in rest):
+                for timer in rest:
+                    if timer.kind == TIMER and timer.input_host == extent.input_host:
+                        await self.seal_extent(timer)
 
     async def _unsucceeded(self, queue: Queue) -> list[Extent]:
         """CP queues: sealed plain extents that have no successor yet, oldest first. A
@@ -253,13 +319,19 @@ class ControllerService:
         kind: str,
         predecessor: str | None = None,
         input_host: str | None = None,
-        prefer: frozenset[str] = frozenset(),
+        beside: list[Extent] | None = None,
     ) -> Extent:
+        """``beside``: the queue's open extents (the input host is picked to spread them)."""
         replicas = queue.config.replicas or self.default_replicas()
         stores = await self._place(replicas, queue.config.min_replicas or replicas)
+        if input_host is None:
+            input_host = await self._pick_input_host(
+                [e for e in beside or [] if e.kind == PLAIN and e.status == OPEN]
+            )
+        self.placed.add([input_host, *stores])
         extent = Extent(
             id=new_extent_id(), queue=queue.name, kind=kind, status=OPEN,
-            input_host=input_host or await self._pick_input_host(set(prefer)), stores=stores,
+            input_host=input_host, stores=stores,
             created_at=time.time(),
             predecessor=predecessor if queue.config.type == "cp" else None,
         )  # fmt: skip
@@ -277,18 +349,20 @@ class ControllerService:
         return extent
 
     async def _place(self, replicas: int, least: int) -> list[str]:
-        """The ``replicas`` least loaded live store hosts; as few as ``least`` when
-        fewer are up (a degraded extent)."""
+        """The ``replicas`` least loaded live store hosts with disk to spare, in
+        distinct zones while there are such (placement.py); as few as ``least`` when
+        fewer are up (a degraded extent). One read of the hosts table."""
         ids = await self._up_stores()
         if len(ids) < min(least, replicas):
             raise Unavailable(f"{replicas} replicas wanted, {len(ids)} store hosts up")
-        load: dict[str, int] = dict.fromkeys(ids, 0)
-        for queue in await self.metadata.list_queues():
-            for extent in await self.metadata.list_extents(queue.name, (OPEN,)):
-                for store_id in extent.stores:
-                    if store_id in load:
-                        load[store_id] += 1
-        return sorted(ids, key=lambda s: (load[s], s))[:replicas]
+        known = {h.id: h for h in await self.metadata.list_hosts(STOREHOST, alive_within=None)}
+        hosts = [known.get(s) or Host(id=s, role=STOREHOST, address="", heartbeat_at=0.0)
+                 for s in ids]  # fmt: skip
+        chosen = pick_stores(hosts, replicas, self.placed)
+        for host in hosts:
+            if host.id in chosen and not has_room(host):
+                log.warning("store host %s is short of disk and takes a replica", host.id)
+        return chosen
 
     async def _up_stores(self) -> list[str]:
         """The store hosts that are live (heartbeating) and answer now."""

@@ -28,6 +28,7 @@ from cherami.metadata.models import (
 from cherami.roles.controller.service import ControllerService
 from cherami.roles.frontend import schemas as s
 from cherami.roles.frontend.auth import KeyRing, Scope
+from cherami.roles.frontend.clusterview import cluster_json
 from cherami.roles.frontend.convert import body_fields, rfc3339, to_messages
 from cherami.roles.frontend.metrics import Metrics
 from cherami.roles.frontend.openapi import openapi_document
@@ -193,6 +194,10 @@ class Frontend:
 
     async def openapi(self, request: web.Request) -> web.Response:
         return json_response(openapi_document())
+
+    async def cluster(self, request: web.Request) -> web.Response:
+        self.auth(request, None, None)
+        return json_response(await cluster_json(self.r.metadata))
 
     # queues
     async def put_queue(self, request: web.Request) -> web.Response:
@@ -427,6 +432,7 @@ def build_app(roles: Roles) -> web.Application:
         web.get("/healthz", f.healthz),
         web.get("/metrics", f.metrics),
         web.get("/openapi.json", f.openapi),
+        web.get("/v1/cluster", f.cluster),
         web.get("/v1/queues", f.list_queues),
         web.put(q, f.put_queue),
         web.get(q, f.get_queue),

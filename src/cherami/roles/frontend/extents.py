@@ -13,9 +13,11 @@ from typing import Any
 
 from aiohttp import web
 
+from cherami.cluster.membership import INPUTHOST
 from cherami.errors import CheramiError, InvalidRequest
 from cherami.metadata.models import DELETED, OPEN, STREAM, AckLevel, Extent, Group, check_name
 from cherami.roles.frontend.app import Frontend, decode, json_response
+from cherami.roles.frontend.clusterview import HostView, read_hosts
 from cherami.roles.frontend.convert import rfc3339
 from cherami.roles.frontend.schemas import OffsetsBody
 from cherami.storage.keys import plain_key
@@ -69,7 +71,9 @@ class StreamGroupRoutes:
         except CheramiError:
             return ""
 
-    async def _extent_json(self, extent: Extent) -> dict[str, Any]:
+    async def _extent_json(
+        self, extent: Extent, hosts: HostView, rates: dict[str, float]
+    ) -> dict[str, Any]:
         return {
             "id": extent.id,
             "kind": extent.kind,
@@ -78,6 +82,8 @@ class StreamGroupRoutes:
             "created_at": rfc3339(int(extent.created_at * 1000)),
             "stores": [a for a in map(self._address, extent.stores) if a],
             "last_seq": await self._last_seq(extent),
+            "input_host": hosts.address(extent.input_host),
+            "rate": rates.get(extent.id, 0.0) if extent.status == OPEN else 0.0,
         }
 
     async def list_extents(self, request: web.Request) -> web.Response:
@@ -86,7 +92,9 @@ class StreamGroupRoutes:
             e for e in await self.f.r.metadata.list_extents(queue.name) if e.status != DELETED
         ]
         extents.sort(key=lambda e: (e.created_at, e.id))
-        body = await asyncio.gather(*(self._extent_json(e) for e in extents))
+        hosts = await read_hosts(self.f.r.metadata)
+        rates = hosts.rates(INPUTHOST)
+        body = await asyncio.gather(*(self._extent_json(e, hosts, rates) for e in extents))
         return json_response({"extents": list(body)})
 
     async def _group(self, request: web.Request) -> tuple[Group, set[str]]:

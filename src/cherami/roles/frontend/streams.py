@@ -54,6 +54,9 @@ class StreamHandlers:
         self.f = frontend
         self.open: weakref.WeakSet[web.WebSocketResponse] = weakref.WeakSet()
 
+    def count(self) -> int:
+        return len(self.open)
+
     async def close_all(self, app: web.Application) -> None:
         """On shutdown (SIGTERM): every open stream gets a close frame, GOING_AWAY."""
         going = [ws.close(code=close.GOING_AWAY, message=b"server stopping") for ws in self.open]

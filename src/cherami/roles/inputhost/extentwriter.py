@@ -23,6 +23,7 @@ class ExtentWriter:
         self.replicas = replicas
         self.next_seq = 1
         self.failed = False
+        self.appended = self.appended_bytes = 0  # acked by every replica (load reports)
 
     @property
     def id(self) -> str:
@@ -67,6 +68,8 @@ class ExtentWriter:
                 check_appended(reply)
             for replica in self.replicas:  # now readers of any replica may see it
                 replica.commit_nowait(self.id, first + len(records) - 1)
+            self.appended += len(records)
+            self.appended_bytes += len(packed)
         except Exception as err:
             self.failed = True
             log.warning("append to extent %s failed: %s", self.id, err)

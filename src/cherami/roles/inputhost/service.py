@@ -73,6 +73,16 @@ class InputHostService:
         writers = await self._writers(queue)
         return bool(writers.plain or writers.timer)
 
+    def extent_counts(self, store: str | None = None) -> dict[str, tuple[int, int, int, int]]:
+        """Messages and bytes appended to each open extent here (for load reports); with
+        ``store``, to the extents with a replica on that store host."""
+        return {
+            w.id: (w.appended, w.appended_bytes, 0, 0)
+            for writers in self._queues.values()
+            for w in [*writers.plain, writers.timer]
+            if w is not None and (store is None or store in w.extent.stores)
+        }
+
     def extents_changed(self, queue: str) -> None:
         writers = self._queues.get(queue)
         if writers is not None:

@@ -38,6 +38,7 @@ class ExtentCursor:
         self.read_key = level.level
         self.limit = level.limit  # merged DLQ range: read no further than this key
         self.read_done = False
+        self.delivered = self.delivered_bytes = 0  # deliveries from it (load reports)
         self.task: asyncio.Task[None] | None = None
 
     @property

@@ -227,6 +227,8 @@ class GroupConsumer:
             entry.deadline = deadline
             entry.owner = owner
             inflight[no] = entry
+            entry.cursor.delivered += 1
+            entry.cursor.delivered_bytes += len(entry.record.body)
             taken.append(entry)
             if entry.count > 1:
                 self.redelivered += 1

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from cherami.cluster.loadmeter import LatencyRing
 from cherami.storage.base import AppendOp, ExtentStore, StorageError
 from cherami.wire import store as w
 from cherami.wire.framing import READ_BUFFER, Cork, read_frame
@@ -49,12 +51,26 @@ class StoreHostService:
         self._committer: asyncio.Task[None] | None = None
         self._conns: set[asyncio.Task[None]] = set()
         self._replies = Cork()  # a connection's replies of one loop turn: one write
+        # load reports: per extent [msgs in, bytes in, msgs out, bytes out] since start,
+        # and how long the last synced append rounds took
+        self._counts: dict[str, list[int]] = {}
+        self.appends = LatencyRing()
 
     @property
     def address(self) -> str:
         assert self._server is not None
         host, port = self._server.sockets[0].getsockname()[:2]
         return f"{host}:{port}"
+
+    def extent_counts(self) -> dict[str, tuple[int, int, int, int]]:
+        return {e: (c[0], c[1], c[2], c[3]) for e, c in self._counts.items()}
+
+    def open_extents(self) -> int:
+        """Open extents appended to since this process started."""
+        return len(self._committed)
+
+    def connections(self) -> int:
+        return len(self._conns)
 
     async def start(self) -> None:
         self._committer = asyncio.create_task(self._commit_loop())
@@ -110,8 +126,15 @@ class StoreHostService:
     def _append_round(self, pending: list[_PendingAppend]) -> None:
         """One group commit, on the loop: write and fsync every pending append, then
         queue each one's reply (they leave together at the end of this loop turn)."""
+        started = time.perf_counter()
         try:
             results = self.store.append([p.op for p in pending])
+            self.appends.add(time.perf_counter() - started)
+            counts = self._counts
+            for p in pending:
+                c = counts.get(p.op.extent) or counts.setdefault(p.op.extent, [0, 0, 0, 0])
+                c[0] += len(p.op.records)
+                c[1] += sum(map(len, p.op.records))
         except Exception as err:  # a full disk, an I/O error: refuse the whole round
             log.error("append round of %d failed: %s", len(pending), err)
             results = [StorageError("unavailable", str(err))] * len(pending)
@@ -172,6 +195,7 @@ class StoreHostService:
             return w.InfoResult(request.rid, [store.info(e) for e in names])
         if isinstance(request, w.Drop):
             await self._write(store.drop, request.extent)
+            self._counts.pop(request.extent, None)
             self._wake(request.extent)
             return w.Done(request.rid)
         raise StorageError("invalid_request", f"unexpected frame {type(request).__name__}")
@@ -198,6 +222,12 @@ class StoreHostService:
                 max_seq,
             )
             remaining = deadline - loop.time()
+            if batch.keys:
+                c = self._counts.get(request.extent) or self._counts.setdefault(
+                    request.extent, [0, 0, 0, 0]
+                )
+                c[2] += len(batch.records)
+                c[3] += sum(map(len, batch.records))
             if batch.keys or batch.end or remaining <= 0:
                 return w.ReadResult(request.rid, batch.keys, batch.records, batch.end)
             try:

@@ -1,0 +1,111 @@
+"""Load reports: what a host carried over the last interval (2 s by default), sent with
+its membership heartbeats. A role keeps cumulative counters (per extent: messages and
+bytes in and out); the meter turns their growth into rates once per interval, so the hot
+paths only add to counters."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cherami.metadata.models import ExtentLoad, LoadReport
+
+REPORT_INTERVAL = 2.0
+
+# per extent: (messages in, bytes in, messages out, bytes out), counted since it was opened
+Counts = tuple[int, int, int, int]
+
+
+@dataclass
+class LoadSources:
+    """Where a role's figures come from; a source left None is not reported."""
+
+    counters: Callable[[], dict[str, Counts]] = dict
+    open_extents: Callable[[], int] | None = None  # None: the extents the counters name
+    connections: Callable[[], int] | None = None
+    data_dir: str | None = None
+    append_p99_ms: Callable[[], float | None] | None = None
+
+
+class LoadMeter:
+    def __init__(
+        self,
+        sources: LoadSources,
+        interval: float = REPORT_INTERVAL,
+        clock: Callable[[], float] = time.time,
+        cpu_clock: Callable[[], float] = time.process_time,
+    ) -> None:
+        self.sources = sources
+        self.interval = interval
+        self._clock = clock
+        self._cpu_clock = cpu_clock
+        self._at = clock()
+        self._cpu = cpu_clock()
+        self._counts: dict[str, Counts] = {}
+        self.latest: LoadReport | None = None
+
+    def report(self) -> LoadReport | None:
+        """The latest report, computed again once ``interval`` has passed since the last
+        one (None until the first interval ends)."""
+        now = self._clock()
+        if now - self._at >= self.interval:
+            self.latest = self._compute(now)
+        return self.latest
+
+    def _compute(self, now: float) -> LoadReport:
+        src = self.sources
+        elapsed = max(now - self._at, 1e-6)
+        cpu = self._cpu_clock()
+        counts = src.counters()
+        extents: dict[str, ExtentLoad] = {}
+        for extent, (m_in, b_in, m_out, b_out) in counts.items():
+            p_in, pb_in, p_out, pb_out = self._counts.get(extent, (0, 0, 0, 0))
+            if (m_in, b_in, m_out, b_out) == (p_in, pb_in, p_out, pb_out):
+                continue  # idle: left out (a rate of 0)
+            extents[extent] = ExtentLoad(
+                msgs_in=round(max(0, m_in - p_in) / elapsed, 1),
+                bytes_in=round(max(0, b_in - pb_in) / elapsed, 1),
+                msgs_out=round(max(0, m_out - p_out) / elapsed, 1),
+                bytes_out=round(max(0, b_out - pb_out) / elapsed, 1),
+            )
+        report = LoadReport(
+            at=now,
+            interval=round(elapsed, 3),
+            cpu=round(max(0.0, cpu - self._cpu) / elapsed, 3),
+            open_extents=src.open_extents() if src.open_extents else len(counts),
+            connections=src.connections() if src.connections else None,
+            append_p99_ms=src.append_p99_ms() if src.append_p99_ms else None,
+            extents=extents,
+        )
+        if src.data_dir is not None:
+            try:
+                usage = shutil.disk_usage(src.data_dir)
+            except OSError:
+                pass
+            else:
+                report.disk_free_bytes, report.disk_total_bytes = usage.free, usage.total
+        self._at, self._cpu, self._counts = now, cpu, counts
+        return report
+
+
+class LatencyRing:
+    """The last ``size`` durations of something (a synced append round), O(1) to add;
+    the p99 is taken from them when a report is made."""
+
+    def __init__(self, size: int = 512) -> None:
+        self._values = [0.0] * size
+        self._next = 0
+        self._filled = 0
+
+    def add(self, seconds: float) -> None:
+        self._values[self._next] = seconds
+        self._next = (self._next + 1) % len(self._values)
+        self._filled = min(self._filled + 1, len(self._values))
+
+    def p99_ms(self) -> float | None:
+        if not self._filled:
+            return None
+        values = sorted(self._values[: self._filled])
+        return round(values[min(len(values) - 1, int(len(values) * 0.99))] * 1000, 3)

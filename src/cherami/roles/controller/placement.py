@@ -1,0 +1,99 @@
+"""Placement by load: which input host opens a new extent and which store hosts hold
+its replicas, decided from the hosts' latest load reports (one read of the hosts table)
+and the queue's own open extents, never by scanning every queue."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable
+
+from cherami.metadata.models import Extent, Host
+
+GIB = 1 << 30
+DISK_FLOOR_FRACTION = 0.05  # a store host with less free disk than this and than
+DISK_FLOOR_BYTES = GIB  # this gets no new replicas while others have room
+
+
+class Placements:
+    """Placements this controller made that the hosts' reports cannot show yet (those
+    made after a host's latest report), so several extents opened within one report
+    interval still spread out."""
+
+    def __init__(self, clock: Callable[[], float] = time.time, keep: int = 1000) -> None:
+        self._clock = clock
+        self._keep = keep
+        self._made: list[tuple[float, str]] = []
+
+    def add(self, hosts: Iterable[str]) -> None:
+        now = self._clock()
+        self._made += [(now, h) for h in hosts]
+        del self._made[: -self._keep]
+
+    def pending(self, host: Host) -> int:
+        since = host.load.at if host.load is not None else 0.0
+        return sum(1 for at, h in self._made if h == host.id and at >= since)
+
+
+def _load(host: Host, placed: Placements) -> tuple[int, float]:
+    """(open extents, messages/s in): the load a placement balances."""
+    report = host.load
+    if report is None:
+        return placed.pending(host), 0.0
+    return report.open_extents + placed.pending(host), report.msgs_in()
+
+
+def pick_input_host(hosts: list[Host], queue_extents: list[Extent], placed: Placements) -> str:
+    """The live input host for a queue's new extent: one holding the fewest of the
+    queue's open extents (so a queue's extents spread over input hosts, two sharing one
+    only when every input host has one), the least loaded of those."""
+    if not hosts:
+        raise ValueError("no input host")
+    mine: dict[str, int] = {}
+    for extent in queue_extents:
+        mine[extent.input_host] = mine.get(extent.input_host, 0) + 1
+    return min(hosts, key=lambda h: (mine.get(h.id, 0), *_load(h, placed), h.id)).id
+
+
+def disk_floor(host: Host) -> int:
+    report = host.load
+    if report is None or report.disk_total_bytes is None:
+        return 0
+    return min(DISK_FLOOR_BYTES, int(report.disk_total_bytes * DISK_FLOOR_FRACTION))
+
+
+def has_room(host: Host) -> bool:
+    report = host.load
+    if report is None or report.disk_free_bytes is None:
+        return True  # not reported: assume room
+    return report.disk_free_bytes >= disk_floor(host)
+
+
+def pick_stores(
+    hosts: list[Host],
+    replicas: int,
+    placed: Placements,
+    rng: Callable[[], float] = random.random,
+) -> list[str]:
+    """Up to ``replicas`` store hosts for a new extent's replicas: those with free disk
+    above the floor first, the least loaded first (ties broken at random), each in a
+    zone none of the others is in while there are such zones."""
+    ranked = sorted(
+        hosts,
+        key=lambda h: (not has_room(h), *_load(h, placed), rng()),
+    )
+    chosen: list[str] = []
+    zones: set[str] = set()
+    # hosts with room before those without; in each, one per zone, then zones again
+    for roomy in (True, False):
+        for distinct in (True, False):
+            for host in ranked:
+                if len(chosen) == replicas:
+                    return chosen
+                if has_room(host) != roomy or host.id in chosen:
+                    continue
+                if distinct and host.zone and host.zone in zones:
+                    continue
+                chosen.append(host.id)
+                zones.add(host.zone)
+    return chosen
