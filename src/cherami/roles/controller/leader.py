@@ -1,7 +1,8 @@
 """The leading controller of a cluster. Controllers race for a lease in the metadata
 store; the holder seals the extents that lost their input host or a replica (or that
 their input host reported failing), opens extents up to each queue's minimum on live
-hosts, and seals the replicas of store hosts that come back."""
+hosts, opens or seals one more by the queue's rate (scaling.py), and seals the replicas
+of store hosts that come back."""
 
 from __future__ import annotations
 
