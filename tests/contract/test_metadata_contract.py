@@ -504,3 +504,13 @@ async def test_sqlite_made_before_zones_gains_the_hosts_columns(tmp_path: Path) 
     (host,) = await meta.list_hosts("storehost", alive_within=10)
     assert (host.zone, host.load) == ("z", LoadReport(cpu=0.5))
     await meta.close()
+
+
+async def test_a_deleted_extent_stays_deleted(meta: MetadataStore) -> None:
+    await meta.insert_queue(_queue("q1"))
+    await meta.insert_extent(_extent("x1"))
+    await meta.delete_queue("q1")
+    await meta.set_extent_status("x1", "failing")  # a late report of its input host
+    await meta.set_extent_status("x1", SEALED, sealed_seq=4)  # a late seal
+    extent = await meta.get_extent("x1")
+    assert extent is not None and extent.status == DELETED

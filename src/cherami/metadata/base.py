@@ -52,7 +52,8 @@ class MetadataStore(Protocol):
         self, extent_id: str, status: str, sealed_seq: int | None = None,
         fence: Fence | None = None,
     ) -> None:
-        """With a ``fence``, raises Fenced (and writes nothing) when its epoch is stale."""
+        """A deleted extent stays deleted (the change is ignored). With a ``fence``,
+        raises Fenced (and writes nothing) when its epoch is stale."""
 
     # ack levels
     async def get_ack_levels(self, queue: str, group: str) -> list[AckLevel]: ...

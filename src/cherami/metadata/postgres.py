@@ -409,8 +409,8 @@ class PostgresMetadataStore:
             await _check_fence(cur, fence)
             await cur.execute(
                 "UPDATE extents SET status = %s, sealed_seq = COALESCE(%s, sealed_seq) "
-                "WHERE id = %s",
-                (status, sealed_seq, extent_id),
+                "WHERE id = %s AND status <> %s",  # a deleted extent stays deleted
+                (status, sealed_seq, extent_id, DELETED),
             )
 
     # ack levels

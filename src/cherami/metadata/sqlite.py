@@ -315,8 +315,11 @@ class SqliteMetadataStore:
         self, extent_id: str, status: str, sealed_seq: int | None = None,
         fence: Fence | None = None,
     ) -> None:
-        sql = "UPDATE extents SET status = ?, sealed_seq = COALESCE(?, sealed_seq) WHERE id = ?"
-        await self._run(lambda: self._tx([(sql, (status, sealed_seq, extent_id))], fence))
+        sql = (
+            "UPDATE extents SET status = ?, sealed_seq = COALESCE(?, sealed_seq) "
+            "WHERE id = ? AND status <> ?"  # a deleted extent stays deleted
+        )
+        await self._run(lambda: self._tx([(sql, (status, sealed_seq, extent_id, DELETED))], fence))
 
     # ack levels
     async def get_ack_levels(self, queue: str, group: str) -> list[AckLevel]:

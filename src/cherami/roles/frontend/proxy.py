@@ -24,6 +24,7 @@ log = logging.getLogger("cherami.frontend.proxy")
 ROUTE_PATIENCE = 10.0  # how long to wait for a host to serve a new queue or group
 FORWARD_TIMEOUT = 5.0  # a forwarded request's deadline, on top of a receive's own wait
 UPSTREAM_HEARTBEAT = 2.0  # ping a forwarded stream's host this often; dead after 1.5x
+HANDSHAKE_TIMEOUT = 3.0  # a forwarded stream's upgrade, answered or given up on
 ALIVE_CHECK = 0.5  # how often a forward under way checks that its host still heartbeats
 _HOP_HEADERS = {"Authorization", "Content-Type"}
 
@@ -118,10 +119,11 @@ class Router:
     async def websocket(self, request: web.Request, address: str) -> web.WebSocketResponse:
         headers = {k: v for k, v in request.headers.items() if k == "Authorization"}
         try:
-            upstream = await self.session.ws_connect(
-                f"ws://{address}{request.rel_url}", headers=headers, max_msg_size=64 << 20,
-                heartbeat=UPSTREAM_HEARTBEAT, timeout=aiohttp.ClientWSTimeout(ws_close=2.0),
-            )  # fmt: skip
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT):  # a paused host never answers
+                upstream = await self.session.ws_connect(
+                    f"ws://{address}{request.rel_url}", headers=headers, max_msg_size=64 << 20,
+                    heartbeat=UPSTREAM_HEARTBEAT, timeout=aiohttp.ClientWSTimeout(ws_close=2.0),
+                )  # fmt: skip
         except aiohttp.WSServerHandshakeError as err:
             raise _refused(err) from err
         except (aiohttp.ClientError, OSError, TimeoutError) as err:

@@ -31,6 +31,10 @@ log = logging.getLogger("cherami.outputhost.ownership")
 LEASE_TTL = 3.0
 MARGIN = 0.5  # seconds before the lease's end at which a holder stops acting
 TICK = 0.5
+# after this host could not reach the metadata store, it only renews its own leases for
+# this long: when an outage ends, each group goes back to the holder that has its acks
+# in memory, not to whichever host ticks first (that would deliver them all again)
+RECOVERY_GRACE = 2.0
 
 
 def group_lease(queue: str, group: str) -> str:
@@ -49,7 +53,9 @@ class GroupOwnership:
         self.metadata = metadata
         self.id = host_id
         self.held: dict[tuple[str, str], _Held] = {}
-        self._periodic = Periodic("group ownership tick", TICK, self.tick)
+        self._periodic = Periodic("group ownership tick", TICK, self._tick_noting_outages)
+        self._failing = False  # the last tick could not reach the metadata store
+        self._taking_after = 0.0  # time.monotonic(): may take others' groups from then
 
     @property
     def owned(self) -> set[tuple[str, str]]:
@@ -72,6 +78,17 @@ class GroupOwnership:
     async def stop(self) -> None:
         await self._periodic.stop()
 
+    async def _tick_noting_outages(self) -> None:
+        try:
+            await self.tick()
+        except Exception:
+            self._failing = True
+            self._taking_after = math.inf  # the first tick that succeeds renews only
+            raise
+        if self._failing:
+            self._failing = False
+            self._taking_after = time.monotonic() + RECOVERY_GRACE
+
     async def tick(self) -> None:
         groups = [
             (g.queue, g.name)
@@ -84,7 +101,7 @@ class GroupOwnership:
             await self._drop(key, DELETED_CLOSE)
         for key in groups:
             held = self.held.get(key)
-            if held is None and len(self.held) >= fair:
+            if held is None and (len(self.held) >= fair or time.monotonic() < self._taking_after):
                 continue
             asked = time.monotonic()
             epoch = await self.metadata.try_lease(group_lease(*key), self.id, LEASE_TTL)
