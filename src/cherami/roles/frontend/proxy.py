@@ -91,7 +91,13 @@ class Router:
                 done, _ = await asyncio.wait({forwarded}, timeout=ALIVE_CHECK)
                 if done:
                     return forwarded.result()
-                if not await self._alive(address):
+                # the answer is passed on the moment it comes, even while the check runs
+                check = asyncio.ensure_future(self._alive(address))
+                await asyncio.wait({forwarded, check}, return_when=asyncio.FIRST_COMPLETED)
+                if forwarded.done():
+                    check.cancel()
+                    return forwarded.result()
+                if not check.result():
                     raise Unavailable(f"host {address} stopped heartbeating")
         except (aiohttp.ClientError, TimeoutError) as err:
             raise Unavailable(f"host {address} did not answer: {err}") from err
