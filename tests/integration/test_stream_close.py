@@ -21,6 +21,13 @@ def _ws(server: ServerProcess, path: str) -> str:
     return server.url.replace("http", "ws") + path
 
 
+async def _queue_with_group(client: AsyncClient) -> str:
+    q = unique()
+    await client.create_queue(q)
+    await client.create_group(q, "g")
+    return q
+
+
 async def _closed_with(ws: aiohttp.ClientWebSocketResponse, timeout: float = 10) -> int | None:
     """Read until the server closes; the close code its close frame carried (None: the
     connection ended without one)."""
@@ -36,9 +43,7 @@ async def _closed_with(ws: aiohttp.ClientWebSocketResponse, timeout: float = 10)
 async def test_deleting_a_queue_closes_its_streams_with_4004(
     server: ServerProcess, client: AsyncClient
 ) -> None:
-    q = unique()
-    await client.create_queue(q)
-    await client.create_group(q, "g")
+    q = await _queue_with_group(client)
     async with aiohttp.ClientSession() as s:
         pub = await s.ws_connect(_ws(server, f"/v1/queues/{q}/publish"))
         con = await s.ws_connect(_ws(server, f"/v1/queues/{q}/groups/g/consume"))
@@ -58,9 +63,7 @@ async def test_deleting_a_queue_closes_its_streams_with_4004(
 async def test_deleting_a_group_closes_its_consume_streams_with_4004(
     server: ServerProcess, client: AsyncClient
 ) -> None:
-    q = unique()
-    await client.create_queue(q)
-    await client.create_group(q, "g")
+    q = await _queue_with_group(client)
     async with aiohttp.ClientSession() as s:
         con = await s.ws_connect(_ws(server, f"/v1/queues/{q}/groups/g/consume"))
         await con.send_bytes(f.encode(f.Credit(10)))
@@ -71,9 +74,7 @@ async def test_deleting_a_group_closes_its_consume_streams_with_4004(
 async def test_the_python_client_stops_on_a_deleted_queue(
     server: ServerProcess, client: AsyncClient
 ) -> None:
-    q = unique()
-    await client.create_queue(q)
-    await client.create_group(q, "g")
+    q = await _queue_with_group(client)
     async with client.publisher(q) as pub, client.consumer(q, "g") as con:
         await pub.publish(["one"])
         first = await con.get(timeout=5)
@@ -89,10 +90,8 @@ async def test_the_python_client_stops_on_a_deleted_queue(
 
 async def test_sigterm_sends_every_stream_a_going_away_close(fresh_server: ServerProcess) -> None:
     fresh_server.start()
-    q = unique()
     async with AsyncClient(fresh_server.url) as client:
-        await client.create_queue(q)
-        await client.create_group(q, "g")
+        q = await _queue_with_group(client)
     async with aiohttp.ClientSession() as s:
         pub = await s.ws_connect(_ws(fresh_server, f"/v1/queues/{q}/publish"))
         con = await s.ws_connect(_ws(fresh_server, f"/v1/queues/{q}/groups/g/consume"))
