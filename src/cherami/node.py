@@ -23,10 +23,11 @@ from cherami.roles.controller.service import ControllerService
 from cherami.roles.frontend.app import Roles, build_app
 from cherami.roles.frontend.auth import KeyRing
 from cherami.roles.frontend.metrics import Metrics
-from cherami.roles.inputhost.service import InputHostService, Message
+from cherami.roles.inputhost.service import InputHostService
 from cherami.roles.outputhost.service import OutputHostService
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.roles.storehost.process import StoreProcess
+from cherami.wire.records import Message
 
 log = logging.getLogger("cherami.node")
 
@@ -77,9 +78,7 @@ class Node:
         )
         await self.controller.recover()
         await self.outputs.start()
-        retention = Retention(
-            self.controller, self.metadata, self.stores, cfg.extent_max_messages
-        )
+        retention = Retention(self.controller, self.metadata, self.stores, cfg.extent_max_messages)
         self._retention = Periodic("retention", RETENTION_INTERVAL, retention.tick)
         self._retention.start()
         self._hosts: list[tuple[Host, LoadMeter]] = []

@@ -462,8 +462,9 @@ async def test_hosts_carry_zone_and_latest_load_report(meta: MetadataStore) -> N
         extents={"e1": ExtentLoad(msgs_in=500.0, bytes_in=50_000.0)},
     )  # fmt: skip
     await meta.heartbeat(
-        Host(id="i0", role="inputhost", address="10.0.0.1:1", heartbeat_at=now,
-             zone="a", load=report)  # fmt: skip
+        Host(
+            id="i0", role="inputhost", address="10.0.0.1:1", heartbeat_at=now, zone="a", load=report
+        )  # fmt: skip
     )
     await meta.heartbeat(Host(id="s0", role="storehost", address="10.0.0.2:1", heartbeat_at=now))
     await meta.heartbeat(

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from cherami.storage.base import AppendOp, ExtentStore, StorageError
-from cherami.storage.keys import plain_key, seq_of
 from cherami.storage.memory import MemoryExtentStore
 from cherami.storage.rocks import RocksExtentStore
+from cherami.wire.keys import plain_key, seq_of
 from cherami.wire.store import PLAIN, TIMER
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import random
 
 from cherami.roles.outputhost.ackmanager import AckManager
-from cherami.storage.keys import plain_key
+from cherami.wire.keys import plain_key
 
 
 def _tracked(n: int) -> tuple[AckManager[str], list[int]]:

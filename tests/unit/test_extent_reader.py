@@ -11,7 +11,7 @@ from typing import Any
 from cherami.metadata.models import AckLevel, Extent
 from cherami.roles.outputhost.extentreader import ExtentCursor, read_extent
 from cherami.roles.outputhost.sharedreads import SharedReads
-from cherami.storage.keys import plain_key, seq_of
+from cherami.wire.keys import plain_key, seq_of
 from cherami.wire.records import Record, encode_record
 from cherami.wire.store import PLAIN, ReadResult
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from cherami.roles.outputhost.receipts import ReceiptSigner
-from cherami.storage.keys import due_ms_of, plain_key, plain_keys, seq_of, timer_key
+from cherami.wire.keys import due_ms_of, plain_key, plain_keys, seq_of, timer_key
 from cherami.wire.records import Record, decode_record, encode_record
 
 

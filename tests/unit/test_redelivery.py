@@ -30,7 +30,7 @@ from cherami.roles.outputhost.redelivery import (
     key_before,
     write,
 )
-from cherami.storage.keys import plain_key
+from cherami.wire.keys import plain_key
 from cherami.wire.records import Record
 from cherami.wire.store import PLAIN
 

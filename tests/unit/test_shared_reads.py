@@ -12,7 +12,7 @@ import pytest
 
 from cherami.errors import Unavailable
 from cherami.roles.outputhost.sharedreads import SharedReads
-from cherami.storage.keys import plain_key, seq_of
+from cherami.wire.keys import plain_key, seq_of
 from cherami.wire.records import Record, encode_record
 from cherami.wire.store import ReadResult
 

@@ -196,4 +196,3 @@ class AsyncClient:
         from cherami.client.worker import Worker
 
         await Worker(self, queue, group, handler, concurrency, **options).run()
-

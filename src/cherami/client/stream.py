@@ -54,9 +54,7 @@ async def _connect(client: AsyncClient, path: str) -> aiohttp.ClientWebSocketRes
         raise Unavailable(f"{client.url}: {err}") from err
 
 
-async def _reconnect(
-    client: AsyncClient, path: str, what: str
-) -> aiohttp.ClientWebSocketResponse:
+async def _reconnect(client: AsyncClient, path: str, what: str) -> aiohttp.ClientWebSocketResponse:
     """Connect again with backoff (0.1 s doubling to 2 s) for up to RECONNECT_PATIENCE
     seconds. A queue or group that no longer exists fails at once (NotFound)."""
     loop = asyncio.get_running_loop()

@@ -38,12 +38,13 @@ from cherami.roles.frontend.app import STREAMS, Roles, build_app
 from cherami.roles.frontend.auth import KeyRing
 from cherami.roles.frontend.metrics import Metrics
 from cherami.roles.frontend.proxy import Router
-from cherami.roles.inputhost.service import InputHostService, Message
+from cherami.roles.inputhost.service import InputHostService
 from cherami.roles.outputhost.ownership import GroupOwnership
 from cherami.roles.outputhost.service import OutputHostService
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.roles.storehost.server import StoreHostService
 from cherami.storage.rocks import RocksExtentStore
+from cherami.wire.records import Message
 
 log = logging.getLogger("cherami.cluster.roles")
 

@@ -49,7 +49,10 @@ class MetadataStore(Protocol):
     async def list_extents(self, queue: str, statuses: tuple[str, ...] = ()) -> list[Extent]: ...
 
     async def set_extent_status(
-        self, extent_id: str, status: str, sealed_seq: int | None = None,
+        self,
+        extent_id: str,
+        status: str,
+        sealed_seq: int | None = None,
         fence: Fence | None = None,
     ) -> None:
         """A deleted extent stays deleted (the change is ignored). With a ``fence``,

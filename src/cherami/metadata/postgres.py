@@ -402,7 +402,10 @@ class PostgresMetadataStore:
         return [_extent(r) for r in rows]
 
     async def set_extent_status(
-        self, extent_id: str, status: str, sealed_seq: int | None = None,
+        self,
+        extent_id: str,
+        status: str,
+        sealed_seq: int | None = None,
         fence: Fence | None = None,
     ) -> None:
         async with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
@@ -485,8 +488,14 @@ class PostgresMetadataStore:
             "role = excluded.role, address = excluded.address, "
             "heartbeat_at = excluded.heartbeat_at, zone = excluded.zone, "
             "load = COALESCE(excluded.load, h.load)",  # a beat without one keeps it
-            (host.id, host.role, host.address, host.heartbeat_at, host.zone,
-             None if host.load is None else _config(host.load)),  # fmt: skip
+            (
+                host.id,
+                host.role,
+                host.address,
+                host.heartbeat_at,
+                host.zone,
+                None if host.load is None else _config(host.load),
+            ),  # fmt: skip
         )
 
     async def list_hosts(self, role: str | None, alive_within: float | None) -> list[Host]:

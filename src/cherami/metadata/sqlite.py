@@ -144,9 +144,7 @@ class SqliteMetadataStore:
                 raise Unavailable(f"metadata database unavailable: {err}") from err
             raise
 
-    def _tx(
-        self, statements: list[tuple[str, tuple[Any, ...]]], fence: Fence | None = None
-    ) -> int:
+    def _tx(self, statements: list[tuple[str, tuple[Any, ...]]], fence: Fence | None = None) -> int:
         """Run the statements in one transaction (after checking ``fence``); returns
         how many rows the last one changed."""
         db = self._db
@@ -312,7 +310,10 @@ class SqliteMetadataStore:
         return [_extent(r) for r in rows]
 
     async def set_extent_status(
-        self, extent_id: str, status: str, sealed_seq: int | None = None,
+        self,
+        extent_id: str,
+        status: str,
+        sealed_seq: int | None = None,
         fence: Fence | None = None,
     ) -> None:
         sql = (
@@ -393,8 +394,14 @@ class SqliteMetadataStore:
                 "role = excluded.role, address = excluded.address, "
                 "heartbeat_at = excluded.heartbeat_at, zone = excluded.zone, "
                 "load = COALESCE(excluded.load, hosts.load)",  # a beat without one keeps it
-                (host.id, host.role, host.address, host.heartbeat_at, host.zone,
-                 None if host.load is None else _json.encode(host.load)),  # fmt: skip
+                (
+                    host.id,
+                    host.role,
+                    host.address,
+                    host.heartbeat_at,
+                    host.zone,
+                    None if host.load is None else _json.encode(host.load),
+                ),  # fmt: skip
             )
         )
 

@@ -88,4 +88,3 @@ def _ms(rfc3339: str) -> int:
     from datetime import datetime
 
     return int(datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp() * 1000)
-

@@ -22,7 +22,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cherami.storage.keys import seq_of
+from cherami.wire.keys import seq_of
 from cherami.wire.records import decode_record
 
 if TYPE_CHECKING:

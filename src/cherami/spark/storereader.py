@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cherami.errors import CheramiError, ProtocolError, Unavailable
-from cherami.storage.keys import plain_key, seq_of
 from cherami.wire import store as w
 from cherami.wire.framing import MAX_FRAME, pack_frame
+from cherami.wire.keys import plain_key, seq_of
 
 log = logging.getLogger("cherami.spark.storereader")
 

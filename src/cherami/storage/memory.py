@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 
 from cherami.storage.base import AppendOp, ExtentMeta, ReadBatch, StorageError, check_append
-from cherami.storage.keys import plain_keys, seq_of, timer_key
+from cherami.wire.keys import plain_keys, seq_of, timer_key
 from cherami.wire.store import PLAIN, TIMER, ExtentInfo
 
 

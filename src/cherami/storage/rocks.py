@@ -24,7 +24,7 @@ from cherami.storage.base import (
     StorageError,
     check_append,
 )
-from cherami.storage.keys import MAX_SEQ, plain_key, plain_keys, seq_of, timer_key
+from cherami.wire.keys import MAX_SEQ, plain_key, plain_keys, seq_of, timer_key
 from cherami.wire.store import PLAIN, TIMER, ExtentInfo
 
 _META_CF = "__meta__"

@@ -21,6 +21,17 @@ class Record(msgspec.Struct, array_like=True, frozen=True, gc=False):
     text: bool | None = None  # published as text (True), as base64 bytes (False), or unknown
 
 
+class Message(msgspec.Struct, frozen=True, gc=False):
+    """A message to publish, as producers hand it to an input host (the public API, a
+    stream, an internal publish to a DLQ)."""
+
+    body: bytes
+    attributes: dict[str, str] | None = None
+    delay_ms: int | None = None  # None: the queue's default delay
+    orig_id: str | None = None
+    text: bool | None = None
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)
 

@@ -15,7 +15,7 @@ from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import DELETED, OPEN, SEALED, Extent, Queue
 from cherami.roles.controller.service import ControllerService
 from cherami.roles.storehost.directory import StoreDirectory
-from cherami.storage.keys import plain_key
+from cherami.wire.keys import plain_key
 from cherami.wire.records import decode_record
 from cherami.wire.store import PLAIN
 

@@ -34,7 +34,7 @@ from cherami.metadata.models import (
 from cherami.roles.controller.placement import Placements, has_room, pick_stores
 from cherami.roles.storehost.client import StoreError
 from cherami.roles.storehost.directory import StoreDirectory
-from cherami.storage.keys import plain_key
+from cherami.wire.keys import plain_key
 from cherami.wire.store import PLAIN, TIMER
 
 log = logging.getLogger("cherami.controller.service")

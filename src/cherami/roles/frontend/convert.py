@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from cherami.errors import InvalidRequest, MessageTooLarge
 from cherami.metadata.models import Queue
 from cherami.roles.frontend.schemas import PublishMessage
-from cherami.roles.inputhost.service import Message
+from cherami.wire.records import Message
 
 
 def rfc3339(ms: int) -> str:

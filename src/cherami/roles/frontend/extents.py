@@ -20,7 +20,7 @@ from cherami.roles.frontend.app import Frontend, decode, json_response
 from cherami.roles.frontend.clusterview import HostView, read_hosts
 from cherami.roles.frontend.convert import rfc3339
 from cherami.roles.frontend.schemas import OffsetsBody
-from cherami.storage.keys import plain_key
+from cherami.wire.keys import plain_key
 from cherami.wire.store import PLAIN
 
 

@@ -15,11 +15,11 @@ from aiohttp import WSMsgType, web
 from cherami.errors import CheramiError, InvalidRequest, Moved, QueueNotFound
 from cherami.metadata.models import Queue
 from cherami.roles.frontend.convert import check_size
-from cherami.roles.inputhost.service import Message
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
 from cherami.roles.outputhost.service import NOT_ACTING_WAIT
 from cherami.wire import close
 from cherami.wire import stream as f
+from cherami.wire.records import Message
 
 if TYPE_CHECKING:
     from cherami.roles.frontend.app import Frontend

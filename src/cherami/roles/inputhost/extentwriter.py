@@ -49,9 +49,7 @@ class ExtentWriter:
         try:
             # no await between the sends: every replica sees appends in seq order
             packed = pack_records(records)  # encoded once for every replica
-            futures = [
-                r.append_nowait(self.id, first, packed, delivery_ms) for r in self.replicas
-            ]
+            futures = [r.append_nowait(self.id, first, packed, delivery_ms) for r in self.replicas]
             for replica in self.replicas:
                 await replica.drain()
             try:

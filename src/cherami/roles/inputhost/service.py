@@ -9,30 +9,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-import msgspec
-
 from cherami.errors import CheramiError, ExtentSealed, Moved, QueueNotFound, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN, Queue
 from cherami.roles.inputhost.extentwriter import ExtentWriter
 from cherami.roles.storehost.directory import StoreDirectory
-from cherami.wire.records import Record, encode_record, message_ids
+from cherami.wire.records import Message, Record, encode_record, message_ids
 from cherami.wire.store import PLAIN, TIMER
 
 log = logging.getLogger("cherami.inputhost.service")
 
 MAX_ATTEMPTS = 5
 RELOAD_INTERVAL = 1.0
-
-
-class Message(msgspec.Struct, frozen=True, gc=False):
-    """A message to publish, as the input host takes it."""
-
-    body: bytes
-    attributes: dict[str, str] | None = None
-    delay_ms: int | None = None  # None: the queue's default delay
-    orig_id: str | None = None
-    text: bool | None = None
 
 
 class _QueueWriters:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from cherami.roles.inputhost.service import Message
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
+from cherami.wire.records import Message
 
 Publish = Callable[[str, list[Message]], Awaitable[list[str]]]
 

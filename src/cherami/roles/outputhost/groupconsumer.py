@@ -19,7 +19,7 @@ from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.extentreader import ExtentCursor, read_extent
 from cherami.roles.outputhost.redelivery import OUT, Parked, Redeliveries, read_one
 from cherami.roles.outputhost.sharedreads import SharedReads
-from cherami.storage.keys import seq_of
+from cherami.wire.keys import seq_of
 from cherami.wire.records import message_id
 
 log = logging.getLogger("cherami.outputhost.groupconsumer")

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from cherami.roles.storehost.directory import StoreDirectory
-from cherami.storage.keys import seq_of
+from cherami.wire.keys import seq_of
 from cherami.wire.records import Record, decode_record, message_id, message_ids
 from cherami.wire.store import ReadResult
 
@@ -73,9 +73,7 @@ class SharedReads:
         self._reading[at] = future
         try:
             self.store_reads += 1
-            batch = await self.stores.get(store_id).read(
-                at[0], at[1], max_count, wait_ms=wait_ms
-            )
+            batch = await self.stores.get(store_id).read(at[0], at[1], max_count, wait_ms=wait_ms)
             chunk = decode_chunk(store_id, at[0], batch, timer=False)
         except BaseException:
             # a group waiting for this read tries its own replica instead of taking on
