@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import msgspec
@@ -30,6 +30,7 @@ from cherami.errors import Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import FAILING, OPEN, Extent
 from cherami.metadata.open import open_metadata
+from cherami.metadata.remembered import RememberingReads
 from cherami.roles.controller.leader import Leader
 from cherami.roles.controller.placement import pick_input_host
 from cherami.roles.controller.scaling import ScalingPolicy
@@ -107,7 +108,10 @@ class RoleProcess:
         stores = StoreDirectory()
         watcher = StoreWatcher(self.metadata, stores)
         await watcher.start()
-        self.router = Router(self.metadata)
+        # the request paths answer from their last reads while the store is out (a
+        # publish to an open extent needs nothing new from it); the rest asks the store
+        reads = cast(MetadataStore, RememberingReads(self.metadata))
+        self.router = Router(reads)
         controller = ControllerService(
             self.metadata, stores, self._pick_input_host,
             manage_extents=self.role == CONTROLLER,
@@ -117,7 +121,7 @@ class RoleProcess:
         inputs = outputs = None
         if self.role == INPUTHOST:
             inputs = InputHostService(
-                self.id, self.metadata, stores, self._mark_failing, _nothing,
+                self.id, reads, stores, self._mark_failing, _nothing,
                 serves_every_queue=False,
             )  # fmt: skip
             self._load_sources.counters = inputs.extent_counts
@@ -141,14 +145,14 @@ class RoleProcess:
             self.leader.start()
             self._stoppers.append(self.leader.stop)
         roles = Roles(
-            metadata=self.metadata, stores=stores, controller=controller, inputs=inputs,
+            metadata=reads, stores=stores, controller=controller, inputs=inputs,
             outputs=outputs, keys=self.keys, metrics=Metrics(), ready=lambda: self.ready,
             router=self.router,
         )  # fmt: skip
         app = build_app(roles)
         self._load_sources.connections = app[STREAMS].count
         if inputs is not None:
-            app.router.add_post(INTERNAL_PUBLISH, _internal_publish(inputs, self.metadata))
+            app.router.add_post(INTERNAL_PUBLISH, _internal_publish(inputs, reads))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.config.host, self.config.port)
