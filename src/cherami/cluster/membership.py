@@ -1,6 +1,6 @@
 """Host membership: every role process heartbeats into the metadata store; a host that
-misses heartbeats for DEAD_AFTER seconds is dead. Also keeps a StoreDirectory in step
-with the live store hosts."""
+misses heartbeats for DEAD_AFTER seconds is dead. Roles import it; it imports no role
+(the store hosts' directory keeps itself in step with it: roles/storehost/directory.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from cherami.cluster.loadmeter import LoadMeter
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Host
 from cherami.periodic import Periodic
-from cherami.roles.storehost.directory import StoreDirectory
 
 log = logging.getLogger("cherami.cluster.membership")
 
@@ -66,27 +65,3 @@ class Membership:
 
 async def live_hosts(metadata: MetadataStore, role: str) -> list[Host]:
     return await metadata.list_hosts(role, alive_within=DEAD_AFTER)
-
-
-class StoreWatcher:
-    """Keeps a StoreDirectory in step with the live store hosts in the metadata."""
-
-    def __init__(self, metadata: MetadataStore, stores: StoreDirectory) -> None:
-        self.metadata = metadata
-        self.stores = stores
-        self.live: set[str] = set()
-        self._refresher = Periodic("store host refresh", HEARTBEAT_INTERVAL, self.refresh)
-
-    async def refresh(self) -> set[str]:
-        hosts = await live_hosts(self.metadata, STOREHOST)
-        for h in hosts:
-            await self.stores.set_address(h.id, h.address)
-        self.live = {h.id for h in hosts}
-        return self.live
-
-    async def start(self) -> None:
-        await self.refresh()
-        self._refresher.start()
-
-    async def stop(self) -> None:
-        await self._refresher.stop()

@@ -21,7 +21,6 @@ from cherami.cluster.membership import (
     OUTPUTHOST,
     STOREHOST,
     Membership,
-    StoreWatcher,
     host_id,
     live_hosts,
 )
@@ -42,7 +41,7 @@ from cherami.roles.frontend.proxy import Router
 from cherami.roles.inputhost.service import InputHostService
 from cherami.roles.outputhost.ownership import GroupOwnership
 from cherami.roles.outputhost.service import OutputHostService
-from cherami.roles.storehost.directory import StoreDirectory
+from cherami.roles.storehost.directory import StoreDirectory, StoreWatcher
 from cherami.roles.storehost.server import StoreHostService
 from cherami.storage.rocks import RocksExtentStore
 from cherami.wire.records import Message

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 
-from cherami.cluster.membership import INPUTHOST, StoreWatcher, live_hosts
+from cherami.cluster.membership import INPUTHOST, live_hosts
 from cherami.errors import CheramiError
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import FAILING, OPEN, Extent, Fence, Queue
@@ -24,6 +24,7 @@ from cherami.roles.controller.scaling import (
     extent_to_seal,
 )
 from cherami.roles.controller.service import ControllerService
+from cherami.roles.storehost.directory import StoreWatcher
 from cherami.wire.store import PLAIN
 
 log = logging.getLogger("cherami.controller.leader")

@@ -5,12 +5,17 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from cherami.cluster.membership import STOREHOST, live_hosts
 from cherami.errors import CheramiError, Unavailable
+from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Extent
+from cherami.periodic import Periodic
 from cherami.roles.storehost.client import StoreClient
 from cherami.wire.store import ExtentInfo, ReadResult
 
 T = TypeVar("T")
+
+REFRESH_INTERVAL = 0.5  # how often a StoreWatcher reads the live store hosts
 
 
 class StoreDirectory:
@@ -56,3 +61,27 @@ class StoreDirectory:
         for client in self._clients.values():
             await client.close()
         self._clients.clear()
+
+
+class StoreWatcher:
+    """Keeps a StoreDirectory in step with the live store hosts in the metadata."""
+
+    def __init__(self, metadata: MetadataStore, stores: StoreDirectory) -> None:
+        self.metadata = metadata
+        self.stores = stores
+        self.live: set[str] = set()
+        self._refresher = Periodic("store host refresh", REFRESH_INTERVAL, self.refresh)
+
+    async def refresh(self) -> set[str]:
+        hosts = await live_hosts(self.metadata, STOREHOST)
+        for h in hosts:
+            await self.stores.set_address(h.id, h.address)
+        self.live = {h.id for h in hosts}
+        return self.live
+
+    async def start(self) -> None:
+        await self.refresh()
+        self._refresher.start()
+
+    async def stop(self) -> None:
+        await self._refresher.stop()
