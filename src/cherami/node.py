@@ -175,6 +175,8 @@ class Node:
             await self._runner.cleanup()
         if hasattr(self, "outputs"):
             await self.outputs.stop()
+        if hasattr(self, "inputs"):
+            await self.inputs.stop()
         await self.stores.close()
         await asyncio.gather(*(p.stop() for p in self.store_processes))
         if hasattr(self, "metadata"):

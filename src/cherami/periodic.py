@@ -34,3 +34,29 @@ class Periodic:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+
+
+class Background:
+    """Tasks started and not awaited: kept referenced until they end (the event loop
+    holds only weak references), a failure logged, and cancelled together on stop."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.tasks: set[asyncio.Task[object]] = set()
+
+    def spawn(self, work: Awaitable[object], what: str) -> asyncio.Task[object]:
+        task: asyncio.Task[object] = asyncio.ensure_future(work)
+        self.tasks.add(task)
+        task.add_done_callback(lambda done: self._ended(done, what))
+        return task
+
+    def _ended(self, task: asyncio.Task[object], what: str) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            err = task.exception()
+            log.error("%s: %s failed: %r", self.name, what, err, exc_info=err)
+
+    async def stop(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)

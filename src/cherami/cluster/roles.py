@@ -124,6 +124,7 @@ class RoleProcess:
                 serves_every_queue=False,
             )  # fmt: skip
             self._load_sources.counters = inputs.extent_counts
+            self._stoppers.append(inputs.stop)
         if self.role == OUTPUTHOST:
             self.ownership = GroupOwnership(None, self.metadata, self.id)  # type: ignore[arg-type]
             outputs = OutputHostService(

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from cherami.errors import CheramiError, ExtentSealed, Moved, QueueNotFound, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN, Queue
+from cherami.periodic import Background
 from cherami.roles.inputhost.extentwriter import ExtentWriter
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.wire.records import Message, Record, encode_record, message_ids
@@ -54,6 +55,10 @@ class InputHostService:
         self._ensure_extents = ensure_extents
         self._serves_every_queue = serves_every_queue
         self._queues: dict[str, _QueueWriters] = {}
+        self.background = Background("input host")
+
+    async def stop(self) -> None:
+        await self.background.stop()
 
     async def serves(self, queue: str) -> bool:
         if self._serves_every_queue:
@@ -102,7 +107,7 @@ class InputHostService:
                         await writer.open()
                     except Unavailable as err:
                         log.warning("extent %s cannot be opened: %s", extent.id, err)
-                        asyncio.create_task(self._replace(extent.id))
+                        self.background.spawn(self._replace(extent.id), f"replace {extent.id}")
                         continue
                 if extent.kind == TIMER:
                     timer = writer

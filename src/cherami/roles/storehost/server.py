@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from cherami.cluster.loadmeter import LatencyRing
+from cherami.periodic import Background
 from cherami.storage.base import AppendOp, ExtentStore, StorageError
 from cherami.wire import store as w
 from cherami.wire.framing import READ_BUFFER, Cork, read_frame
@@ -50,6 +51,7 @@ class StoreHostService:
         self._committed: dict[str, int] = {}  # open extents: what every replica holds
         self._committer: asyncio.Task[None] | None = None
         self._conns: set[asyncio.Task[None]] = set()
+        self.background = Background("store host")  # answers other than appends
         self._replies = Cork()  # a connection's replies of one loop turn: one write
         # load reports: per extent [msgs in, bytes in, msgs out, bytes out] since start,
         # and how long the last synced append rounds took
@@ -86,6 +88,7 @@ class StoreHostService:
         if self._committer is not None:
             self._committer.cancel()
         await asyncio.gather(*self._conns, return_exceptions=True)
+        await self.background.stop()
         self._writes.shutdown(wait=True)
         self._reads.shutdown(wait=True)
         self.store.close()
@@ -106,7 +109,7 @@ class StoreHostService:
                     self._pending.append(_PendingAppend(op, request.rid, writer))
                     self._kick.set()
                 else:
-                    asyncio.create_task(self._answer(request, writer))
+                    self.background.spawn(self._answer(request, writer), type(request).__name__)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except Exception:
