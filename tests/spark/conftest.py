@@ -1,4 +1,6 @@
-"""Real Spark (local[1], one session for every test) against a real node."""
+"""Real Spark (local[1], one session for every test) against a real node. The session
+is built the ordinary way, with Spark's defaults (Python filter pushdown off), and the
+source registered with a plain ``spark.dataSource.register``."""
 
 from __future__ import annotations
 
@@ -27,20 +29,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    import cherami.spark
+    from pyspark.sql import SparkSession
 
-    session = cherami.spark.session(
-        "cherami-tests",
-        master="local[1]",
-        shuffle_partitions=1,
-        **{
-            "spark.default.parallelism": "1",
-            "spark.sql.streaming.pollingDelay": "50ms",
-            "spark.python.worker.reuse": "true",
-            # short runs: the C1 compiler only, so JIT work does not hog the two cores
-            "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-        },
+    from cherami.spark import CheramiDataSource
+
+    session = (
+        SparkSession.builder.master("local[1]")
+        .appName("cherami-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "1")
+        .config("spark.default.parallelism", "1")
+        .config("spark.sql.streaming.pollingDelay", "50ms")
+        # short runs: the C1 compiler only, so JIT work does not hog the two cores
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        .getOrCreate()
     )
+    session.dataSource.register(CheramiDataSource)
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

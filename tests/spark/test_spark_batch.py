@@ -1,5 +1,5 @@
-"""Batch read of retained messages (time filters pushed down) and writes, batch and
-streaming."""
+"""Batch read of retained messages (on Spark's defaults, and with time filters pushed
+down when the session enables pushdown) and writes, batch and streaming."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 
 from cherami.client.models import OutgoingMessage
 from cherami.spark.control import ControlClient
+from cherami.spark.session import PUSHDOWN
 from tests.spark.support import publish, setup_queue
 from tests.support.server import ServerProcess, unique
 
@@ -54,12 +55,27 @@ def test_batch_read_filters_on_enqueue_time(spark: SparkSession, server: ServerP
 
     everything = batch(spark, server.url, queue)
     assert everything.count() == 401
-    window = everything.where(
-        (F.col("enqueued_at") >= F.lit(t1)) & (F.col("enqueued_at") < F.lit(t2))
-    )
-    assert "enqueued_at" not in _post_scan_filters(window), "the time filter is pushed down"
-    rows = window.select(F.col("body").cast("string").alias("body"), "attributes",
-                         "enqueued_at", "delivery_at").collect()  # fmt: skip
+    in_window = (F.col("enqueued_at") >= F.lit(t1)) & (F.col("enqueued_at") < F.lit(t2))
+    # Spark's default: no Python filter pushdown; Spark filters after the scan
+    assert spark.conf.get(PUSHDOWN, "false") == "false"
+    plain_window = batch(spark, server.url, queue).where(in_window)
+    assert "enqueued_at" in _post_scan_filters(plain_window)
+    unpushed = plain_window.select(F.col("body").cast("string").alias("body")).collect()
+    assert sorted(r.body for r in unpushed) == sorted([*inside, "delayed"])
+
+    spark.conf.set(PUSHDOWN, "true")
+    try:
+        window = batch(spark, server.url, queue).where(in_window)
+        assert "enqueued_at" not in _post_scan_filters(window), "the time filter is pushed down"
+        rows = window.select(F.col("body").cast("string").alias("body"), "attributes",
+                             "enqueued_at", "delivery_at").collect()  # fmt: skip
+        plain = [e.id for e in ControlClient(server.url).extents(queue) if e.plain]
+        one = batch(spark, server.url, queue).where(
+            (F.col("extent") == plain[0]) & (F.col("seq") <= 10)
+        )
+        assert sorted(r.seq for r in one.collect()) == list(range(1, 11))
+    finally:
+        spark.conf.unset(PUSHDOWN)
     assert sorted(r.body for r in rows) == sorted([*inside, "delayed"])
     delayed = next(r for r in rows if r.body == "delayed")
     assert delayed.attributes == {"k": "v"}
@@ -69,10 +85,6 @@ def test_batch_read_filters_on_enqueue_time(spark: SparkSession, server: ServerP
                       includeDelayed="false")  # fmt: skip
     assert sorted(r.body.decode() for r in by_option.select("body").collect()) == sorted(inside)
     assert batch(spark, server.url, queue).where(F.col("enqueued_at") > F.lit(t2)).count() == 80
-
-    plain = [e.id for e in ControlClient(server.url).extents(queue) if e.plain]
-    one = everything.where((F.col("extent") == plain[0]) & (F.col("seq") <= 10))
-    assert sorted(r.seq for r in one.collect()) == list(range(1, 11))
 
 
 def _post_scan_filters(df: DataFrame) -> str:

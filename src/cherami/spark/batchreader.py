@@ -2,9 +2,13 @@
 
 Reads every extent the queue still has (plain ones, and timer ones unless
 ``includeDelayed=false``), split into partitions of at most ``partitionMessages``
-messages. Filters on ``enqueued_at``, ``extent`` and ``seq`` are pushed down: whole
-extents created after the time range are skipped, and records outside it are dropped in
-the worker, before they become rows."""
+messages. When the session enables Python filter pushdown
+(``spark.sql.python.filterPushdown.enabled``), filters on ``enqueued_at``, ``extent`` and
+``seq`` are pushed down: whole extents created after the time range are skipped, and
+records outside it are dropped in the worker, before they become rows. Pushdown is never
+required: pyspark refuses a reader that implements ``pushFilters`` while the setting is
+off (its default), so the source hands Spark the reader with ``pushFilters`` only when
+Spark asks for pushdown (see ``source.CheramiDataSource.reader``)."""
 
 from __future__ import annotations
 
@@ -70,23 +74,6 @@ class CheramiBatchReader(DataSourceReader):
         self.seq = Bounds()
         self.extents: set[str] | None = set(options.extents) or None
 
-    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        for f in filters:
-            column = f.attribute if hasattr(f, "attribute") else ()
-            value = getattr(f, "value", None)
-            micros = _epoch_us(value)
-            if column == ("enqueued_at",) and isinstance(f, _RANGE) and micros is not None:
-                self.time.narrow(f, micros)
-            elif column == ("seq",) and isinstance(f, _RANGE) and isinstance(value, int):
-                self.seq.narrow(f, value)
-            elif isinstance(f, IsNotNull) and column and column[0] in self.schema.fieldNames():
-                continue  # no column of this source is ever null
-            elif column == ("extent",) and isinstance(f, EqualTo | In):
-                wanted = {f.value} if isinstance(f, EqualTo) else set(f.value)
-                self.extents = wanted if self.extents is None else self.extents & wanted
-            else:
-                yield f
-
     def _keep(self) -> RecordFilter:
         low, high = self.time.low, self.time.high
         return RecordFilter(  # records carry milliseconds: round the bounds inward
@@ -125,3 +112,24 @@ class CheramiBatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ExtentRange)
         return partition.read(self.schema)
+
+
+class PushdownBatchReader(CheramiBatchReader):
+    """The batch reader with filter pushdown, for sessions that enable it."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        for f in filters:
+            column = f.attribute if hasattr(f, "attribute") else ()
+            value = getattr(f, "value", None)
+            micros = _epoch_us(value)
+            if column == ("enqueued_at",) and isinstance(f, _RANGE) and micros is not None:
+                self.time.narrow(f, micros)
+            elif column == ("seq",) and isinstance(f, _RANGE) and isinstance(value, int):
+                self.seq.narrow(f, value)
+            elif isinstance(f, IsNotNull) and column and column[0] in self.schema.fieldNames():
+                continue  # no column of this source is ever null
+            elif column == ("extent",) and isinstance(f, EqualTo | In):
+                wanted = {f.value} if isinstance(f, EqualTo) else set(f.value)
+                self.extents = wanted if self.extents is None else self.extents & wanted
+            else:
+                yield f

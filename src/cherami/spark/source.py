@@ -3,6 +3,8 @@ streaming writes to it."""
 
 from __future__ import annotations
 
+import sys
+
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -31,9 +33,13 @@ class CheramiDataSource(DataSource):
         return Options.parse(self.options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        from cherami.spark.batchreader import CheramiBatchReader
+        """The batch reader; with ``pushFilters`` only when Spark's pushdown step asks
+        for it (pyspark fails a read whose reader implements ``pushFilters`` while the
+        session leaves Python filter pushdown off, its default)."""
+        from cherami.spark.batchreader import CheramiBatchReader, PushdownBatchReader
 
-        return CheramiBatchReader(check_schema(schema), self._options())
+        kind = PushdownBatchReader if _pushing_down() else CheramiBatchReader
+        return kind(check_schema(schema), self._options())
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from cherami.spark.streamreader import CheramiStreamReader
@@ -51,3 +57,20 @@ class CheramiDataSource(DataSource):
 
         check_input(schema)
         return CheramiStreamWriter(self._options())
+
+
+PUSHDOWN_STEP = "data_source_pushdown_filters.py"
+
+
+def _pushing_down() -> bool:
+    """Whether Spark's filter pushdown step (``pyspark.sql.worker.
+    data_source_pushdown_filters``, run only when the session enables pushdown) is the
+    caller: the only place that tells a Python data source the setting is on."""
+    frame = sys._getframe(1)
+    for _ in range(8):
+        if frame is None:
+            return False
+        if frame.f_code.co_filename.endswith(PUSHDOWN_STEP):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
