@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -128,17 +129,47 @@ class _Batch:
         self.size = sum(len(m.body) for m in messages)
 
 
+ROUTE_REFRESH = 10.0  # seconds between route reads, unless the routing call says otherwise
+DIAL_TIMEOUT = 3.0  # a listed input host that has not taken the upgrade by then is skipped
+
+
+def least_outstanding(loads: Sequence[int], turn: int) -> int:
+    """Which stream takes the next frame: the index of the smallest load (messages sent
+    on it and not answered yet); ties go in turn, counting from ``turn``."""
+    n = len(loads)
+    return min(range(n), key=lambda i: (loads[i], (i - turn) % n))
+
+
+class _Link:
+    """One publish stream: to an input host the route lists, or (address "") through the
+    client's own URL."""
+
+    __slots__ = ("address", "outstanding", "ws")
+
+    def __init__(self, address: str, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.address = address
+        self.ws = ws
+        self.outstanding = 0  # messages sent on it and not answered yet
+
+
 class _Frame:
-    __slots__ = ("batches", "publish")
+    __slots__ = ("batches", "link", "publish")
 
     def __init__(self, publish: f.Publish, batches: list[_Batch]) -> None:
         self.publish = publish
         self.batches = batches
+        self.link: _Link | None = None  # the stream it went on; None: it waits for one
 
 
 class Publisher:
     """Pipelined streaming publisher: up to ``max_in_flight`` batches await their acks at
     once. A batch's future resolves to its message ids once every message is durable.
+
+    It asks which input hosts hold the queue's open extents (the routing call,
+    ``GET /v1/queues/{queue}/publishers``), opens a stream to each, and sends every frame
+    on the stream with the fewest unacked messages. With no host listed (a single node)
+    or none taking a stream, it publishes through the client's URL. The route is read
+    again every ``refresh_seconds`` it gives and whenever a stream ends.
 
     Batches sent in the same event-loop turn (several tasks publishing at once) travel
     in one frame of up to 1,000 messages / 1 MiB, which the server appends and fsyncs as
@@ -146,23 +177,48 @@ class Publisher:
     for one batch's content (``invalid_request``, ``message_too_large``), every batch of
     it is sent again alone, so only the faulty one fails.
 
-    If the connection drops, unacked batches are sent again on a new connection (so a
-    message may be stored twice, never lost)."""
+    If a stream ends (its input host moved the queue's extents, stopped or died), its
+    unacked batches are sent again on the other streams, or on new ones for up to
+    RECONNECT_PATIENCE seconds (so a message may be stored twice, never lost)."""
 
     def __init__(self, client: AsyncClient, path: str, max_in_flight: int) -> None:
         self._client = client
         self._path = path
+        self._queue_path = path.rsplit("/", 1)[0]
         self._slots = asyncio.Semaphore(max_in_flight)
         self._ids = itertools.count(1)
+        self._turn = itertools.count()
         self._pending: dict[int, _Frame] = {}
         self._queued: list[_Batch] = []
         self._flusher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._first_error: BaseException | None = None  # since the last flush()
-        self._ws: aiohttp.ClientWebSocketResponse | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._links: dict[str, _Link] = {}  # the streams that take frames, by address
+        self._retiring: set[_Link] = set()  # no longer routed to: closed once answered
+        self._routing = asyncio.Lock()
+        self._refresh = ROUTE_REFRESH
+        self._refresher: asyncio.Task[None] | None = None
+        self._recovery: asyncio.Task[None] | None = None
         self._closed = False
+        self._gone: CheramiError | None = None  # deleted, given up or closed: sends fail
         self._created_at: str | None = None  # which queue of that name this publishes to
+        self.failovers = 0  # streams that ended under it; their unacked frames went again
+
+    @property
+    def hosts(self) -> list[str]:
+        """The input hosts it publishes to now ("": through the client's URL)."""
+        return sorted(self._links)
+
+    @property
+    def outstanding(self) -> dict[str, int]:
+        """Messages sent and not acked yet, per stream (by the address of ``hosts``)."""
+        return {address: link.outstanding for address, link in self._links.items()}
+
+    @property
+    def _ws(self) -> aiohttp.ClientWebSocketResponse | None:
+        """Its first open stream (the only one on a single node)."""
+        links = self._usable()
+        return links[0].ws if links else None
 
     async def __aenter__(self) -> Publisher:
         await self._open()
@@ -173,24 +229,194 @@ class Publisher:
 
     async def _open(self) -> None:
         self._created_at = await self._incarnation()
-        self._ws = await _connect(self._client, self._path)
-        self._reader = asyncio.create_task(self._read(self._ws))
+        await self._reroute(check=False)
+        self._refresher = self._spawn(self._refresh_loop(), "route refresh")
 
     async def _incarnation(self) -> str:
-        queue = await self._client.request("GET", self._path.rsplit("/", 1)[0])
+        queue = await self._client.request("GET", self._queue_path)
         return str(queue["created_at"])
 
-    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        async for data in _messages(ws):
+    def _spawn(self, work: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(functools.partial(self._finished, what))
+        return task
+
+    def _finished(self, what: str, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("publisher: %s failed", what, exc_info=task.exception())
+
+    # routing
+    async def _route(self) -> list[str]:
+        """The input hosts the routing call lists: none on a single node, or when it
+        cannot answer (a metadata outage, a server without the call)."""
+        try:
+            body = await self._client.request("GET", self._queue_path + "/publishers")
+        except QueueNotFound:
+            raise
+        except CheramiError as err:
+            log.info("publisher: no route for %s: %s", self._queue_path, err)
+            return []
+        self._refresh = max(1.0, float(body.get("refresh_seconds") or ROUTE_REFRESH))
+        return [str(host["address"]) for host in body.get("input_hosts", [])]
+
+    async def _reroute(self, check: bool = True) -> None:
+        """Open a stream to each listed input host not connected yet and retire those to
+        hosts no longer listed; with no listed host taking one, publish through the
+        client's URL. New streams take frames only once the queue is known to be the one
+        this publisher was opened for (``check``)."""
+        async with self._routing:
+            route = await self._route()
+            dialed = await asyncio.gather(*(self._dial(a) for a in route if a not in self._links))
+            new = [link for link in dialed if link is not None]
+            try:
+                if not new and not self._usable():
+                    new.append(_Link("", await _connect(self._client, self._path)))
+                if new and check:
+                    await self._same_queue()
+            except BaseException:
+                await asyncio.gather(*(link.ws.close() for link in new), return_exceptions=True)
+                raise
+            for link in new:
+                self._links[link.address] = link
+                self._spawn(self._read(link), f"publish stream to {link.address or 'URL'}")
+            if any(address in self._links for address in route):
+                for address in [a for a in self._links if a not in route]:
+                    self._retire(self._links.pop(address))
+
+    async def _dial(self, address: str) -> _Link | None:
+        """A stream straight to a listed input host; None when it does not take one."""
+        scheme = self._client.ws_url("").split(":", 1)[0]
+        try:
+            async with asyncio.timeout(DIAL_TIMEOUT):
+                ws = await self._client.session.ws_connect(
+                    f"{scheme}://{address}{self._path}", max_msg_size=WS_MAX_MSG,
+                    heartbeat=HEARTBEAT, autoping=True,
+                )  # fmt: skip
+        except (aiohttp.ClientError, OSError, TimeoutError) as err:
+            log.info("publisher: input host %s takes no stream: %s", address, err)
+            return None
+        return _Link(address, ws)
+
+    async def _same_queue(self) -> None:
+        if await self._incarnation() != self._created_at:
+            raise QueueNotFound("the queue was deleted and made again while publishing")
+
+    def _retire(self, link: _Link) -> None:
+        """No new frames go on the stream; it is closed once its frames are answered."""
+        self._retiring.add(link)
+        if link.outstanding == 0:
+            self._spawn(self._close_link(link), "closing a retired stream")
+
+    async def _close_link(self, link: _Link) -> None:
+        await link.ws.close()
+
+    def _usable(self) -> list[_Link]:
+        return [link for link in self._links.values() if not link.ws.closed]
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._refresh)
+            try:
+                await self._reroute()
+            except CheramiError as err:
+                log.warning("publisher: route refresh failed: %s", err)
+            self._resend()
+
+    # streams
+    async def _read(self, link: _Link) -> None:
+        async for data in _messages(link.ws):
             frame = f.decode_server(data)
             if isinstance(frame, f.Published | f.Error):
-                entry = self._pending.pop(frame.id, None)
-                if entry is not None:
+                entry = self._pending.get(frame.id)
+                if entry is not None and entry.link is link:
+                    del self._pending[frame.id]
+                    link.outstanding -= len(entry.publish.messages)
                     self._settle(entry, frame)
-        if _deleted(ws):  # the queue is gone: never resend into a queue of the same name
-            self._fail(QueueNotFound(f"queue deleted while publishing: {ws.close_code}"))
-        elif not self._closed:
-            asyncio.create_task(self._reconnect())
+                    if link.outstanding == 0 and link in self._retiring:
+                        self._spawn(self._close_link(link), "closing a retired stream")
+        self._lost(link)
+
+    def _lost(self, link: _Link) -> None:
+        """A stream ended: the frames it had not answered wait for another one."""
+        if self._links.get(link.address) is link:
+            del self._links[link.address]
+        retired = link in self._retiring
+        self._retiring.discard(link)
+        link.outstanding = 0
+        orphans = [entry for entry in self._pending.values() if entry.link is link]
+        for entry in orphans:
+            entry.link = None
+        if _deleted(link.ws):  # the queue is gone: never resend into a queue of the same name
+            self._fail(QueueNotFound(f"queue deleted while publishing: {link.ws.close_code}"))
+            return
+        if self._closed or (retired and not orphans):
+            return
+        if not retired:
+            self.failovers += 1
+            code = getattr(link.ws, "sent_code", None) or link.ws.close_code
+            log.info("publisher: stream to %s ended (%s); %d frames go again",
+                     link.address or self._client.url, code, len(orphans))  # fmt: skip
+        if self._recovery is None or self._recovery.done():
+            self._recovery = self._spawn(self._recover(), "recovery")
+
+    async def _recover(self) -> None:
+        """Send the frames of an ended stream on the other streams at once and read the
+        route again (the queue may have extents elsewhere now). With no stream left,
+        connect again with backoff (0.1 s doubling to 2 s) for up to RECONNECT_PATIENCE
+        seconds; a queue deleted meanwhile (or made again) fails them QueueNotFound."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + RECONNECT_PATIENCE
+        attempt = 0
+        while not self._closed and self._gone is None:
+            self._resend()
+            if not self._usable():
+                await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+                attempt += 1
+            try:
+                await self._reroute()
+            except NotFound as err:
+                self._fail(err)
+                return
+            except CheramiError as err:
+                if not self._usable() and loop.time() >= give_up:
+                    self._fail(Unavailable(f"publisher connection lost: {err}"))
+                    return
+                log.warning("publisher reconnect failed: %s", err)
+            self._resend()
+            if self._usable():
+                return
+
+    def _resend(self) -> None:
+        """Send the frames that wait for a stream (theirs ended) on the open ones."""
+        waiting = [entry for entry in self._pending.values() if entry.link is None]
+        sent = self._assign(waiting) if waiting else []
+        if sent:
+            self._spawn(self._send(sent), "resending")
+
+    def _assign(self, frames: list[_Frame]) -> list[tuple[_Frame, _Link]]:
+        """Give each frame the open stream with the fewest unacked messages; frames that
+        find none wait (link None) for one to open."""
+        links = self._usable()
+        if not links:
+            return []
+        assigned = []
+        for entry in frames:
+            link = links[least_outstanding([k.outstanding for k in links], next(self._turn))]
+            entry.link = link
+            link.outstanding += len(entry.publish.messages)
+            assigned.append((entry, link))
+        return assigned
+
+    async def _send(self, assigned: list[tuple[_Frame, _Link]]) -> None:
+        for entry, link in assigned:
+            if entry.link is not link or link.ws.closed:
+                continue  # its stream ended: the frame goes again on another one
+            try:
+                await link.ws.send_bytes(f.encode(entry.publish))
+            except (ConnectionError, aiohttp.ClientError):
+                continue  # the stream's reader notices, and the frame goes again
 
     def _settle(self, entry: _Frame, frame: f.Published | f.Error) -> None:
         batches = entry.batches
@@ -209,23 +435,8 @@ class Publisher:
                     self._failed(batch, error_from_code(frame.code, frame.message))
             start += count
 
-    async def _reconnect(self) -> None:
-        """Connect again and send every unacked batch again, unless the queue was
-        deleted (or deleted and made again: another queue) meanwhile."""
-        try:
-            ws = await _reconnect(self._client, self._path, "publisher")
-            if await self._incarnation() != self._created_at:
-                await ws.close()
-                raise QueueNotFound("the queue was deleted and made again while publishing")
-        except CheramiError as err:
-            self._fail(err)
-            return
-        self._ws = ws
-        self._reader = asyncio.create_task(self._read(ws))
-        for entry in list(self._pending.values()):
-            await ws.send_bytes(f.encode(entry.publish))
-
-    def _fail(self, error: Exception) -> None:
+    def _fail(self, error: CheramiError) -> None:
+        self._gone = error
         pending, self._pending = self._pending, {}
         queued, self._queued = self._queued, []
         batches = [b for entry in pending.values() for b in entry.batches] + queued
@@ -247,7 +458,12 @@ class Publisher:
         outs = [_out(m) for m in messages]
         await self._slots.acquire()
         future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
-        self._queued.append(_Batch(outs, future))
+        batch = _Batch(outs, future)
+        if self._gone is not None:  # the queue was deleted, or this publisher gave up
+            self._slots.release()
+            self._failed(batch, self._gone)
+            return future
+        self._queued.append(batch)
         if self._flusher is None:
             # runs after the tasks already woken in this turn: their batches join the frame
             self._flusher = asyncio.create_task(self._flush_queued())
@@ -256,9 +472,9 @@ class Publisher:
     def _queue_alone(self, batch: _Batch) -> None:
         entry = _Frame(f.Publish(next(self._ids), batch.messages), [batch])
         self._pending[entry.publish.id] = entry
-        task = asyncio.create_task(self._write([entry]))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        sent = self._assign([entry])
+        if sent:
+            self._spawn(self._send(sent), "sending a batch alone")
 
     async def _flush_queued(self) -> None:
         try:
@@ -267,7 +483,7 @@ class Publisher:
                 frames = self._pack(batches)
                 for entry in frames:
                     self._pending[entry.publish.id] = entry
-                await self._write(frames)
+                await self._send(self._assign(frames))
         finally:
             self._flusher = None
 
@@ -295,16 +511,6 @@ class Publisher:
         )
         return _Frame(f.Publish(next(self._ids), messages), batches)
 
-    async def _write(self, frames: list[_Frame]) -> None:
-        ws = self._ws
-        if ws is None or ws.closed:
-            return  # the reader notices and resends after reconnecting
-        for entry in frames:
-            try:
-                await ws.send_bytes(f.encode(entry.publish))
-            except (ConnectionError, aiohttp.ClientError):
-                return
-
     async def publish(self, messages: Iterable[OutgoingMessage | bytes | str]) -> list[str]:
         return await (await self.send(messages))
 
@@ -324,10 +530,12 @@ class Publisher:
         self._closed = True
         if self._flusher is not None:
             await asyncio.gather(self._flusher, return_exceptions=True)
-        if self._ws is not None:
-            await self._ws.close()
-        if self._reader is not None:
-            await asyncio.gather(self._reader, return_exceptions=True)
+        for task in (self._refresher, self._recovery):
+            if task is not None:
+                task.cancel()
+        links = [*self._links.values(), *self._retiring]
+        await asyncio.gather(*(link.ws.close() for link in links), return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         self._fail(Unavailable("publisher closed"))
 
 

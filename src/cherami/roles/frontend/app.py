@@ -418,6 +418,7 @@ class Frontend:
 
 def build_app(roles: Roles) -> web.Application:
     from cherami.roles.frontend.extents import add_stream_group_routes
+    from cherami.roles.frontend.routing import add_routing_routes
     from cherami.roles.frontend.streams import StreamHandlers
 
     app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[errors_middleware])
@@ -455,4 +456,5 @@ def build_app(roles: Roles) -> web.Application:
         web.post(g + "/dlq/purge", f.dlq_purge),
     ])  # fmt: skip
     add_stream_group_routes(app, f)
+    add_routing_routes(app, f)
     return app

@@ -39,6 +39,7 @@ _OPERATIONS: list[tuple[str, str, str, type | None, type | None]] = [
         s.PublishResponse,
     ),
     (Q + "/publish", "get", "WebSocket: streaming publish (docs/protocol.md)", None, None),
+    (Q + "/publishers", "get", "The input hosts to publish a stream to (routing)", None, None),
     (Q + "/groups", "get", "List consumer groups", None, None),
     (G, "put", "Create a consumer group and its DLQ", GroupConfig, None),
     (G, "get", "Show a group with stats", None, s.GroupStats),

@@ -4,6 +4,7 @@ this process does not serve is forwarded to the host that does (HTTP and WebSock
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
@@ -33,6 +34,7 @@ class Router:
     def __init__(self, metadata: MetadataStore) -> None:
         self.metadata = metadata
         self._turn = itertools.count()
+        self.forwarding: collections.Counter[str] = collections.Counter()  # in flight, by host
         self._session: aiohttp.ClientSession | None = None
         self._alive_addresses: set[str] = set()
         self._alive_at = -ALIVE_CHECK
@@ -48,14 +50,18 @@ class Router:
             await self._session.close()
 
     async def input_host(self, queue: str) -> str:
-        """The address of an input host with open extents of the queue."""
+        """The address of an input host with open extents of the queue: the one with the
+        fewest forwards in flight from here (ties in turn), so publishes spread by load."""
 
         async def find() -> str | None:
             live = {h.id: h.address for h in await live_hosts(self.metadata, INPUTHOST)}
-            hosts = sorted(
-                {e.input_host for e in await self.metadata.list_extents(queue, (OPEN,))} & set(live)
-            )
-            return live[hosts[next(self._turn) % len(hosts)]] if hosts else None
+            extents = await self.metadata.list_extents(queue, (OPEN,))
+            addresses = sorted({live[e.input_host] for e in extents if e.input_host in live})
+            if not addresses:
+                return None
+            least = min(self.forwarding[a] for a in addresses)
+            idle = [a for a in addresses if self.forwarding[a] == least]
+            return idle[next(self._turn) % len(idle)]
 
         return await _patiently(find, f"no input host serves queue {queue}")
 
@@ -192,9 +198,15 @@ class Forward(Exception):  # noqa: N818 (a signal, not an error)
 
 
 async def forward(router: Router, request: web.Request, address: str) -> web.StreamResponse:
-    if request.headers.get("Upgrade", "").lower() == "websocket":
-        return await router.websocket(request, address)
-    return await router.http(request, address)
+    router.forwarding[address] += 1
+    try:
+        if request.headers.get("Upgrade", "").lower() == "websocket":
+            return await router.websocket(request, address)
+        return await router.http(request, address)
+    finally:
+        router.forwarding[address] -= 1
+        if router.forwarding[address] <= 0:
+            del router.forwarding[address]
 
 
 def _long_poll(body: bytes) -> float:
