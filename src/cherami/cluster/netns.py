@@ -7,7 +7,9 @@ pair, with its own address, loopback up and a zone label. A host may get a CPU q
 cgroup of its own, v1 ``cpu.cfs_quota_us`` or v2 ``cpu.max``); ``run`` starts a process
 inside the host's namespace and cgroup. ``delay`` adds latency between zones (``tc
 netem`` where the kernel has it, otherwise NFQUEUE and ``cherami.cluster.netdelay``),
-``cut``/``heal`` drop and restore the traffic between hosts or zones with iptables.
+``cut``/``heal`` drop and restore the traffic between hosts or zones with iptables
+(``ROOT`` names the root namespace: what runs on the gateway, such as a metadata store or
+a test's clients); ``isolate`` cuts a zone off from everything else.
 ``teardown`` removes everything it made; it is idempotent and registered with atexit.
 Needs root, iproute2 and iptables.
 
@@ -37,11 +39,12 @@ from urllib.parse import urlsplit, urlunsplit
 from cherami.cluster.local import LocalCluster, RoleProc
 
 __all__ = [
-    "HOST_PORT", "Host", "NetnsCluster", "NetnsError", "Network", "leftovers", "sweep_stale",
-    "teardown_state",
+    "HOST_PORT", "ROOT", "Host", "NetnsCluster", "NetnsError", "Network", "leftovers",
+    "sweep_stale", "teardown_state",
 ]  # fmt: skip
 
 HOST_PORT = 7000  # every host has a namespace of its own, so every role can use one port
+ROOT = "root"  # in cut(): the root namespace, reached at the gateway address
 SUBNET_PREFIX = "10.213"
 _CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
 _CGROUP_V2 = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
@@ -209,8 +212,8 @@ class Network:
         return match.group(1)
 
     def zone_hosts(self, name: str) -> list[str]:
-        """The hosts of a zone, or ``[name]`` for a host."""
-        if name in self.hosts:
+        """The hosts of a zone, or ``[name]`` for a host (or ``ROOT``)."""
+        if name in self.hosts or name == ROOT:
             return [name]
         found = [h.name for h in self.hosts.values() if h.zone == name]
         if not found:
@@ -218,21 +221,32 @@ class Network:
         return found
 
     def cut(self, a: str, b: str) -> None:
-        """Drop every packet between ``a`` and ``b`` (hosts or zones), both ways, in both
-        namespaces, so open connections stall as on a real partition."""
+        """Drop every packet between ``a`` and ``b`` (hosts, zones or ``ROOT``), both
+        ways, in the hosts' namespaces, so open connections stall as on a real partition.
+        ``ROOT`` is the root namespace at the gateway address (rules only on the host's
+        side: the root namespace is left as it is)."""
         for x in self.zone_hosts(a):
             for y in self.zone_hosts(b):
                 if x == y or (x, y) in self.cuts or (y, x) in self.cuts:
                     continue
                 self.cuts.add((x, y))
                 for me, peer in ((x, y), (y, x)):
-                    ip = self.hosts[peer].ip
+                    if me == ROOT:
+                        continue
+                    ip = self.gateway if peer == ROOT else self.hosts[peer].ip
                     self.ipt(me, "-A", "CHINPUT", "-s", ip, "-j", "DROP")
                     self.ipt(me, "-A", "CHOUTPUT", "-d", ip, "-j", "DROP")
 
+    def isolate(self, zone: str) -> None:
+        """Cut ``zone`` (or a host) off from every other host and from the root
+        namespace (a metadata store or clients on the gateway): a zone lost whole."""
+        inside = set(self.zone_hosts(zone))
+        for other in [*sorted(set(self.hosts) - inside), ROOT]:
+            self.cut(zone, other)
+
     def heal(self) -> None:
         """Undo every ``cut``."""
-        names = {n for pair in self.cuts for n in pair}
+        names = {n for pair in self.cuts for n in pair} - {ROOT}
         for name in names:
             self.ipt(name, "-F", "CHINPUT")
             self.ipt(name, "-F", "CHOUTPUT")

@@ -6,8 +6,11 @@ of store hosts that come back."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from functools import partial
 
 from cherami.cluster.membership import INPUTHOST, live_hosts
 from cherami.errors import CheramiError
@@ -34,6 +37,8 @@ LEASE_TTL = 3.0
 MARGIN = 0.5  # seconds before the lease's end at which the leader stops acting
 TICK = 0.5
 RETENTION_EVERY = 10  # ticks
+# how long a tick waits for the seals it started before it goes on (they go on behind it)
+SEAL_WAIT = 1.0
 
 
 class Leader:
@@ -56,6 +61,11 @@ class Leader:
         self.retention = Retention(controller, metadata, stores.stores, max_extent_messages)
         self.scaling = scaling or ScalingPolicy()
         self._ticks = 0
+        self._sealing: dict[str, asyncio.Task[None]] = {}
+        # slow chores run behind the tick, one of each at a time: a store host that is cut
+        # off makes each of its calls wait out the store deadline (3 s), which inside the
+        # tick held the lease renewal back until another controller took over
+        self._behind: dict[str, asyncio.Task[None]] = {}
         self._periodic = Periodic("controller tick", TICK, self._lead)
 
     def start(self) -> None:
@@ -63,6 +73,10 @@ class Leader:
 
     async def stop(self) -> None:
         await self._periodic.stop()
+        tasks = [*self._sealing.values(), *self._behind.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def acting(self) -> bool:
         """Whether this controller may act as the leader now: its lease cannot have
@@ -86,7 +100,7 @@ class Leader:
             await self.tick()
             self._ticks += 1
             if self._ticks % RETENTION_EVERY == 0:
-                await self.retention.tick()
+                self._run_behind("retention", self.retention.tick)
 
     async def tick(self) -> None:
         live_stores = await self.stores.refresh()
@@ -101,28 +115,62 @@ class Leader:
             await self.controller.reseal_replicas(store_id)
         # whole extents again for those opened degraded (min_replicas) once hosts are back
         await self.controller.restore_replication(rescan=bool(back))
-        await self.controller.seal_stragglers()
+        self._run_behind("sealing straggling replicas", self.controller.seal_stragglers)
         queues = await self.metadata.list_queues()
         self.scaling.forget({q.name for q in queues})
+        extents = {
+            q.name: await self.metadata.list_extents(q.name, (OPEN, FAILING)) for q in queues
+        }
+        await self._seal_all(
+            [e for es in extents.values() for e in es if _needs_seal(e, live_inputs, live_stores)]
+        )
         for queue in queues:
             if not self.acting():  # the lease may have run out: leave the rest to the next
                 log.info("controller %s stops acting: its lease may have expired", self.id)
                 return
-            healthy = []
-            for extent in await self.metadata.list_extents(queue.name, (OPEN, FAILING)):
-                if _needs_seal(extent, live_inputs, live_stores):
-                    try:
-                        await self.controller.seal_extent(extent)
-                    except CheramiError as err:
-                        log.warning("cannot seal extent %s yet: %s", extent.id, err)
-                else:
-                    healthy.append(extent)
+            healthy = [
+                e for e in extents[queue.name] if not _needs_seal(e, live_inputs, live_stores)
+            ]
             if live_inputs:
                 try:
                     await self.controller.ensure_extents(queue.name, patience=0)
                     await self._scale(queue, healthy, rates)
                 except CheramiError as err:
                     log.warning("queue %s: cannot open extents: %s", queue.name, err)
+
+    async def _seal_all(self, extents: list[Extent]) -> None:
+        """Seal the extents at once, each in a task of its own, and wait up to SEAL_WAIT
+        for them. A seal waits up to the store deadline (3 s) for each replica that does
+        not answer, so with a zone cut off, sealing its extents one after another took
+        3 s each: the tick outlasted the lease, leadership changed hands, and the queues
+        had no open extent for most of a 15 s cut. Seals still under way go on behind
+        the tick (their metadata write is fenced by the lease), and the next tick that
+        finds the extent sealed opens its successor."""
+        for extent in extents:
+            if extent.id not in self._sealing:
+                task = asyncio.create_task(self._seal(extent), name=f"seal {extent.id}")
+                self._sealing[extent.id] = task
+                task.add_done_callback(partial(self._sealed, extent.id))
+        waiting = [self._sealing[e.id] for e in extents if e.id in self._sealing]
+        if waiting:
+            await asyncio.wait(waiting, timeout=SEAL_WAIT)
+
+    def _run_behind(self, what: str, chore: Callable[[], Awaitable[None]]) -> None:
+        """Start ``chore`` behind the tick unless the last one is still running."""
+        task = self._behind.get(what)
+        if task is None or task.done():
+            self._behind[what] = asyncio.create_task(_logged(what, chore), name=what)
+
+    def _sealed(self, extent_id: str, _task: asyncio.Task[None]) -> None:
+        self._sealing.pop(extent_id, None)
+
+    async def _seal(self, extent: Extent) -> None:
+        try:
+            await self.controller.seal_extent(extent)
+        except CheramiError as err:
+            log.warning("cannot seal extent %s yet: %s", extent.id, err)
+        except Exception:
+            log.exception("sealing extent %s failed", extent.id)
 
     async def _scale(self, queue: Queue, extents: list[Extent], rates: dict[str, float]) -> None:
         """Open or seal one plain extent when the queue's rate says so (scaling.py)."""
@@ -145,6 +193,13 @@ class Leader:
             log.info("queue %s carries %.0f msgs/s on %d extents: sealing %s", queue.name,
                      load.rate, load.extents, extent.id)  # fmt: skip
             await self.controller.scale_down(extent)
+
+
+async def _logged(what: str, chore: Callable[[], Awaitable[None]]) -> None:
+    try:
+        await chore()
+    except Exception as err:
+        log.warning("%s failed: %s", what, err, exc_info=not isinstance(err, CheramiError))
 
 
 def _needs_seal(extent: Extent, live_inputs: set[str], live_stores: set[str]) -> bool:
