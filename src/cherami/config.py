@@ -32,6 +32,8 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     scale_up_window: float = 10.0
     scale_down_window: float = 60.0
     extent_max_messages: int = 1_000_000  # an open extent this large is sealed, a new one opens
+    # the secret internal connections prove (wire/handshake.py); a node makes its own
+    cluster_secret_file: str | None = None
 
     def check(self, auth_enabled: bool) -> None:
         if self.role is not None and self.role not in ROLES:

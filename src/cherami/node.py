@@ -14,6 +14,7 @@ from aiohttp import web
 
 from cherami.cluster.loadmeter import LoadMeter, LoadSources
 from cherami.cluster.roles import delivered_counts
+from cherami.cluster.secret import node_secret
 from cherami.config import NodeConfig
 from cherami.metadata.models import Extent, Host
 from cherami.metadata.sqlite import SqliteMetadataStore
@@ -27,6 +28,7 @@ from cherami.roles.inputhost.service import InputHostService
 from cherami.roles.outputhost.service import OutputHostService
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.roles.storehost.process import StoreProcess
+from cherami.wire import handshake as h
 from cherami.wire.records import Message
 
 log = logging.getLogger("cherami.node")
@@ -55,7 +57,8 @@ class Node:
         self.ready = False
         self.port = 0
         self._runner: web.AppRunner | None = None
-        self.stores = StoreDirectory()
+        self.secret = node_secret(config.data_dir, config.cluster_secret_file)
+        self.stores = StoreDirectory(h.derive_key(self.secret))
         self.store_processes: list[StoreProcess] = []
 
     async def start(self) -> None:
@@ -64,8 +67,9 @@ class Node:
         self.metadata = SqliteMetadataStore(os.path.join(cfg.data_dir, "metadata.db"))
         self.store_processes = [
             StoreProcess(
-                f"store-{i}", os.path.join(cfg.data_dir, f"store-{i}"), "127.0.0.1", self._store_up
-            )
+                f"store-{i}", os.path.join(cfg.data_dir, f"store-{i}"), "127.0.0.1",
+                self._store_up, self.secret,
+            )  # fmt: skip
             for i in range(cfg.stores)
         ]
         await asyncio.gather(*(p.start() for p in self.store_processes))

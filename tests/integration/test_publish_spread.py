@@ -91,6 +91,7 @@ async def _drain(client: AsyncClient, q: str, acked: set[str]) -> dict[str, str]
 async def test_a_publisher_spreads_over_the_input_hosts(cluster: LocalCluster) -> None:
     async with AsyncClient(cluster.url, timeout=30) as client:
         q, routed = await _spread_queue(client)
+        print("routing call:", await client.request("GET", f"/v1/queues/{q}/publishers"))
         input_hosts = {cluster.procs[n].address for n in cluster.names("inputhost")}
         assert set(routed) == input_hosts
 

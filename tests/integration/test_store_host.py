@@ -11,9 +11,11 @@ from typing import Any
 
 from cherami.roles.storehost.client import StoreClient, check_appended
 from cherami.roles.storehost.process import StoreProcess
+from cherami.wire.handshake import derive_key
 from cherami.wire.store import PLAIN, pack_records
 
 APPENDS, PER_APPEND = 300, 10
+SECRET = b"a store host's test secret, 32 b"
 
 
 async def _no_address(store_id: str, address: str) -> None:
@@ -23,9 +25,9 @@ async def _no_address(store_id: str, address: str) -> None:
 async def test_a_seal_between_pipelined_append_rounds_keeps_exactly_the_acked_appends(
     tmp_path: Path,
 ) -> None:
-    proc = StoreProcess("s0", str(tmp_path / "s0"), "127.0.0.1", _no_address)
+    proc = StoreProcess("s0", str(tmp_path / "s0"), "127.0.0.1", _no_address, SECRET)
     await proc.start()
-    client = StoreClient("s0", proc.address)
+    client = StoreClient("s0", proc.address, key=derive_key(SECRET))
     try:
         for extent in ("e1", "e2", "e3"):  # the race is timing: try it more than once
             await _seal_mid_stream(client, extent)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from cherami.wire.handshake import SECRET_FILE_ENV
 from tests.support.server import ServerProcess
 
 if TYPE_CHECKING:
@@ -54,6 +55,9 @@ def spark() -> Iterator[SparkSession]:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One node for the Spark tests (two store hosts, so reads have a replica to fail
     over to); each test uses its own queues."""
-    proc = ServerProcess(tmp_path_factory.mktemp("spark-node"), stores=2).start()
+    data_dir = tmp_path_factory.mktemp("spark-node")
+    proc = ServerProcess(data_dir, stores=2).start()
+    # the driver reads store hosts with the node's cluster secret (docs/spark.md)
+    os.environ[SECRET_FILE_ENV] = str(data_dir / "cluster.secret")
     yield proc
     assert proc.stop() == 0

@@ -43,6 +43,8 @@ def cli() -> None:
 @click.option("--metadata", help="sqlite:///path or postgresql://... (needed with --role).")
 @click.option("--advertise", help="HOST:PORT at which other hosts reach this one.")
 @click.option("--zone", help="Failure domain of this host; replicas go to distinct zones.")
+@click.option("--cluster-secret-file",
+              help="File with the cluster's secret (every host the same; a node makes its own).")
 @click.option("--load-report-interval", type=float, help="Seconds between load reports (2).")
 @click.option(
     "--scale-up-window", type=float,

@@ -131,6 +131,9 @@ class _Batch:
 
 ROUTE_REFRESH = 10.0  # seconds between route reads, unless the routing call says otherwise
 DIAL_TIMEOUT = 3.0  # a listed input host that has not taken the upgrade by then is skipped
+# a stream straight to an input host pings it this often, so a paused or cut-off host is
+# given up on (and its unacked frames go to the others) within 3 s, as a frontend does
+DIRECT_HEARTBEAT = 2.0
 
 
 def least_outstanding(loads: Sequence[int], turn: int) -> int:
@@ -292,7 +295,7 @@ class Publisher:
             async with asyncio.timeout(DIAL_TIMEOUT):
                 ws = await self._client.session.ws_connect(
                     f"{scheme}://{address}{self._path}", max_msg_size=WS_MAX_MSG,
-                    heartbeat=HEARTBEAT, autoping=True,
+                    heartbeat=DIRECT_HEARTBEAT, autoping=True,
                 )  # fmt: skip
         except (aiohttp.ClientError, OSError, TimeoutError) as err:
             log.info("publisher: input host %s takes no stream: %s", address, err)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from cherami.cluster.nodeproc import wait_healthy
 from cherami.errors import Unavailable
+from cherami.wire import handshake
 
 _LISTENING = re.compile(r"listening on http://(\S+)")
 ORDER = ("storehost", "controller", "inputhost", "outputhost", "frontend")
@@ -50,7 +51,15 @@ class LocalCluster:
             "storehost": 3, "controller": 2, "inputhost": 2, "outputhost": 2, "frontend": 1,
         }  # fmt: skip
         self.frontend_port = frontend_port
-        self.extra_args = extra_args or []
+        # every process of the cluster proves this secret on its internal links
+        self.secret_file = root / "cluster.secret"
+        if not self.secret_file.exists():
+            root.mkdir(parents=True, exist_ok=True)
+            self.secret_file.write_text(handshake.new_secret() + "\n")
+            self.secret_file.chmod(0o600)
+        self.extra_args = [
+            *(extra_args or []), "--cluster-secret-file", str(self.secret_file.resolve()),
+        ]  # fmt: skip
         self.procs: dict[str, RoleProc] = {}
         for role in ORDER:
             for i in range(self.counts.get(role, 0)):

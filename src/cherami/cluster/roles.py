@@ -24,8 +24,9 @@ from cherami.cluster.membership import (
     host_id,
     live_hosts,
 )
+from cherami.cluster.secret import role_secret
 from cherami.config import NodeConfig
-from cherami.errors import Unavailable
+from cherami.errors import Unauthorized, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import FAILING, OPEN, Extent
 from cherami.metadata.open import open_metadata
@@ -44,6 +45,7 @@ from cherami.roles.outputhost.service import OutputHostService
 from cherami.roles.storehost.directory import StoreDirectory, StoreWatcher
 from cherami.roles.storehost.server import StoreHostService
 from cherami.storage.rocks import RocksExtentStore
+from cherami.wire import handshake as h
 from cherami.wire.records import Message
 
 log = logging.getLogger("cherami.cluster.roles")
@@ -66,6 +68,7 @@ class RoleProcess:
         self.role = config.role
         self.keys = KeyRing.load(config.auth_file)
         config.check(self.keys.enabled)
+        h.use_secret(role_secret(config.cluster_secret_file))  # every internal link proves it
         self.id = host_id(config.data_dir, self.role)
         self.address = ""
         self.ready = False
@@ -183,8 +186,9 @@ class RoleProcess:
         timeout = aiohttp.ClientTimeout(total=PUBLISH_REMOTE_TIMEOUT)
         try:
             async with self.router.session.post(
-                url, data=_encoder.encode(messages), timeout=timeout
-            ) as resp:
+                url, data=_encoder.encode(messages), timeout=timeout,
+                headers={h.INTERNAL_HEADER: h.internal_token(h.cluster_key())},
+            ) as resp:  # fmt: skip
                 body = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as err:
             raise Unavailable(f"publish to {queue} via {address}: {err!r}") from err
@@ -218,6 +222,9 @@ async def _nothing(queue: str) -> None:
 
 def _internal_publish(inputs: InputHostService, metadata: MetadataStore) -> Any:
     async def handler(request: web.Request) -> web.Response:
+        # only a process of the cluster may publish here (never an API key)
+        if not h.internal_ok(h.cluster_key(), request.headers.get(h.INTERNAL_HEADER)):
+            raise Unauthorized("internal route: the cluster's internal token is required")
         queue = await metadata.get_queue(request.match_info["queue"])
         if not await inputs.serves(queue.name):
             raise Unavailable(f"queue {queue.name} has no extent on this input host")

@@ -11,6 +11,7 @@ from pyspark.sql.types import StructType
 
 from cherami.spark.schema import RecordFilter, arrow_batches
 from cherami.spark.storereader import StoreReader
+from cherami.wire.handshake import cluster_key
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -34,12 +35,15 @@ class ExtentRange(InputPartition):
         self.first_seq = first_seq
         self.end_seq = end_seq
         self.keep = keep
+        # made on the driver: workers read with the driver's cluster key (its
+        # CHERAMI_CLUSTER_SECRET or CHERAMI_CLUSTER_SECRET_FILE), not their own environment
+        self.key = cluster_key()
 
     def __repr__(self) -> str:
         return f"ExtentRange({self.extent}, {self.first_seq}..{self.end_seq})"
 
     def read(self, schema: StructType) -> Iterator[pa.RecordBatch]:
-        with StoreReader(self.stores) as reader:
+        with StoreReader(self.stores, key=self.key) as reader:
             if self.end_seq:
                 batches = reader.read_range(self.extent, self.first_seq, self.end_seq)
             else:

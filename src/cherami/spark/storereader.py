@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cherami.errors import CheramiError, ProtocolError, Unavailable
+from cherami.wire import handshake as h
 from cherami.wire import store as w
 from cherami.wire.framing import MAX_FRAME, pack_frame
 from cherami.wire.keys import plain_key, seq_of
@@ -39,11 +40,23 @@ class Batch:
 class _Connection:
     """One blocking connection to a store host; replies come back by request id."""
 
-    def __init__(self, address: str, timeout: float) -> None:
+    def __init__(self, address: str, timeout: float, key: bytes) -> None:
         host, port = address.rsplit(":", 1)
         self.address = address
         self._sock = socket.create_connection((host, int(port)), timeout=timeout)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        hello, nonce = h.hello(key)  # prove this worker belongs to the cluster
+        self._sock.sendall(hello)
+        try:
+            answer = self._exactly(h.WELCOME_SIZE)
+        except Unavailable:
+            self.close()
+            raise Unavailable(
+                f"store {address} refused the cluster hello (a different cluster secret?)"
+            ) from None
+        if not h.welcome_ok(key, nonce, answer):
+            self.close()
+            raise Unavailable(f"store {address} is not of this cluster")
         self._rids = itertools.count(1)
         self._early: dict[int, w.Reply] = {}
 
@@ -93,12 +106,20 @@ def _result(reply: w.Reply) -> w.ReadResult:
 class StoreReader:
     """Reads extents from any of the given replica addresses, failing over between them."""
 
-    def __init__(self, addresses: list[str], timeout: float = 30.0, retries: int = 6) -> None:
+    def __init__(
+        self,
+        addresses: list[str],
+        timeout: float = 30.0,
+        retries: int = 6,
+        key: bytes | None = None,
+    ) -> None:
+        """``key``: the cluster key (wire/handshake.py); default this process's."""
         if not addresses:
             raise Unavailable("no store host address for this extent")
         self._addresses = addresses
         self._timeout = timeout
         self._retries = retries
+        self._key = key if key is not None else h.cluster_key()
         self._turn = 0
         self._conn: _Connection | None = None
 
@@ -116,7 +137,7 @@ class StoreReader:
     def _connection(self) -> _Connection:
         if self._conn is None:
             address = self._addresses[self._turn % len(self._addresses)]
-            self._conn = _Connection(address, self._timeout)
+            self._conn = _Connection(address, self._timeout, self._key)
         return self._conn
 
     def _failed(self, err: Exception, attempt: int) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from cherami.errors import CheramiError, ExtentSealed, Unavailable
+from cherami.wire import handshake as h
 from cherami.wire import store as w
 from cherami.wire.framing import READ_BUFFER, Cork, read_frame
 
@@ -44,8 +45,12 @@ def _raise_for(reply: w.Reply) -> w.Reply:
 
 
 class StoreClient:
-    def __init__(self, store_id: str, address: str, connect_timeout: float = 2.0) -> None:
+    def __init__(
+        self, store_id: str, address: str, connect_timeout: float = 2.0, key: bytes | None = None
+    ) -> None:
+        """``key``: the cluster key to prove (default: this process's, handshake.py)."""
         self.store_id = store_id
+        self._key = key
         self.address = address
         self._timeout = connect_timeout
         self._rids = itertools.count(1)
@@ -65,13 +70,32 @@ class StoreClient:
             if self.closed:
                 raise Unavailable(f"store {self.store_id} client is closed")
             host, port = self.address.rsplit(":", 1)
+            key = self._key if self._key is not None else h.cluster_key()
             try:
                 async with asyncio.timeout(self._timeout):
                     reader, writer = await asyncio.open_connection(
                         host, int(port), limit=READ_BUFFER
                     )
+                    try:  # prove we belong to the cluster, and see that it does
+                        hello, nonce = h.hello(key)
+                        writer.write(hello)
+                        answer = await reader.readexactly(h.WELCOME_SIZE)
+                    except BaseException:
+                        writer.close()
+                        raise
+            except asyncio.IncompleteReadError:
+                raise Unavailable(
+                    f"store {self.store_id} at {self.address} refused this process's cluster "
+                    "hello (a different cluster secret?)"
+                ) from None
             except (OSError, TimeoutError) as err:
                 raise Unavailable(f"store {self.store_id} at {self.address}: {err}") from err
+            if not h.welcome_ok(key, nonce, answer):
+                writer.close()
+                raise Unavailable(
+                    f"store {self.store_id} at {self.address} is not of this cluster "
+                    "(its welcome does not match our secret)"
+                )
             self._writer = writer
             self._reader_task = asyncio.create_task(self._read_replies(reader, writer))
             return writer

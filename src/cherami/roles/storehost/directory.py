@@ -19,14 +19,16 @@ REFRESH_INTERVAL = 0.5  # how often a StoreWatcher reads the live store hosts
 
 
 class StoreDirectory:
-    def __init__(self) -> None:
+    def __init__(self, key: bytes | None = None) -> None:
+        """``key``: the cluster key its clients prove (default: this process's)."""
+        self._key = key
         self._clients: dict[str, StoreClient] = {}
 
     async def set_address(self, store_id: str, address: str) -> None:
         current = self._clients.get(store_id)
         if current is not None and current.address == address:
             return
-        self._clients[store_id] = StoreClient(store_id, address)
+        self._clients[store_id] = StoreClient(store_id, address, key=self._key)
         if current is not None:
             await current.close()
 

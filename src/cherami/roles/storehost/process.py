@@ -14,6 +14,7 @@ import sys
 from collections.abc import Awaitable, Callable
 
 from cherami.errors import Unavailable
+from cherami.wire.handshake import SECRET_ENV
 
 log = logging.getLogger("cherami.storehost.process")
 
@@ -29,12 +30,15 @@ class StoreProcess:
         data_dir: str,
         host: str,
         on_address: Callable[[str, str], Awaitable[None]],
+        secret: bytes,
     ) -> None:
+        """``secret``: the node's cluster secret, which the child's clients must prove."""
         self.store_id = store_id
         self.data_dir = data_dir
         self.host = host
         self.address = ""
         self._on_address = on_address
+        self._env = {**os.environ, SECRET_ENV: secret.decode()}
         self._proc: asyncio.subprocess.Process | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
@@ -53,7 +57,7 @@ class StoreProcess:
             sys.executable, "-m", "cherami.roles.storehost",
             "--data-dir", self.data_dir, "--host", self.host, "--port", "0",
             "--parent", str(os.getpid()),
-            stdout=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, env=self._env,
         )  # fmt: skip
         assert proc.stdout is not None
         try:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from cherami.cluster.loadmeter import LatencyRing
 from cherami.periodic import Background
 from cherami.storage.base import AppendOp, ExtentStore, StorageError
+from cherami.wire import handshake as h
 from cherami.wire import store as w
 from cherami.wire.framing import READ_BUFFER, Cork, read_frame
 
@@ -38,8 +39,14 @@ class _PendingAppend:
 
 
 class StoreHostService:
-    def __init__(self, store: ExtentStore, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, store: ExtentStore, host: str = "127.0.0.1", port: int = 0, key: bytes | None = None
+    ) -> None:
+        """``key``: the cluster key connections must prove (default: this process's,
+        wire/handshake.py)."""
         self.store = store
+        self._hellos = h.HelloChecker(key if key is not None else h.cluster_key())
+        self.refused = 0  # connections closed without a valid cluster hello
         self._host, self._port = host, port
         self._server: asyncio.Server | None = None
         self._writes = ThreadPoolExecutor(1, thread_name_prefix="cherami-store-write")
@@ -98,6 +105,8 @@ class StoreHostService:
         assert task is not None
         self._conns.add(task)
         try:
+            if not await self._welcomed(reader, writer):
+                return
             while True:
                 request = w.decode_request(await read_frame(reader))
                 if isinstance(request, w.Commit):
@@ -117,6 +126,25 @@ class StoreHostService:
         finally:
             self._conns.discard(task)
             writer.close()
+
+    async def _welcomed(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Whether the connection opened with a good cluster hello (wire/handshake.py);
+        if so it is welcomed. Otherwise nothing is answered and it is closed."""
+        try:
+            async with asyncio.timeout(h.HELLO_TIMEOUT):
+                data = await reader.readexactly(h.HELLO_SIZE)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            data = b""
+        nonce = self._hellos.check(data) if data else None
+        if nonce is None:
+            self.refused += 1
+            log.warning(
+                "refused a connection from %s: no valid cluster hello",
+                writer.get_extra_info("peername"),
+            )
+            return False
+        writer.write(h.welcome(self._hellos.key, nonce))
+        return True
 
     async def _commit_loop(self) -> None:
         while True:

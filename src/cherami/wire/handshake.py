@@ -1,0 +1,139 @@
+"""How an internal connection proves it belongs to the cluster (docs/protocol.md §6).
+
+Every process of a cluster (and a node with its store-host children) shares a cluster
+secret. A connection to a store host opens with the client's hello, before any frame:
+
+    hello   = "CHRMSTR1" | nonce (16 bytes) | time (8 bytes, ms, big-endian)
+              | HMAC-SHA256(key, "hello" | nonce | time)              64 bytes
+    welcome = HMAC-SHA256(key, "welcome" | nonce)                      32 bytes
+
+The store host answers a hello whose MAC is right, whose time is within ``SKEW`` of its
+own clock and whose nonce it has not seen in that window with the welcome, and then
+serves frames; any other hello, or none within ``HELLO_TIMEOUT``, is met with a closed
+connection and no byte. The client checks the welcome, so it talks only to a store host
+of its own cluster. Internal HTTP routes take ``X-Cherami-Internal: <token>`` instead of
+an API key (and never an API key).
+
+The key is SHA-256 over the secret. A process gets the secret from ``use_secret`` (the
+server's ``--cluster-secret-file``; a node makes one), else from the environment:
+``CHERAMI_CLUSTER_SECRET`` (the secret itself) or ``CHERAMI_CLUSTER_SECRET_FILE``
+(a file holding it), which is how a Spark job reading store hosts gets it."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import struct
+import time
+from collections import OrderedDict
+
+from cherami.errors import Unavailable
+
+MAGIC = b"CHRMSTR1"
+HELLO_SIZE = len(MAGIC) + 16 + 8 + 32
+WELCOME_SIZE = 32
+SKEW = 120.0  # seconds a hello's time may differ from the store host's clock
+HELLO_TIMEOUT = 5.0  # a connection that sends no hello by then is closed
+INTERNAL_HEADER = "X-Cherami-Internal"
+SECRET_ENV = "CHERAMI_CLUSTER_SECRET"
+SECRET_FILE_ENV = "CHERAMI_CLUSTER_SECRET_FILE"
+_TIME = struct.Struct(">Q")
+
+_key: bytes | None = None
+
+
+class NoSecret(Unavailable):
+    """This process has no cluster secret, so it cannot open an internal connection."""
+
+
+def derive_key(secret: bytes) -> bytes:
+    return hashlib.sha256(b"cherami cluster key\0" + secret.strip()).digest()
+
+
+def new_secret() -> str:
+    return secrets.token_hex(32)
+
+
+def read_secret_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        secret = f.read().strip()
+    if len(secret) < 16:
+        raise ValueError(f"cluster secret file {path} holds fewer than 16 bytes")
+    return secret
+
+
+def use_secret(secret: bytes) -> None:
+    """The secret of this process's cluster (every internal connection uses it)."""
+    global _key
+    _key = derive_key(secret)
+
+
+def cluster_key() -> bytes:
+    """This process's key: the one ``use_secret`` set, else the environment's (read
+    again at each call: a Spark driver may point it at another node's file)."""
+    if _key is not None:
+        return _key
+    if os.environ.get(SECRET_ENV):
+        return derive_key(os.environ[SECRET_ENV].encode())
+    if os.environ.get(SECRET_FILE_ENV):
+        return derive_key(read_secret_file(os.environ[SECRET_FILE_ENV]))
+    raise NoSecret(
+        f"no cluster secret: set {SECRET_ENV} or {SECRET_FILE_ENV} (a node keeps its "
+        "secret in DATA_DIR/cluster.secret)"
+    )
+
+
+def _mac(key: bytes, *parts: bytes) -> bytes:
+    return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
+
+
+def hello(key: bytes) -> tuple[bytes, bytes]:
+    """A client's hello and its nonce (to check the welcome with)."""
+    nonce = secrets.token_bytes(16)
+    stamp = _TIME.pack(int(time.time() * 1000))
+    return MAGIC + nonce + stamp + _mac(key, b"hello", nonce, stamp), nonce
+
+
+def welcome(key: bytes, nonce: bytes) -> bytes:
+    return _mac(key, b"welcome", nonce)
+
+
+def welcome_ok(key: bytes, nonce: bytes, answer: bytes) -> bool:
+    return hmac.compare_digest(welcome(key, nonce), answer)
+
+
+def internal_token(key: bytes) -> str:
+    """The value of X-Cherami-Internal on internal HTTP requests."""
+    return _mac(key, b"internal http").hex()
+
+
+def internal_ok(key: bytes, header: str | None) -> bool:
+    return header is not None and hmac.compare_digest(internal_token(key), header)
+
+
+class HelloChecker:
+    """The store host's side: which hellos to answer (see the module)."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+        self._seen: OrderedDict[bytes, float] = OrderedDict()  # nonce -> when, for replays
+
+    def check(self, data: bytes) -> bytes | None:
+        """The nonce of a good hello, or None."""
+        if len(data) != HELLO_SIZE or not data.startswith(MAGIC):
+            return None
+        body = data[len(MAGIC) :]
+        nonce, stamp, mac = body[:16], body[16:24], body[24:]
+        if not hmac.compare_digest(_mac(self.key, b"hello", nonce, stamp), mac):
+            return None
+        now = time.time()
+        if abs(_TIME.unpack(stamp)[0] / 1000 - now) > SKEW:
+            return None
+        while self._seen and next(iter(self._seen.values())) < now - 2 * SKEW:
+            self._seen.popitem(last=False)
+        if nonce in self._seen:
+            return None
+        self._seen[nonce] = now
+        return nonce
