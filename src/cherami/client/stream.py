@@ -261,8 +261,12 @@ class Publisher:
         except CheramiError as err:
             log.info("publisher: no route for %s: %s", self._queue_path, err)
             return []
-        self._refresh = max(1.0, float(body.get("refresh_seconds") or ROUTE_REFRESH))
-        return [str(host["address"]) for host in body.get("input_hosts", [])]
+        try:
+            self._refresh = max(1.0, float(body.get("refresh_seconds") or ROUTE_REFRESH))
+            return [str(host["address"]) for host in body.get("input_hosts", [])]
+        except (AttributeError, KeyError, TypeError, ValueError):
+            log.warning("publisher: a route it cannot read: %r", body)
+            return []
 
     async def _reroute(self, check: bool = True) -> None:
         """Open a stream to each listed input host not connected yet and retire those to
