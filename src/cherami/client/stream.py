@@ -334,7 +334,12 @@ class Publisher:
     # streams
     async def _read(self, link: _Link) -> None:
         async for data in _messages(link.ws):
-            frame = f.decode_server(data)
+            try:
+                frame = f.decode_server(data)
+            except msgspec.DecodeError as err:  # its frames go again on another stream
+                log.warning("publisher: bad frame from %s: %s", link.address or "URL", err)
+                await link.ws.close()
+                continue
             if isinstance(frame, f.Published | f.Error):
                 entry = self._pending.get(frame.id)
                 if entry is not None and entry.link is link:
