@@ -3,6 +3,9 @@ servers raise these, clients raise the same classes from the same codes."""
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import msgspec
 
 
@@ -16,7 +19,7 @@ class CheramiError(Exception):
         super().__init__(message or self.code)
         self.message = message or self.code
 
-    def to_dict(self) -> dict[str, dict[str, str]]:
+    def to_dict(self) -> dict[str, dict[str, Any]]:
         return {"error": {"code": self.code, "message": self.message}}
 
 
@@ -57,7 +60,35 @@ class MessageTooLarge(CheramiError):
 
 
 class Throttled(CheramiError):
+    """A publish over a rate limit (the queue's or the API key's). Nothing of the batch
+    was stored: send it again after ``retry_after`` seconds (the reply's ``Retry-After``
+    header, rounded up, and ``retry_after_ms`` in its body)."""
+
     code, status = "throttled", 429
+
+    def __init__(self, message: str = "", retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = max(0.0, retry_after)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        body = super().to_dict()
+        body["error"]["retry_after_ms"] = self.retry_after_ms
+        return body
+
+    @property
+    def retry_after_ms(self) -> int:
+        return math.ceil(self.retry_after * 1000)
+
+    @property
+    def retry_after_header(self) -> str:
+        """``Retry-After``: whole seconds, rounded up, at least 1."""
+        return str(max(1, math.ceil(self.retry_after)))
+
+
+class BacklogFull(Throttled):
+    """A publish to a queue whose unconsumed bytes are over its ``max_backlog_bytes``."""
+
+    code = "backlog_full"
 
 
 class Unavailable(CheramiError):
@@ -99,6 +130,7 @@ ERRORS_BY_CODE: dict[str, type[CheramiError]] = {
         AlreadyExists,
         MessageTooLarge,
         Throttled,
+        BacklogFull,
         Unavailable,
         ExtentSealed,
         Moved,
@@ -117,6 +149,9 @@ def error_from_response(status: int, raw: bytes) -> CheramiError:
     a plain one naming the status when the body is not that."""
     try:
         err = msgspec.json.decode(raw)["error"]
-        return error_from_code(err["code"], err["message"])
-    except (msgspec.DecodeError, KeyError, TypeError):
+        error = error_from_code(err["code"], err["message"])
+        if isinstance(error, Throttled) and "retry_after_ms" in err:
+            error.retry_after = max(0.0, float(err["retry_after_ms"]) / 1000)
+    except (msgspec.DecodeError, KeyError, TypeError, ValueError):
         return CheramiError(f"HTTP {status}: {raw[:200]!r}")
+    return error

@@ -23,15 +23,15 @@ async def _serve(config: NodeConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
+    # SIGHUP: read --auth-file again (keys and their limits); a bad file keeps the old
+    loop.add_signal_handler(signal.SIGHUP, node.keys.reload)
     try:
         if isinstance(node, RoleProcess):
             address = await node.start()
-            scheme = "https" if config.tls_cert else "http"
-            print(f"cherami {config.role} {node.id} listening on {scheme}://{address}", flush=True)
+            print(f"cherami {config.role} {node.id} listening on http://{address}", flush=True)
         else:
             await node.start()
-            scheme = "https" if config.tls_cert else "http"
-            print(f"cherami listening on {scheme}://{config.host}:{node.port}", flush=True)
+            print(f"cherami listening on http://{config.host}:{node.port}", flush=True)
         await stop.wait()
     finally:
         await node.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
@@ -13,18 +14,27 @@ import msgspec
 
 from cherami.client.models import OutgoingMessage, Received, outgoing
 from cherami.client.stream import Publisher, StreamConsumer
-from cherami.errors import Unavailable, error_from_response
+from cherami.errors import Throttled, Unavailable, error_from_response
 
 PUBLISH_BATCH = 1000
 # How long publish() keeps sending a batch again that was refused 503 (its input host
 # failed, was paused or moved): past the cluster's failover, which takes a few seconds.
 PUBLISH_RETRY_SECONDS = 30.0
+# How long publish() keeps sending a batch again that was refused 429 (``throttled``,
+# ``backlog_full``: nothing of it was stored), each time after the wait the server names.
+THROTTLED_RETRY_SECONDS = 300.0
 
 
 class AsyncClient:
+    """``throttled_retry_seconds``: how long a publish refused 429 (over a limit, or the
+    queue's backlog full) keeps being sent again, each time after the wait the server
+    names, before ``Throttled`` / ``BacklogFull`` is raised (0: raise at once)."""
+
     def __init__(self, url: str = "http://127.0.0.1:8080", api_key: str | None = None,
-                 timeout: float = 60.0) -> None:  # fmt: skip
+                 timeout: float = 60.0,
+                 throttled_retry_seconds: float = THROTTLED_RETRY_SECONDS) -> None:  # fmt: skip
         self.url = url.rstrip("/")
+        self.throttled_retry_seconds = throttled_retry_seconds
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
@@ -114,7 +124,11 @@ class AsyncClient:
         A batch refused with 503 (``unavailable``, ``moved``, ``extent_sealed``) or lost
         with its connection is sent again, with back-off, for up to ``retry_seconds``
         (0: never); part of a refused batch may be stored already, so a retried batch
-        can store some messages twice (publishing is at-least-once)."""
+        can store some messages twice (publishing is at-least-once).
+
+        A batch refused 429 (``throttled``, ``backlog_full``) stored nothing: it is sent
+        again after the wait the server names, for up to ``throttled_retry_seconds``, so
+        publishing slows to the limit and loses nothing."""
         items = [outgoing(m).to_json() for m in messages]
         ids: list[str] = []
         for start in range(0, len(items), PUBLISH_BATCH):
@@ -130,10 +144,17 @@ class AsyncClient:
     async def _retrying(self, retry_seconds: float, method: str, path: str, body: Any) -> Any:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + retry_seconds
+        throttled_deadline = loop.time() + self.throttled_retry_seconds
         pause = 0.1
         while True:
             try:
                 return await self.request(method, path, body)
+            except Throttled as err:
+                wait = throttle_wait(err)
+                if loop.time() + wait > throttled_deadline:
+                    raise
+                await asyncio.sleep(wait)
+                continue
             except Unavailable:
                 if loop.time() + pause > deadline:
                     raise
@@ -196,3 +217,9 @@ class AsyncClient:
         from cherami.client.worker import Worker
 
         await Worker(self, queue, group, handler, concurrency, **options).run()
+
+
+def throttle_wait(err: Throttled) -> float:
+    """How long to wait before sending a refused batch again: the server's wait, plus up
+    to 10% so that producers it refused together do not all come back at once."""
+    return err.retry_after * (1 + 0.1 * random.random())

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
-from cherami.client.asyncclient import PUBLISH_RETRY_SECONDS, AsyncClient
+from cherami.client.asyncclient import PUBLISH_RETRY_SECONDS, THROTTLED_RETRY_SECONDS, AsyncClient
 from cherami.client.models import OutgoingMessage, Received
 from cherami.client.stream import Publisher, StreamConsumer
 from cherami.client.worker import STOP_SIGNALS, Handler, Worker
@@ -69,9 +69,13 @@ class Client:
     """Blocking client of the HTTP API and the streams; same methods as ``AsyncClient``."""
 
     def __init__(
-        self, url: str = "http://127.0.0.1:8080", api_key: str | None = None, timeout: float = 60.0
+        self,
+        url: str = "http://127.0.0.1:8080",
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        throttled_retry_seconds: float = THROTTLED_RETRY_SECONDS,
     ) -> None:
-        self.aio = AsyncClient(url, api_key, timeout)
+        self.aio = AsyncClient(url, api_key, timeout, throttled_retry_seconds)
         self._loop = _LoopThread()
         self._closed = False
         # a Client dropped without close() still ends its thread

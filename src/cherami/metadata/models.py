@@ -14,6 +14,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=365 * 86400)]
 Extents = Annotated[int, msgspec.Meta(ge=1, le=64)]
 TargetRate = Annotated[float, msgspec.Meta(gt=0, le=10_000_000)]
+Rate = Annotated[float, msgspec.Meta(ge=0, le=1e12)]  # per second (or a burst); 0: none
 
 OPEN, SEALED, CONSUMED, DELETED = "open", "sealed", "consumed", "deleted"
 FAILING = "failing"  # open, but its input host saw a replica fail: the controller seals it
@@ -43,6 +44,14 @@ class QueueConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     retention_seconds: Annotated[float, msgspec.Meta(ge=1, le=365 * 86400)] = 7 * 86400.0
     consumed_retention_seconds: Seconds = 0.0
     max_message_bytes: Annotated[int, msgspec.Meta(ge=1, le=8 << 20)] = 1 << 20
+    # publish limits (0: none): messages and body bytes per second, token buckets that
+    # hold up to the bursts (0: one second's worth); and the unconsumed bytes beyond
+    # which publishes are refused (docs/api.md, "Throttling and back-pressure")
+    publish_rate: Rate = 0.0
+    publish_burst: Rate = 0.0
+    publish_bytes_rate: Rate = 0.0
+    publish_bytes_burst: Rate = 0.0
+    max_backlog_bytes: Annotated[int, msgspec.Meta(ge=0, le=1 << 60)] = 0
 
 
 class QueuePatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -54,6 +63,11 @@ class QueuePatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     retention_seconds: Annotated[float, msgspec.Meta(ge=1, le=365 * 86400)] | None = None
     consumed_retention_seconds: Seconds | None = None
     max_message_bytes: Annotated[int, msgspec.Meta(ge=1, le=8 << 20)] | None = None
+    publish_rate: Rate | None = None
+    publish_burst: Rate | None = None
+    publish_bytes_rate: Rate | None = None
+    publish_bytes_burst: Rate | None = None
+    max_backlog_bytes: Annotated[int, msgspec.Meta(ge=0, le=1 << 60)] | None = None
 
 
 class Queue(msgspec.Struct, kw_only=True):

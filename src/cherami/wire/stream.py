@@ -66,8 +66,19 @@ class Error(msgspec.Struct, array_like=True, tag="error", frozen=True):
     message: str
 
 
+class Throttled(msgspec.Struct, array_like=True, tag="throttled", frozen=True):
+    """Answer to a publish batch refused by a limit (code ``throttled``) or a full
+    backlog (``backlog_full``): nothing of it was stored; send it again (on this stream)
+    after ``retry_ms``. The stream stays open."""
+
+    id: int
+    code: str
+    message: str
+    retry_ms: int
+
+
 ClientFrame = Publish | Credit | Ack | Nack | Extend
-ServerFrame = Published | Deliver | Settled | Error
+ServerFrame = Published | Deliver | Settled | Error | Throttled
 
 _encoder = msgspec.msgpack.Encoder()
 _client_decoder: msgspec.msgpack.Decoder[ClientFrame] = msgspec.msgpack.Decoder(ClientFrame)

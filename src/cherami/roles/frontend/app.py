@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import msgspec
 from aiohttp import web
 
-from cherami.errors import CheramiError, InvalidRequest, MessageTooLarge, Unavailable
+from cherami.errors import CheramiError, InvalidRequest, MessageTooLarge, Throttled, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import (
     FAILING,
@@ -33,6 +33,7 @@ from cherami.roles.frontend.convert import body_fields, rfc3339, to_messages
 from cherami.roles.frontend.metrics import Metrics
 from cherami.roles.frontend.openapi import openapi_document
 from cherami.roles.frontend.proxy import Forward, Router, forward
+from cherami.roles.frontend.throttle import Throttle
 from cherami.roles.inputhost.service import InputHostService
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
 from cherami.roles.outputhost.service import DELETED_CLOSE, MOVED_CLOSE, OutputHostService
@@ -66,7 +67,10 @@ def json_response(body: Any, status: int = 200) -> web.Response:
 
 
 def error_response(err: CheramiError) -> web.Response:
-    return json_response(err.to_dict(), err.status)
+    response = json_response(err.to_dict(), err.status)
+    if isinstance(err, Throttled):
+        response.headers["Retry-After"] = err.retry_after_header
+    return response
 
 
 async def decode(request: web.Request, type_: type[T], empty_ok: bool = True) -> T:
@@ -146,6 +150,8 @@ class _RouteNotFound(CheramiError):
 class Frontend:
     def __init__(self, roles: Roles) -> None:
         self.r = roles
+        inputs = roles.inputs
+        self.throttle = Throttle(roles.metadata, roles.stores, inputs.host_id if inputs else None)
 
     def auth(self, request: web.Request, scope: Scope | None, queue: str | None) -> None:
         self.r.keys.check(request.headers.get("Authorization"), scope, queue)
@@ -320,6 +326,9 @@ class Frontend:
         body = await decode(request, s.PublishRequest, empty_ok=False)
         messages = to_messages(queue, body.messages)
         inputs = await self.input_host(queue)
+        key = self.r.keys.find(request.headers.get("Authorization"))
+        size = sum(len(m.body) for m in messages)
+        await self.throttle.admit(queue, key, len(messages), size, fresh=True)
         ids = await inputs.publish(queue, messages)
         self.r.metrics.published(queue.name, len(ids))
         return json_response(s.PublishResponse(ids))

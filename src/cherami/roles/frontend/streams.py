@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 import msgspec
 from aiohttp import WSMsgType, web
 
-from cherami.errors import CheramiError, InvalidRequest, Moved, QueueNotFound
+from cherami.errors import (
+    CheramiError,
+    InvalidRequest,
+    Moved,
+    QueueNotFound,
+    Throttled,
+    Unauthorized,
+)
 from cherami.metadata.models import Queue
 from cherami.roles.frontend.convert import check_size
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
@@ -91,6 +98,7 @@ class StreamHandlers:
         slots = asyncio.Semaphore(MAX_BATCHES_IN_FLIGHT)
         tasks: set[asyncio.Task[None]] = set()
         watcher = asyncio.create_task(self._watch_queue(ws, queue))
+        keys, header = self.f.r.keys, request.headers.get("Authorization")
 
         async def handle(frame: f.Publish) -> None:
             try:
@@ -98,6 +106,11 @@ class StreamHandlers:
                     raise InvalidRequest(f"a batch holds 1 to {MAX_BATCH} messages")
                 _check(queue, frame.messages)
                 messages = [Message(m.body, m.attributes, m.delay_ms) for m in frame.messages]
+                key = keys.find(header)  # each batch: a key a reload removed stops here
+                if key is None and keys.enabled:
+                    raise Unauthorized("the stream's API key is no longer in the auth file")
+                size = sum(len(m.body) for m in messages)
+                await self.f.throttle.admit(queue, key, len(messages), size, fresh=False)
                 ids = await inputs.publish(queue, messages)
                 self.f.r.metrics.published(queue.name, len(ids))
                 reply: f.ServerFrame = f.Published(frame.id, ids)
@@ -109,6 +122,8 @@ class StreamHandlers:
                 else:
                     await ws.close(code=close.DELETED, message=b"queue deleted")
                 return
+            except Throttled as err:  # nothing of it stored: the producer sends it again
+                reply = f.Throttled(frame.id, err.code, err.message, err.retry_after_ms)
             except CheramiError as err:
                 reply = f.Error(frame.id, err.code, err.message)
             except Exception:

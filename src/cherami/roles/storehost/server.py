@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,17 +40,11 @@ class _PendingAppend:
 
 class StoreHostService:
     def __init__(
-        self,
-        store: ExtentStore,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        key: bytes | None = None,
-        tls: ssl.SSLContext | None = None,
+        self, store: ExtentStore, host: str = "127.0.0.1", port: int = 0, key: bytes | None = None
     ) -> None:
         """``key``: the cluster key connections must prove (default: this process's,
-        wire/handshake.py); ``tls``: serve over TLS with this context (wire/tls.py)."""
+        wire/handshake.py)."""
         self.store = store
-        self._tls = tls
         self._hellos = h.HelloChecker(key if key is not None else h.cluster_key())
         self.refused = 0  # connections closed without a valid cluster hello
         self._host, self._port = host, port
@@ -91,7 +84,7 @@ class StoreHostService:
     async def start(self) -> None:
         self._committer = asyncio.create_task(self._commit_loop())
         self._server = await asyncio.start_server(
-            self._serve, self._host, self._port, limit=READ_BUFFER, ssl=self._tls
+            self._serve, self._host, self._port, limit=READ_BUFFER
         )
 
     async def stop(self) -> None:
