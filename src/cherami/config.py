@@ -34,6 +34,10 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     extent_max_messages: int = 1_000_000  # an open extent this large is sealed, a new one opens
     # the secret internal connections prove (wire/handshake.py); a node makes its own
     cluster_secret_file: str | None = None
+    # TLS on every listener (and, in a cluster, every internal client): wire/tls.py
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None  # the CA internal clients verify peers with (default: system)
 
     def check(self, auth_enabled: bool) -> None:
         if self.role is not None and self.role not in ROLES:
@@ -50,6 +54,12 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise InvalidRequest(
                 "--scale-up-window and --scale-down-window: 0 < up <= down <= 3600 seconds"
             )
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise InvalidRequest("--tls-cert and --tls-key go together")
+        for flag, path in (("--tls-cert", self.tls_cert), ("--tls-key", self.tls_key),
+                           ("--tls-ca", self.tls_ca)):  # fmt: skip
+            if path and not os.path.isfile(path):
+                raise InvalidRequest(f"{flag} {path}: no such file")
         if not auth_enabled and not self.allow_remote_without_auth and not _is_loopback(self.host):
             raise InvalidRequest(
                 f"refusing to listen on {self.host} without API keys; give --auth-file, "

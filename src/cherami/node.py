@@ -29,6 +29,7 @@ from cherami.roles.outputhost.service import OutputHostService
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.roles.storehost.process import StoreProcess
 from cherami.wire import handshake as h
+from cherami.wire import tls
 from cherami.wire.records import Message
 
 log = logging.getLogger("cherami.node")
@@ -67,9 +68,12 @@ class Node:
         self.metadata = SqliteMetadataStore(os.path.join(cfg.data_dir, "metadata.db"))
         self.store_processes = [
             StoreProcess(
-                f"store-{i}", os.path.join(cfg.data_dir, f"store-{i}"), "127.0.0.1",
-                self._store_up, self.secret,
-            )  # fmt: skip
+                f"store-{i}",
+                os.path.join(cfg.data_dir, f"store-{i}"),
+                "127.0.0.1",
+                self._store_up,
+                self.secret,
+            )
             for i in range(cfg.stores)
         ]
         await asyncio.gather(*(p.start() for p in self.store_processes))
@@ -93,7 +97,10 @@ class Node:
         )  # fmt: skip
         self._runner = web.AppRunner(build_app(roles), access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, cfg.host, cfg.port)
+        context = None
+        if cfg.tls_cert and cfg.tls_key:  # the API listener; store hosts stay on loopback
+            context = tls.server_context(cfg.tls_cert, cfg.tls_key)
+        site = web.TCPSite(self._runner, cfg.host, cfg.port, ssl_context=context)
         await site.start()
         server = site._server
         assert server is not None

@@ -43,8 +43,13 @@ def cli() -> None:
 @click.option("--metadata", help="sqlite:///path or postgresql://... (needed with --role).")
 @click.option("--advertise", help="HOST:PORT at which other hosts reach this one.")
 @click.option("--zone", help="Failure domain of this host; replicas go to distinct zones.")
-@click.option("--cluster-secret-file",
-              help="File with the cluster's secret (every host the same; a node makes its own).")
+@click.option(
+    "--cluster-secret-file",
+    help="File with the cluster's secret (every host the same; a node makes its own).",
+)
+@click.option("--tls-cert", help="PEM certificate: serve HTTP, WebSocket and store links over TLS.")
+@click.option("--tls-key", help="PEM private key of --tls-cert.")
+@click.option("--tls-ca", help="PEM CA that internal clients verify peers with (default: system).")
 @click.option("--load-report-interval", type=float, help="Seconds between load reports (2).")
 @click.option(
     "--scale-up-window", type=float,

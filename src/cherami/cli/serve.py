@@ -28,10 +28,12 @@ async def _serve(config: NodeConfig) -> None:
     try:
         if isinstance(node, RoleProcess):
             address = await node.start()
-            print(f"cherami {config.role} {node.id} listening on http://{address}", flush=True)
+            scheme = "https" if config.tls_cert else "http"
+            print(f"cherami {config.role} {node.id} listening on {scheme}://{address}", flush=True)
         else:
             await node.start()
-            print(f"cherami listening on http://{config.host}:{node.port}", flush=True)
+            scheme = "https" if config.tls_cert else "http"
+            print(f"cherami listening on {scheme}://{config.host}:{node.port}", flush=True)
         await stop.wait()
     finally:
         await node.stop()

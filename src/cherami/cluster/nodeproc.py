@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -13,14 +14,16 @@ import urllib.request
 from collections import deque
 from pathlib import Path
 
-_LISTENING = re.compile(rb"listening on http://([\d.]+):(\d+)")
+_LISTENING = re.compile(rb"listening on (https?)://([\d.]+):(\d+)")
 
 
-def wait_healthy(url: str, deadline: float) -> bool:
-    """Poll ``url``/healthz until it answers 200 or the monotonic ``deadline`` passes."""
+def wait_healthy(url: str, deadline: float, ca: Path | None = None) -> bool:
+    """Poll ``url``/healthz until it answers 200 or the monotonic ``deadline`` passes
+    (an https URL is verified with the CA certificate ``ca``)."""
+    context = ssl.create_default_context(cafile=str(ca)) if ca else None
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(url + "/healthz", timeout=2) as resp:
+            with urllib.request.urlopen(url + "/healthz", timeout=2, context=context) as resp:
                 if resp.status == 200:
                     return True
         except OSError:
@@ -30,8 +33,16 @@ def wait_healthy(url: str, deadline: float) -> bool:
 
 
 class NodeProcess:
-    def __init__(self, data_dir: Path, stores: int = 3, extra: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        stores: int = 3,
+        extra: list[str] | None = None,
+        ca: Path | None = None,
+    ) -> None:
+        """``ca``: the CA that signed the node's --tls-cert (a node serving https)."""
         self.data_dir = data_dir
+        self.ca = ca
         self.stores = stores
         self.extra = extra or []
         self.proc: subprocess.Popen[bytes] | None = None
@@ -56,9 +67,10 @@ class NodeProcess:
             self.output.append(line.decode(errors="replace").rstrip())
             match = _LISTENING.search(line)
             if match:
-                self.url = f"http://{match.group(1).decode()}:{int(match.group(2))}"
+                scheme, host, port = (g.decode() for g in match.groups())
+                self.url = f"{scheme}://{host}:{int(port)}"
                 threading.Thread(target=self._drain, daemon=True).start()
-                if not wait_healthy(self.url, deadline):
+                if not wait_healthy(self.url, deadline, self.ca):
                     raise RuntimeError("the node never became healthy")
                 return self
         raise RuntimeError("the node did not start:\n" + "\n".join(self.output))

@@ -46,6 +46,7 @@ from cherami.roles.storehost.directory import StoreDirectory, StoreWatcher
 from cherami.roles.storehost.server import StoreHostService
 from cherami.storage.rocks import RocksExtentStore
 from cherami.wire import handshake as h
+from cherami.wire import tls
 from cherami.wire.records import Message
 
 log = logging.getLogger("cherami.cluster.roles")
@@ -69,6 +70,7 @@ class RoleProcess:
         self.keys = KeyRing.load(config.auth_file)
         config.check(self.keys.enabled)
         h.use_secret(role_secret(config.cluster_secret_file))  # every internal link proves it
+        tls.use_tls(config.tls_cert, config.tls_key, config.tls_ca)
         self.id = host_id(config.data_dir, self.role)
         self.address = ""
         self.ready = False
@@ -97,7 +99,7 @@ class RoleProcess:
 
     async def _start_storehost(self) -> None:
         store = RocksExtentStore(os.path.join(self.config.data_dir, "rocksdb"))
-        service = StoreHostService(store, self.config.host, self.config.port)
+        service = StoreHostService(store, self.config.host, self.config.port, tls=tls.listener())
         await service.start()
         self._load_sources.counters = service.extent_counts
         self._load_sources.open_extents = service.open_extents
@@ -158,7 +160,7 @@ class RoleProcess:
             app.router.add_post(INTERNAL_PUBLISH, _internal_publish(inputs, reads))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self.config.host, self.config.port)
+        site = web.TCPSite(runner, self.config.host, self.config.port, ssl_context=tls.listener())
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.address = self._advertise(f"{self.config.host}:{port}")
@@ -182,7 +184,7 @@ class RoleProcess:
     async def _publish_remote(self, queue: str, messages: list[Message]) -> list[str]:
         """Publish (to a DLQ) through an input host that serves the queue."""
         address = await self.router.input_host(queue)
-        url = f"http://{address}{INTERNAL_PUBLISH.format(queue=queue)}"
+        url = f"{tls.http_scheme()}://{address}{INTERNAL_PUBLISH.format(queue=queue)}"
         timeout = aiohttp.ClientTimeout(total=PUBLISH_REMOTE_TIMEOUT)
         try:
             async with self.router.session.post(

@@ -18,7 +18,7 @@ from cherami.errors import CheramiError, Unavailable, error_from_code
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN
 from cherami.roles.outputhost.ownership import group_lease
-from cherami.wire import close
+from cherami.wire import close, tls
 
 log = logging.getLogger("cherami.frontend.proxy")
 
@@ -42,7 +42,10 @@ class Router:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None),
+                connector=aiohttp.TCPConnector(ssl=tls.internal_client() or True),
+            )
         return self._session
 
     async def close(self) -> None:
@@ -78,7 +81,7 @@ class Router:
         the long-poll wait of a receive) is reported 503 ``unavailable``, so a client
         retries soon, and by then the route leads to the host that took over."""
         headers = {k: v for k, v in request.headers.items() if k in _HOP_HEADERS}
-        url = f"http://{address}{request.rel_url}"
+        url = f"{tls.http_scheme()}://{address}{request.rel_url}"
         body = await request.read()
 
         async def send() -> web.Response:
@@ -133,7 +136,8 @@ class Router:
         try:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):  # a paused host never answers
                 upstream = await self.session.ws_connect(
-                    f"ws://{address}{request.rel_url}", headers=headers, max_msg_size=64 << 20,
+                    f"{tls.ws_scheme()}://{address}{request.rel_url}", headers=headers,
+                    max_msg_size=64 << 20,
                     heartbeat=UPSTREAM_HEARTBEAT, timeout=aiohttp.ClientWSTimeout(ws_close=2.0),
                 )  # fmt: skip
         except aiohttp.WSServerHandshakeError as err:

@@ -18,6 +18,7 @@ import msgspec
 from cherami.errors import CheramiError, ExtentSealed, Unavailable
 from cherami.wire import handshake as h
 from cherami.wire import store as w
+from cherami.wire import tls
 from cherami.wire.framing import READ_BUFFER, Cork, read_frame
 
 log = logging.getLogger("cherami.storehost.client")
@@ -73,9 +74,11 @@ class StoreClient:
             key = self._key if self._key is not None else h.cluster_key()
             try:
                 async with asyncio.timeout(self._timeout):
+                    context = tls.internal_client()  # a cluster with TLS: verify the host
                     reader, writer = await asyncio.open_connection(
-                        host, int(port), limit=READ_BUFFER
-                    )
+                        host, int(port), limit=READ_BUFFER, ssl=context,
+                        server_hostname=host if context else None,
+                    )  # fmt: skip
                     try:  # prove we belong to the cluster, and see that it does
                         hello, nonce = h.hello(key)
                         writer.write(hello)

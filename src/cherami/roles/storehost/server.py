@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,11 +41,17 @@ class _PendingAppend:
 
 class StoreHostService:
     def __init__(
-        self, store: ExtentStore, host: str = "127.0.0.1", port: int = 0, key: bytes | None = None
+        self,
+        store: ExtentStore,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        key: bytes | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         """``key``: the cluster key connections must prove (default: this process's,
-        wire/handshake.py)."""
+        wire/handshake.py); ``tls``: serve over TLS with this context (wire/tls.py)."""
         self.store = store
+        self._tls = tls
         self._hellos = h.HelloChecker(key if key is not None else h.cluster_key())
         self.refused = 0  # connections closed without a valid cluster hello
         self._host, self._port = host, port
@@ -84,7 +91,7 @@ class StoreHostService:
     async def start(self) -> None:
         self._committer = asyncio.create_task(self._commit_loop())
         self._server = await asyncio.start_server(
-            self._serve, self._host, self._port, limit=READ_BUFFER
+            self._serve, self._host, self._port, limit=READ_BUFFER, ssl=self._tls
         )
 
     async def stop(self) -> None:

@@ -1,0 +1,71 @@
+"""TLS for every listener of a cluster process and every internal client (docs/operations.md).
+
+A process started with ``--tls-cert/--tls-key`` serves HTTP, WebSocket and the store
+protocol over TLS, and its internal clients (input and output hosts to store hosts,
+forwards between processes, internal publishes) connect with TLS, verifying the peer
+against ``--tls-ca`` (else the system's store) and its address: certificates name the
+hosts' advertised addresses (IP or DNS subject alternative names). A node's store hosts
+are its own children on loopback: they stay plain TCP (their links are authenticated,
+wire/handshake.py), only the node's API listener serves TLS."""
+
+from __future__ import annotations
+
+import os
+import ssl
+
+TLS_CA_ENV = "CHERAMI_TLS_CA"
+
+_server: ssl.SSLContext | None = None
+_client: ssl.SSLContext | None = None
+
+
+def server_context(cert: str, key: str) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    return context
+
+
+def client_context(ca: str | None = None, cadata: str | None = None) -> ssl.SSLContext:
+    """Verifies the server against ``ca`` (a PEM file) or ``cadata`` (PEM text), else the
+    system's trust store, and checks that its certificate names the address dialled."""
+    context = ssl.create_default_context(cafile=ca, cadata=cadata)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
+def use_tls(cert: str | None, key: str | None, ca: str | None) -> None:
+    """This process's TLS (a cluster process): listeners with ``cert``/``key``, internal
+    clients verifying with ``ca``. Without a cert, everything stays plain."""
+    global _server, _client
+    if cert and key:
+        _server = server_context(cert, key)
+        _client = client_context(ca)
+    else:
+        _server = _client = None
+
+
+def listener() -> ssl.SSLContext | None:
+    return _server
+
+
+def internal_client() -> ssl.SSLContext | None:
+    """The context internal clients connect with (None: plain TCP)."""
+    return _client
+
+
+def http_scheme() -> str:
+    return "https" if _client is not None else "http"
+
+
+def ws_scheme() -> str:
+    return "wss" if _client is not None else "ws"
+
+
+def public_client(url: str, ca: str | None) -> ssl.SSLContext | bool:
+    """What an API client passes as aiohttp's ``ssl``: a context verifying with ``ca``
+    (or CHERAMI_TLS_CA) for https URLs; True (the default checks) otherwise."""
+    ca = ca or os.environ.get(TLS_CA_ENV) or None
+    if url.startswith("https://") and ca:
+        return client_context(ca)
+    return True
