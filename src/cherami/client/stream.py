@@ -15,7 +15,14 @@ import aiohttp
 import msgspec
 
 from cherami.client.models import OutgoingMessage, Received
-from cherami.errors import CheramiError, NotFound, QueueNotFound, Unavailable, error_from_code
+from cherami.errors import (
+    CheramiError,
+    GroupNotFound,
+    NotFound,
+    QueueNotFound,
+    Unavailable,
+    error_from_code,
+)
 from cherami.wire import close
 from cherami.wire import stream as f
 
@@ -136,6 +143,40 @@ DIAL_TIMEOUT = 3.0  # a listed input host that has not taken the upgrade by then
 DIRECT_HEARTBEAT = 2.0
 
 
+def _keep(
+    tasks: set[asyncio.Task[None]], work: Coroutine[Any, Any, None], what: str
+) -> asyncio.Task[None]:
+    """Run ``work`` as a task held in ``tasks`` until it ends; a failure is logged."""
+    task = asyncio.create_task(work)
+    tasks.add(task)
+    task.add_done_callback(functools.partial(_forget, tasks, what))
+    return task
+
+
+def _forget(tasks: set[asyncio.Task[None]], what: str, task: asyncio.Task[None]) -> None:
+    tasks.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s failed", what, exc_info=task.exception())
+
+
+async def _routed(client: AsyncClient, path: str, field: str) -> tuple[list[str], float | None]:
+    """The addresses a routing call at ``path`` lists (its ``field``) and the
+    ``refresh_seconds`` it gives; ([], None) when it cannot answer (a metadata outage, a
+    server without the call). A queue or group that does not exist raises NotFound."""
+    try:
+        body = await client.request("GET", path)
+    except (QueueNotFound, GroupNotFound):
+        raise
+    except CheramiError as err:
+        log.info("no route at %s: %s", path, err)
+        return [], None
+    try:
+        return [str(h["address"]) for h in body[field]], float(body["refresh_seconds"])
+    except (KeyError, TypeError, ValueError):
+        log.warning("a route it cannot read at %s: %r", path, body)
+        return [], None
+
+
 def least_outstanding(loads: Sequence[int], turn: int) -> int:
     """Which stream takes the next frame: the index of the smallest load (messages sent
     on it and not answered yet); ties go in turn, counting from ``turn``."""
@@ -240,33 +281,18 @@ class Publisher:
         return str(queue["created_at"])
 
     def _spawn(self, work: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
-        task = asyncio.create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(functools.partial(self._finished, what))
-        return task
-
-    def _finished(self, what: str, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("publisher: %s failed", what, exc_info=task.exception())
+        return _keep(self._tasks, work, f"publisher: {what}")
 
     # routing
     async def _route(self) -> list[str]:
         """The input hosts the routing call lists: none on a single node, or when it
-        cannot answer (a metadata outage, a server without the call)."""
-        try:
-            body = await self._client.request("GET", self._queue_path + "/publishers")
-        except QueueNotFound:
-            raise
-        except CheramiError as err:
-            log.info("publisher: no route for %s: %s", self._queue_path, err)
-            return []
-        try:
-            self._refresh = max(1.0, float(body.get("refresh_seconds") or ROUTE_REFRESH))
-            return [str(host["address"]) for host in body.get("input_hosts", [])]
-        except (AttributeError, KeyError, TypeError, ValueError):
-            log.warning("publisher: a route it cannot read: %r", body)
-            return []
+        cannot answer."""
+        hosts, refresh = await _routed(
+            self._client, self._queue_path + "/publishers", "input_hosts"
+        )
+        if refresh is not None:
+            self._refresh = max(1.0, refresh)
+        return hosts
 
     async def _reroute(self, check: bool = True) -> None:
         """Open a stream to each listed input host not connected yet and retire those to
