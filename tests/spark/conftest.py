@@ -29,7 +29,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
+def spark(server: ServerProcess) -> Iterator[SparkSession]:
+    """After the node: Spark's Python workers inherit the JVM's environment, which must
+    name the node's cluster secret."""
     from pyspark.sql import SparkSession
 
     from cherami.spark import CheramiDataSource

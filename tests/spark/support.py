@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cherami.client.asyncclient import AsyncClient
 from cherami.client.models import OutgoingMessage
 from cherami.spark.control import ControlClient
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 
 def run(url: str, work: Callable[[AsyncClient], Any]) -> Any:
@@ -61,3 +64,12 @@ def queue_ends(url: str, queue: str) -> dict[str, int]:
     return {
         e.id: e.last_seq + 1 for e in ControlClient(url).extents(queue) if e.plain and e.last_seq
     }
+
+
+def stream(spark: SparkSession, url: str, queue: str, group: str, **options: Any) -> DataFrame:
+    """A streaming read of ``queue`` for the stream-mode ``group``."""
+    reader = spark.readStream.format("cherami").option("url", url).option("queue", queue)
+    reader = reader.option("group", group)
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()

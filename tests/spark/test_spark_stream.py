@@ -11,21 +11,21 @@ import pytest
 
 from cherami.spark import follow_acks
 from cherami.spark.control import ControlClient
-from tests.spark.support import eventually, group_offsets, publish, queue_ends, run, setup_queue
+from tests.spark.support import (
+    eventually,
+    group_offsets,
+    publish,
+    queue_ends,
+    run,
+    setup_queue,
+    stream,
+)
 from tests.support.server import ServerProcess, unique
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 pytestmark = pytest.mark.spark
-
-
-def stream(spark: SparkSession, url: str, queue: str, group: str, **options: Any) -> DataFrame:
-    reader = spark.readStream.format("cherami").option("url", url).option("queue", queue)
-    reader = reader.option("group", group)
-    for key, value in options.items():
-        reader = reader.option(key, str(value))
-    return reader.load()
 
 
 def end_offset(progress: dict[str, Any]) -> dict[str, int]:

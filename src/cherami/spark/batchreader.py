@@ -30,6 +30,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from cherami.spark import offsets as o
 from cherami.spark.control import ControlClient, ExtentView
 from cherami.spark.options import Options
 from cherami.spark.partitions import ExtentRange
@@ -91,9 +92,20 @@ class CheramiBatchReader(DataSourceReader):
         # an extent holds nothing enqueued before it was created
         return keep.max_ms is None or view.created_ms <= keep.max_ms + 1000
 
+    def _bounds(self, views: list[ExtentView]) -> tuple[o.Offsets, o.Offsets]:
+        """Where each plain extent's read starts and ends (``startingOffsets``,
+        ``endingOffsets``; next_seq, end exclusive)."""
+        latest = o.available(views)
+        plain = {v.id for v in views if v.plain}
+        start, end = self.options.starting_offsets, self.options.ending_offsets
+        starts = o.resolve(start or "earliest", latest, plain, "startingOffsets")
+        ends = o.resolve(end or "latest", latest, plain, "endingOffsets")
+        return starts, {**latest, **ends}  # extents the JSON leaves out: to the latest
+
     def partitions(self) -> Sequence[InputPartition]:
         keep = self._keep()
         views = ControlClient(self.options.url, self.options.api_key).extents(self.options.queue)
+        starts, ends = self._bounds(views)
         parts: list[InputPartition] = []
         size = self.options.partition_messages
         for view in views:
@@ -103,14 +115,15 @@ class CheramiBatchReader(DataSourceReader):
             if not view.plain:
                 parts.append(ExtentRange(view.id, stores, 1, 0, keep))
                 continue
-            first = max(1, keep.min_seq or 1)
-            last = min(view.last_seq, keep.max_seq or view.last_seq)
+            first = max(1, keep.min_seq or 1, starts.get(view.id, 1))
+            last = min(view.last_seq, keep.max_seq or view.last_seq, ends.get(view.id, 1) - 1)
             for low in range(first, last + 1, size):
                 parts.append(ExtentRange(view.id, stores, low, min(low + size, last + 1), keep))
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, ExtentRange)
+        if not isinstance(partition, ExtentRange):
+            return iter(())  # pyspark's stand-in partition when there are none
         return partition.read(self.schema)
 
 

@@ -6,9 +6,11 @@ of micro-batches can be tested without Spark."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
+from cherami.errors import InvalidRequest
 from cherami.spark.control import ExtentView
+from cherami.spark.options import EARLIEST, LATEST
 
 Offsets = dict[str, int]
 
@@ -59,3 +61,55 @@ def ranges(start: Mapping[str, int], end: Mapping[str, int]) -> list[tuple[str, 
 
 def count(start: Mapping[str, int], end: Mapping[str, int]) -> int:
     return sum(last - first for _, first, last in ranges(start, end))
+
+
+def resolve(spec: str | Mapping[str, int], latest: Offsets, known: set[str], name: str) -> Offsets:
+    """Offsets from a ``startingOffsets`` / ``endingOffsets`` value: ``earliest`` (every
+    extent from seq 1), ``latest`` (where each extent ends now) or ``{extent: next_seq}``
+    with -2 for earliest and -1 for latest, as in Kafka's JSON. Extents the JSON leaves
+    out are at earliest; naming an extent the queue does not have is an error."""
+    if spec == "earliest":
+        return {}
+    if spec == "latest":
+        return normalize(latest)
+    assert isinstance(spec, Mapping)
+    unknown = sorted(set(spec) - known)
+    if unknown:
+        raise InvalidRequest(f"option {name!r} names extents the queue does not have: {unknown}")
+    out = {}
+    for extent, seq in spec.items():
+        if seq == LATEST:
+            out[extent] = latest.get(extent, 1)
+        elif seq != EARLIEST:
+            out[extent] = seq
+    return normalize(out)
+
+
+def lost(start: Mapping[str, int], before: Mapping[str, int], now: set[str]) -> Offsets:
+    """The extents of ``start`` that are gone (deleted by retention) while messages were
+    still to be read in them: ``{extent: first unread seq}``. ``before`` is where each
+    extent ended when it was last seen; an extent never seen cannot be judged."""
+    return normalize({
+        e: n for e, n in start.items() if e not in now and e in before and before[e] > n
+    })  # fmt: skip
+
+
+class TriggerGate:
+    """``minOffsetsPerTrigger`` with ``maxTriggerDelay``, as in Kafka's source: a
+    micro-batch with fewer messages than the minimum waits, until the delay since the
+    last micro-batch (or the query's start) has passed."""
+
+    def __init__(self, minimum: int | None, delay_ms: int, clock: Callable[[], float]) -> None:
+        self.minimum = minimum
+        self.delay_s = delay_ms / 1000
+        self._clock = clock
+        self._last = clock()
+
+    def admits(self, messages: int) -> bool:
+        if self.minimum is None or messages == 0:
+            return True
+        now = self._clock()
+        if messages >= self.minimum or now - self._last >= self.delay_s:
+            self._last = now
+            return True
+        return False

@@ -3,18 +3,22 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import StructType
 
+from cherami.errors import CheramiError
 from cherami.spark.schema import RecordFilter, arrow_batches
-from cherami.spark.storereader import StoreReader
+from cherami.spark.storereader import DataLost, StoreReader
 from cherami.wire.handshake import cluster_key
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+log = logging.getLogger("cherami.spark.partitions")
 
 
 class ExtentRange(InputPartition):
@@ -28,6 +32,7 @@ class ExtentRange(InputPartition):
         first_seq: int,
         end_seq: int,
         keep: RecordFilter | None = None,
+        fail_on_data_loss: bool = True,
     ) -> None:
         super().__init__(extent)
         self.extent = extent
@@ -35,6 +40,7 @@ class ExtentRange(InputPartition):
         self.first_seq = first_seq
         self.end_seq = end_seq
         self.keep = keep
+        self.fail_on_data_loss = fail_on_data_loss
         # made on the driver: workers read with the driver's cluster key (its
         # CHERAMI_CLUSTER_SECRET or CHERAMI_CLUSTER_SECRET_FILE), not their own environment
         self.key = cluster_key()
@@ -48,4 +54,10 @@ class ExtentRange(InputPartition):
                 batches = reader.read_range(self.extent, self.first_seq, self.end_seq)
             else:
                 batches = reader.read_all(self.extent)
-            yield from arrow_batches(schema, self.extent, batches, self.keep)
+            try:
+                yield from arrow_batches(schema, self.extent, batches, self.keep)
+            except DataLost as err:  # retention deleted the extent while it was read
+                if self.fail_on_data_loss:
+                    raise CheramiError(f"data loss: {err}; set failOnDataLoss=false to go on "
+                                       "without it") from err  # fmt: skip
+                log.warning("data loss: %s; going on", err)

@@ -23,7 +23,7 @@ from pyspark.sql.types import (
 )
 
 from cherami.wire.keys import seq_of
-from cherami.wire.records import decode_record
+from cherami.wire.records import Record, decode_record
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -41,10 +41,18 @@ SCHEMA = StructType([
 ])  # fmt: skip
 
 
-def check_schema(schema: StructType) -> StructType:
+def source_schema(include_headers: bool = True) -> StructType:
+    """The rows of a read; without ``attributes`` when ``includeHeaders=false``."""
+    if include_headers:
+        return SCHEMA
+    return StructType([f for f in SCHEMA.fields if f.name != "attributes"])
+
+
+def check_schema(schema: StructType, include_headers: bool = True) -> StructType:
     """The schema Spark asks for must be this source's (columns may not be renamed)."""
-    if schema.fieldNames() != SCHEMA.fieldNames():
-        raise ValueError(f"the cherami source produces {SCHEMA.simpleString()}")
+    expected = source_schema(include_headers)
+    if schema.fieldNames() != expected.fieldNames():
+        raise ValueError(f"the cherami source produces {expected.simpleString()}")
     return schema
 
 
@@ -82,26 +90,33 @@ def to_arrow(
                         zip(records, batch.keys, strict=True)], pa.string())  # fmt: skip
     else:
         ids = pc.binary_join_element_wise(f"{extent}:", pc.cast(seqs, pa.string()), "")
-    attributes = [r.attributes or {} for r in records]
-    ends = pa.array([0, *accumulate(map(len, attributes))], pa.int32())
     columns = [
         ids,
         pa.array([extent] * len(records), pa.string()),
         seqs,
         pa.array([r.body for r in records], pa.binary()),
-        pa.MapArray.from_arrays(
-            ends,
-            pa.array([k for a in attributes for k in a], pa.string()),
-            pa.array([v for a in attributes for v in a.values()], pa.string()),
-            type=schema.field("attributes").type,
-        ),
         pc.multiply(enqueued, 1000).cast(stamp),
         pc.multiply(pa.array([r.delivery_ms for r in records], pa.int64()), 1000).cast(stamp),
     ]
+    if "attributes" in schema.names:
+        columns.insert(4, _attributes(schema.field("attributes").type, records))
     out = pa.RecordBatch.from_arrays(columns, schema=schema)
     if keep is not None:
         out = out.filter(_mask(keep, seqs, enqueued))
     return out if out.num_rows else None
+
+
+def _attributes(kind: pa.DataType, records: list[Record]) -> pa.Array:
+    import pyarrow as pa
+
+    attributes = [r.attributes or {} for r in records]
+    ends = pa.array([0, *accumulate(map(len, attributes))], pa.int32())
+    return pa.MapArray.from_arrays(
+        ends,
+        pa.array([k for a in attributes for k in a], pa.string()),
+        pa.array([v for a in attributes for v in a.values()], pa.string()),
+        type=kind,
+    )
 
 
 def _seqs(keys: list[bytes]) -> Sequence[int]:

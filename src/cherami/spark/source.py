@@ -15,7 +15,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from cherami.spark.options import Options
-from cherami.spark.schema import SCHEMA, check_schema
+from cherami.spark.schema import check_schema, source_schema
 
 
 class CheramiDataSource(DataSource):
@@ -27,7 +27,7 @@ class CheramiDataSource(DataSource):
         return "cherami"
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return source_schema(self._options().include_headers)
 
     def _options(self) -> Options:
         return Options.parse(self.options)
@@ -39,12 +39,15 @@ class CheramiDataSource(DataSource):
         from cherami.spark.batchreader import CheramiBatchReader, PushdownBatchReader
 
         kind = PushdownBatchReader if _pushing_down() else CheramiBatchReader
-        return kind(check_schema(schema), self._options())
+        options = self._options()
+        return kind(check_schema(schema, options.include_headers), options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from cherami.spark.streamreader import CheramiStreamReader
 
-        return CheramiStreamReader(check_schema(schema), self._options())
+        options = self._options()
+        options.check_stream()
+        return CheramiStreamReader(check_schema(schema, options.include_headers), options)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from cherami.spark.writer import CheramiWriter, check_input

@@ -31,6 +31,10 @@ STALLS_PER_REPLICA = 20
 _HEADER = struct.Struct(">I")
 
 
+class DataLost(CheramiError):
+    """Records a read still wanted are gone (retention deleted the extent)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Batch:
     keys: list[bytes]
@@ -193,7 +197,7 @@ class StoreReader:
                 for stale, _, _ in pending:  # drop replies to reads past the gap
                     conn.reply(stale)
                 if result.end:
-                    raise CheramiError(
+                    raise DataLost(
                         f"extent {extent} ends before seq {last}: sealed lower or dropped"
                     )
                 return

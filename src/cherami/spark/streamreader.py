@@ -9,7 +9,8 @@ end offset, see ``listener``) move them forward, never back."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -36,7 +37,9 @@ log = logging.getLogger("cherami.spark.streamreader")
 
 
 class CheramiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, schema: StructType, options: Options) -> None:
+    def __init__(
+        self, schema: StructType, options: Options, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.schema = schema
         self.options = options
         self.group = options.require_group()
@@ -46,6 +49,9 @@ class CheramiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._committed: o.Offsets = {}
         self._start_ms = 0
         self._group_known = False
+        self._gate = o.TriggerGate(
+            options.min_messages_per_trigger, options.max_trigger_delay_ms, clock
+        )
 
     def _control(self) -> ControlClient:
         return ControlClient(self.options.url, self.options.api_key)
@@ -61,17 +67,37 @@ class CheramiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._group_known = True
         return o.normalize(reply["offsets"])
 
-    def _refresh(self) -> o.Offsets:
+    def _refresh(self, start: o.Offsets | None = None) -> o.Offsets:
+        """List the queue's extents; ``start``: the offsets still to read from, checked
+        for extents that retention deleted before they were read to their end."""
         views = self._control().extents(self.options.queue)
+        before = self._latest or {}
         self._extents = {v.id: v for v in views}
         self._latest = o.available(views)
+        if start:
+            for extent, seq in o.lost(start, before, set(self._extents)).items():
+                self._data_lost(f"extent {extent} was deleted before seq {seq}.."
+                                f"{before[extent] - 1} was read")  # fmt: skip
         return self._latest
+
+    def _data_lost(self, what: str) -> None:
+        if self.options.fail_on_data_loss:
+            raise CheramiError(
+                f"data loss on queue {self.options.queue}: {what} (retention removed it); "
+                "set failOnDataLoss=false to go on without it"
+            )
+        log.warning("data loss on queue %s: %s; going on", self.options.queue, what)
 
     # offsets
     def initialOffset(self) -> dict[str, int]:
         committed = self._group_offsets()
-        self._refresh()
+        latest = self._refresh()
         self._committed = committed
+        plain = {e for e, view in self._extents.items() if view.plain}
+        if self.options.starting_offsets is not None:
+            return o.resolve(self.options.starting_offsets, latest, plain, "startingOffsets")
+        if self.options.start_ms is not None:
+            return {}  # from the earliest, records before startingTimestamp dropped
         return o.normalize({e: n for e, n in committed.items() if e in self._extents})
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -80,12 +106,15 @@ class CheramiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         try:
-            latest = o.cap(self._refresh(), self._target)
+            latest = o.cap(self._refresh(o.normalize(start)), self._target)
         except Unavailable as err:  # the frontend restarts: no new data for now
             log.warning("cannot list extents of %s: %s", self.options.queue, err)
             return o.normalize(start)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return o.advance(o.normalize(start), latest, max_rows)
+        end = o.advance(o.normalize(start), latest, max_rows)
+        if self._target is None and not self._gate.admits(o.count(start, end)):
+            return o.normalize(start)  # fewer than minOffsetsPerTrigger: wait for more
+        return end
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         return self._latest
@@ -100,21 +129,26 @@ class CheramiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         plan = o.ranges(start, end)
         if any(extent not in self._extents for extent, _, _ in plan):
             self._refresh()
-        keep = RecordFilter(min_ms=self._start_ms) if self._start_ms else None
+        keep = self._keep()
         parts: list[InputPartition] = []
         for extent, first, stop in plan:
             view = self._extents.get(extent)
             if view is None:
-                if self.options.fail_on_data_loss:
-                    raise CheramiError(
-                        f"extent {extent} of queue {self.options.queue} is gone (deleted) "
-                        f"before seq {first}..{stop - 1} was read; set failOnDataLoss=false "
-                        "to skip it"
-                    )
-                log.warning("extent %s is gone; skipping seq %d..%d", extent, first, stop - 1)
+                self._data_lost(f"extent {extent} was deleted before seq {first}..{stop - 1} "
+                                "was read")  # fmt: skip
                 continue
-            parts.append(ExtentRange(extent, list(view.stores), first, stop, keep))
+            parts.append(ExtentRange(extent, list(view.stores), first, stop, keep,
+                                     self.options.fail_on_data_loss))  # fmt: skip
         return parts
+
+    def _keep(self) -> RecordFilter | None:
+        """Records enqueued before the group's start or ``startingTimestamp``, or at or
+        after ``endingTimestamp``, are dropped in the worker."""
+        low = max(self._start_ms, self.options.start_ms or 0) or None
+        end = self.options.end_ms
+        if low is None and end is None:
+            return None
+        return RecordFilter(min_ms=low, max_ms=None if end is None else end - 1)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ExtentRange)
