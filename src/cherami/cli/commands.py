@@ -37,9 +37,11 @@ def connection_options(command: F) -> F:
                   callback=_check_url, help="Server URL (env CHERAMI_URL).")  # fmt: skip
     @click.option("--api-key", envvar="CHERAMI_API_KEY", default=None,
                   help="API key (env CHERAMI_API_KEY).")  # fmt: skip
+    @click.option("--tls-ca", envvar="CHERAMI_TLS_CA", default=None,
+                  help="PEM CA that verifies an https:// server (env CHERAMI_TLS_CA).")  # fmt: skip
     @functools.wraps(command)
-    def wrapper(url: str, api_key: str | None, **kwargs: Any) -> Any:
-        return command(lambda: AsyncClient(url, api_key), **kwargs)
+    def wrapper(url: str, api_key: str | None, tls_ca: str | None, **kwargs: Any) -> Any:
+        return command(lambda: AsyncClient(url, api_key, tls_ca=tls_ca), **kwargs)
 
     return wrapper  # type: ignore[return-value]
 

@@ -15,6 +15,7 @@ import msgspec
 from cherami.client.models import OutgoingMessage, Received, outgoing
 from cherami.client.stream import Publisher, StreamConsumer
 from cherami.errors import Throttled, Unavailable, error_from_response
+from cherami.wire import tls
 
 PUBLISH_BATCH = 1000
 # How long publish() keeps sending a batch again that was refused 503 (its input host
@@ -28,12 +29,16 @@ THROTTLED_RETRY_SECONDS = 300.0
 class AsyncClient:
     """``throttled_retry_seconds``: how long a publish refused 429 (over a limit, or the
     queue's backlog full) keeps being sent again, each time after the wait the server
-    names, before ``Throttled`` / ``BacklogFull`` is raised (0: raise at once)."""
+    names, before ``Throttled`` / ``BacklogFull`` is raised (0: raise at once).
+    ``tls_ca``: for an ``https://`` URL, the PEM CA certificate the server's certificate
+    is verified with (default ``CHERAMI_TLS_CA``, else the system's trust store)."""
 
     def __init__(self, url: str = "http://127.0.0.1:8080", api_key: str | None = None,
                  timeout: float = 60.0,
-                 throttled_retry_seconds: float = THROTTLED_RETRY_SECONDS) -> None:  # fmt: skip
+                 throttled_retry_seconds: float = THROTTLED_RETRY_SECONDS, *,
+                 tls_ca: str | None = None) -> None:  # fmt: skip
         self.url = url.rstrip("/")
+        self._ssl = tls.public_client(self.url, tls_ca)
         self.throttled_retry_seconds = throttled_retry_seconds
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout)
@@ -42,7 +47,10 @@ class AsyncClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout)
+            self._session = aiohttp.ClientSession(
+                headers=self._headers, timeout=self._timeout,
+                connector=aiohttp.TCPConnector(ssl=self._ssl),
+            )  # fmt: skip
         return self._session
 
     async def close(self) -> None:

@@ -74,8 +74,10 @@ class Client:
         api_key: str | None = None,
         timeout: float = 60.0,
         throttled_retry_seconds: float = THROTTLED_RETRY_SECONDS,
+        *,
+        tls_ca: str | None = None,
     ) -> None:
-        self.aio = AsyncClient(url, api_key, timeout, throttled_retry_seconds)
+        self.aio = AsyncClient(url, api_key, timeout, throttled_retry_seconds, tls_ca=tls_ca)
         self._loop = _LoopThread()
         self._closed = False
         # a Client dropped without close() still ends its thread

@@ -18,7 +18,7 @@ from cherami.cluster.nodeproc import wait_healthy
 from cherami.errors import Unavailable
 from cherami.wire import handshake
 
-_LISTENING = re.compile(r"listening on http://(\S+)")
+_LISTENING = re.compile(r"listening on https?://(\S+)")
 ORDER = ("storehost", "controller", "inputhost", "outputhost", "frontend")
 
 
@@ -71,7 +71,17 @@ class LocalCluster:
 
     @property
     def url(self) -> str:
-        return f"http://{self.procs['frontend-0'].address}"
+        return f"{self.scheme}://{self.procs['frontend-0'].address}"
+
+    @property
+    def scheme(self) -> str:
+        return "https" if "--tls-cert" in self.extra_args else "http"
+
+    @property
+    def ca(self) -> Path | None:
+        """The CA given with --tls-ca (it verifies the frontend's https)."""
+        args = self.extra_args
+        return Path(args[args.index("--tls-ca") + 1]) if "--tls-ca" in args else None
 
     def names(self, role: str) -> list[str]:
         return [n for n, p in self.procs.items() if p.role == role]
@@ -122,7 +132,7 @@ class LocalCluster:
         raise Unavailable(f"{proc.name} did not start; see {proc.log}")
 
     def _wait_healthy(self, timeout: float) -> None:
-        if not wait_healthy(self.url, time.monotonic() + timeout):
+        if not wait_healthy(self.url, time.monotonic() + timeout, self.ca):
             raise Unavailable("the frontend never became healthy")
 
     # faults
