@@ -1,7 +1,9 @@
-"""The frontend routes the Spark source uses: extents of a queue and a stream-mode
-group's offsets (no Spark needed)."""
+"""The frontend routes the Spark source uses: extents of a queue, a stream-mode group's
+offsets and its lag (no Spark needed)."""
 
 from __future__ import annotations
+
+import time
 
 import httpx
 import pytest
@@ -33,6 +35,33 @@ def test_extents_and_offsets(server: ServerProcess) -> None:
     moved = httpx.post(base + "/groups/s/offsets", json={"offsets": {plain[0]: 2, plain[1]: 5}})
     assert moved.json()["offsets"] == {plain[0]: 4, plain[1]: 5}
     assert httpx.get(base + "/groups/s/offsets").json()["offsets"] == {plain[0]: 4, plain[1]: 5}
+
+
+def test_a_stream_groups_lag_in_get_and_metrics(server: ServerProcess) -> None:
+    queue = unique()
+    setup_queue(server.url, queue, {"s": "stream", "c": "competing"}, min_extents=2)
+    base = f"{server.url}/v1/queues/{queue}"
+    assert httpx.get(base + "/groups/s").json()["lag"] == {"messages": 0, "seconds": 0.0}
+    publish(server.url, queue, [f"m{i}" for i in range(30)])
+    time.sleep(0.5)
+    lag = httpx.get(base + "/groups/s").json()["lag"]
+    assert lag["messages"] == 30 and 0.5 <= lag["seconds"] < 30
+    assert "lag" not in httpx.get(base + "/groups/c").json()  # competing: its stats say it
+
+    extents = httpx.get(base + "/extents").json()["extents"]
+    ends = {e["id"]: e["last_seq"] + 1 for e in extents if e["kind"] == "plain"}
+    fullest = max(ends, key=lambda e: ends[e])
+    behind = ends[fullest] - 3  # the group read 2 of the fullest extent, all of the rest
+    httpx.post(base + "/groups/s/offsets", json={"offsets": {**ends, fullest: 3}})
+    lag = httpx.get(base + "/groups/s").json()["lag"]
+    assert lag["messages"] == behind and lag["seconds"] >= 0.5
+    metrics = httpx.get(f"{server.url}/metrics").text
+    labels = f'{{group="s",queue="{queue}"}}'
+    assert f"cherami_group_lag_messages{labels} {float(behind)}" in metrics
+    assert f"cherami_group_lag_seconds{labels}" in metrics
+
+    httpx.post(base + "/groups/s/offsets", json={"offsets": ends})
+    assert httpx.get(base + "/groups/s").json()["lag"] == {"messages": 0, "seconds": 0.0}
 
 
 @pytest.mark.parametrize(

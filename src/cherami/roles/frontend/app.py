@@ -17,6 +17,7 @@ from cherami.metadata.models import (
     FAILING,
     OPEN,
     SEALED,
+    STREAM,
     Group,
     GroupConfig,
     GroupPatch,
@@ -30,6 +31,7 @@ from cherami.roles.frontend import schemas as s
 from cherami.roles.frontend.auth import KeyRing, Scope
 from cherami.roles.frontend.clusterview import cluster_json
 from cherami.roles.frontend.convert import body_fields, rfc3339, to_messages
+from cherami.roles.frontend.lag import stream_lag, stream_lags
 from cherami.roles.frontend.metrics import Metrics
 from cherami.roles.frontend.openapi import openapi_document
 from cherami.roles.frontend.proxy import Forward, Router, forward
@@ -195,6 +197,8 @@ class Frontend:
 
     async def metrics(self, request: web.Request) -> web.Response:
         self.auth(request, None, None)
+        for group, lag in await stream_lags(self.r.metadata, self.r.stores):
+            self.r.metrics.lag(group.queue, group.name, lag.messages, lag.seconds)
         body, content_type = self.r.metrics.render(self.r.outputs)
         return web.Response(body=body, headers={"Content-Type": content_type})
 
@@ -277,9 +281,10 @@ class Frontend:
 
     async def get_group(self, request: web.Request) -> web.Response:
         consumer = await self.consumer(request, None)
-        return json_response(
-            {**group_json(consumer.group), "stats": await self._group_stats(consumer)}
-        )
+        body = {**group_json(consumer.group), "stats": await self._group_stats(consumer)}
+        if consumer.group.config.type == STREAM:
+            body["lag"] = (await stream_lag(self.r.metadata, self.r.stores, consumer.group)).json()
+        return json_response(body)
 
     async def _group_stats(self, consumer: GroupConsumer) -> s.GroupStats:
         counts: dict[str, int] = {}

@@ -35,6 +35,19 @@ class Metrics:
             registry=self.registry,
         )
 
+        self._lag = Gauge(
+            "cherami_group_lag_messages", "Messages a stream-mode group has not committed",
+            labels, registry=self.registry,
+        )  # fmt: skip
+        self._lag_age = Gauge(
+            "cherami_group_lag_seconds", "Age of the oldest message a stream-mode group has "
+            "not committed", labels, registry=self.registry,
+        )  # fmt: skip
+
+    def lag(self, queue: str, group: str, messages: int, seconds: float) -> None:
+        self._lag.labels(queue, group).set(messages)
+        self._lag_age.labels(queue, group).set(seconds)
+
     def published(self, queue: str, n: int) -> None:
         self._published.labels(queue).inc(n)
 
