@@ -33,20 +33,21 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield local
 
 
-async def _spread_queue(client: AsyncClient) -> tuple[str, list[str]]:
-    """A queue with an extent on each input host, and its group; the routed addresses."""
+async def _spread_queue(client: AsyncClient, extents: int = 2) -> tuple[str, list[str]]:
+    """A queue with an extent on each of ``extents`` input hosts, and its group; the
+    routed addresses, once the routing call lists them."""
     q = unique("spread")
-    await client.create_queue(q, replicas=2, min_extents=2)
+    await client.create_queue(q, replicas=2, min_extents=extents)
     await client.create_group(q, GROUP)
     deadline = time.monotonic() + HANG_GUARD
     while True:
         route = await client.request("GET", f"/v1/queues/{q}/publishers")
         hosts = [h["address"] for h in route["input_hosts"]]
-        if len(hosts) == 2:
+        if len(hosts) == extents:
             assert route["queue"] == q and route["refresh_seconds"] == 10
             assert all(len(h["extents"]) == 1 for h in route["input_hosts"])
             return q, hosts
-        assert time.monotonic() < deadline, f"never routed to 2 input hosts: {route}"
+        assert time.monotonic() < deadline, f"never routed to {extents} input hosts: {route}"
         await asyncio.sleep(0.2)
 
 
@@ -119,6 +120,30 @@ async def test_a_publisher_spreads_over_the_input_hosts(cluster: LocalCluster) -
         over_http = await _per_input_host(client, h)
         print(f"HTTP publishes per input host: {dict(over_http)}")
         assert set(over_http) == input_hosts and min(over_http.values()) >= 40
+
+
+async def test_a_publisher_follows_the_route_to_a_new_input_host(cluster: LocalCluster) -> None:
+    """A queue on one input host gets a second extent, on the other: within a route
+    refresh (10 s) the open Publisher streams to both, and both get messages."""
+    async with AsyncClient(cluster.url, timeout=30) as client:
+        q, routed = await _spread_queue(client, extents=1)
+        acked: set[str] = set()
+        async with client.publisher(q) as pub:
+            assert pub.hosts == routed
+            await client.update_queue(q, min_extents=2)
+            grown_at = time.monotonic()
+            while len(pub.hosts) < 2:
+                assert time.monotonic() - grown_at < 15, "never streamed to the new host"
+                acked.update(await pub.publish([f"g{len(acked) + i}" for i in range(100)]))
+                await asyncio.sleep(0.05)
+            print(f"streaming to {pub.hosts} {time.monotonic() - grown_at:.1f}s after the change")
+            for n in range(20):
+                acked.update(await pub.publish([f"after{n}-{i}" for i in range(100)]))
+            assert pub.failovers == 0
+        stored = await _per_input_host(client, q)
+        assert len(stored) == 2, stored
+        seen = await _drain(client, q, acked)
+        assert acked <= set(seen)
 
 
 async def test_killing_an_input_host_loses_no_acked_message(cluster: LocalCluster) -> None:
