@@ -168,6 +168,25 @@ async def test_stream_gets_a_throttle_frame_and_stays_open(node: ServerProcess) 
             assert isinstance(again, f.Published) and again.id == throttled.id
 
 
+async def test_stream_publisher_backs_off_by_itself_and_loses_nothing(node: ServerProcess) -> None:
+    q, rate, burst, total = unique(), 500.0, 50.0, 2000
+    async with _admin(node) as client:
+        await client.create_queue(q, publish_rate=rate, publish_burst=burst)
+        await client.create_group(q, "g")
+        start = time.monotonic()
+        async with client.publisher(q) as publisher:
+            futures = [await publisher.send([f"s-{i + j}" for j in range(20)])
+                       for i in range(0, total, 20)]  # fmt: skip
+            acked = [i for ids in await asyncio.gather(*futures) for i in ids]
+            throttled = publisher.throttled
+        elapsed = time.monotonic() - start
+        print(f"stream publish: {total} messages in {elapsed:.2f} s = {total / elapsed:.0f}/s "
+              f"(limit {rate:.0f}/s), {throttled} frames throttled and sent again")  # fmt: skip
+        assert throttled > 0 and (total - burst) / rate * 0.95 <= elapsed <= total / rate * 1.5
+        consumed = await _drain(client, q, "g", total)
+        assert len(acked) == total and sorted(consumed) == sorted(acked), "lost or doubled"
+
+
 async def test_backlog_full_until_consumers_catch_up(node: ServerProcess) -> None:
     q, limit = unique(), 20_000
     body = "b" * 1000

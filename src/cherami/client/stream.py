@@ -7,6 +7,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import random
 from collections import deque
 from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -197,12 +198,14 @@ class _Link:
 
 
 class _Frame:
-    __slots__ = ("batches", "link", "publish")
+    __slots__ = ("batches", "link", "not_before", "publish", "throttled_since")
 
     def __init__(self, publish: f.Publish, batches: list[_Batch]) -> None:
         self.publish = publish
         self.batches = batches
         self.link: _Link | None = None  # the stream it went on; None: it waits for one
+        self.not_before = 0.0  # throttled: not sent again before this (loop time)
+        self.throttled_since: float | None = None  # when the server first throttled it
 
 
 class Publisher:
@@ -247,6 +250,7 @@ class Publisher:
         self._gone: CheramiError | None = None  # deleted, given up or closed: sends fail
         self._created_at: str | None = None  # which queue of that name this publishes to
         self.failovers = 0  # streams that ended under it; their unacked frames went again
+        self.throttled = 0  # frames the server throttled (each went again after its wait)
 
     @property
     def hosts(self) -> list[str]:
@@ -374,7 +378,35 @@ class Publisher:
                     self._settle(entry, frame)
                     if link.outstanding == 0 and link in self._retiring:
                         self._spawn(self._close_link(link), "closing a retired stream")
+            elif isinstance(frame, f.Throttled):
+                entry = self._pending.get(frame.id)
+                if entry is not None and entry.link is link:
+                    link.outstanding -= len(entry.publish.messages)
+                    self._throttled(entry, frame)
+                    if link.outstanding == 0 and link in self._retiring:
+                        self._spawn(self._close_link(link), "closing a retired stream")
         self._lost(link)
+
+    def _throttled(self, entry: _Frame, frame: f.Throttled) -> None:
+        """The server refused the frame for a publish limit or a full backlog, storing
+        nothing of it: it goes again after the wait the server names (plus up to 10%),
+        for up to the client's ``throttled_retry_seconds``; then its batches fail."""
+        self.throttled += 1
+        now = asyncio.get_running_loop().time()
+        if entry.throttled_since is None:
+            entry.throttled_since = now
+        wait = frame.retry_ms / 1000 * (1 + 0.1 * random.random())
+        if now + wait - entry.throttled_since > self._client.throttled_retry_seconds:
+            del self._pending[frame.id]
+            self._settle(entry, f.Error(frame.id, frame.code, frame.message))
+            return
+        entry.link = None
+        entry.not_before = now + wait
+        self._spawn(self._resend_after(wait), "sending a throttled frame again")
+
+    async def _resend_after(self, wait: float) -> None:
+        await asyncio.sleep(wait)
+        self._resend()
 
     def _lost(self, link: _Link) -> None:
         """A stream ended: the frames it had not answered wait for another one."""
@@ -427,8 +459,10 @@ class Publisher:
                 return
 
     def _resend(self) -> None:
-        """Send the frames that wait for a stream (theirs ended) on the open ones."""
-        waiting = [entry for entry in self._pending.values() if entry.link is None]
+        """Send the frames that wait for a stream (theirs ended, or their throttling
+        wait is over) on the open ones."""
+        now = asyncio.get_running_loop().time()
+        waiting = [e for e in self._pending.values() if e.link is None and e.not_before <= now]
         sent = self._assign(waiting) if waiting else []
         if sent:
             self._spawn(self._send(sent), "resending")

@@ -90,9 +90,11 @@ class Router:
                 timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT + _long_poll(body)),
             ) as resp:  # fmt: skip
                 reply = await resp.read()
+                retry = resp.headers.get("Retry-After")  # of a 429 (throttled, backlog_full)
                 return web.Response(
-                    body=reply, status=resp.status, content_type=resp.content_type or None
-                )
+                    body=reply, status=resp.status, content_type=resp.content_type or None,
+                    headers={"Retry-After": retry} if retry else None,
+                )  # fmt: skip
 
         forwarded = asyncio.ensure_future(send())
         try:
