@@ -7,18 +7,20 @@ cluster with 2 input hosts on PostgreSQL metadata (a schema of its own), and a n
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from cherami.client.asyncclient import AsyncClient
 from cherami.client.stream import Publisher
 from cherami.cluster.local import LocalCluster
-from cherami.errors import QueueNotFound
+from cherami.errors import Forbidden, QueueNotFound, Unauthorized
 from tests.support.pgcluster import cluster_on_postgres
-from tests.support.server import unique
+from tests.support.server import ServerProcess, unique
 
 GROUP = "g"
 HANG_GUARD = 30.0
@@ -219,3 +221,32 @@ async def test_on_a_single_node_the_route_is_empty(client: AsyncClient) -> None:
     assert len(set(ids)) == 500
     seen = await _drain(client, q, set(ids))
     assert set(seen) == set(ids)
+
+
+async def test_the_route_needs_the_produce_scope(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps([
+        {"key": "admin-key", "scopes": ["admin"]},
+        {"key": "prod-key", "scopes": ["produce"], "prefixes": ["orders"]},
+        {"key": "cons-key", "scopes": ["consume"], "prefixes": ["orders"]},
+    ]))  # fmt: skip
+    node = ServerProcess(tmp_path / "node", stores=1, extra=["--auth-file", str(keys)]).start()
+    try:
+        async with AsyncClient(node.url, api_key="admin-key") as admin:
+            await admin.create_queue("orders")
+            await admin.create_queue("other")
+        route = "/v1/queues/{}/publishers"
+        for key, queue, error in [
+            (None, "orders", Unauthorized),
+            ("cons-key", "orders", Forbidden),
+            ("prod-key", "other", Forbidden),
+        ]:
+            async with AsyncClient(node.url, api_key=key) as client:
+                with pytest.raises(error):
+                    await client.request("GET", route.format(queue))
+        async with AsyncClient(node.url, api_key="prod-key") as producer:
+            assert (await producer.request("GET", route.format("orders")))["input_hosts"] == []
+            async with producer.publisher("orders") as pub:
+                assert len(await pub.publish(["with a key"])) == 1
+    finally:
+        node.stop()
