@@ -149,13 +149,12 @@ class Throttle:
             share = await self._share(state, queue.name)
             for name, rate, burst, cost in _costs(config, messages, size):
                 bucket = _bucket(state.buckets, name, rate * share, burst * share)
-                limits.append((f"queue {queue.name}'s {name}", bucket, cost))
+                limits.append((f"the {name} of queue {queue.name}", bucket, cost))
         if key is not None and (key.publish_rate or key.publish_bytes_rate):
             buckets = self._keys.setdefault(key.digest(), {})
             for name, rate, burst, cost in _costs(key, messages, size):
-                limits.append(
-                    (f"API key {key.name}'s {name}", _bucket(buckets, name, rate, burst), cost)
-                )
+                bucket = _bucket(buckets, name, rate, burst)
+                limits.append((f"the {name} of API key {key.name}", bucket, cost))
         if not limits:
             state.admitted += size
             return
