@@ -10,7 +10,7 @@ PORT   ?= 8080
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: install sysdeps run demo test test-fast test-spark lint bench bench-quick bench-throughput bench-floor bench-spark clean
+.PHONY: install sysdeps run demo test test-fast test-spark lint bench bench-quick bench-throughput bench-floor bench-spark bench-scaleout clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,11 @@ bench-throughput: $(STAMP)
 
 bench-floor: $(STAMP)
 	$(PY) benchmarks/storage_floor.py
+
+## bench-scaleout: publish and consume+ack with 1, 2, 4 capped hosts in network namespaces
+## (root); ARGS=--quick for a short run
+bench-scaleout: $(STAMP) sysdeps
+	$(PY) benchmarks/scaleout.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(DATA) build *.egg-info
