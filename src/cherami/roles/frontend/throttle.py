@@ -68,7 +68,8 @@ class TokenBucket:
         needs a full bucket."""
         self._refill(now)
         need = min(cost, self.capacity)
-        return 0.0 if self.tokens >= need else (need - self.tokens) / self.rate
+        short = need - self.tokens
+        return short / self.rate if short > 1e-6 else 0.0  # not a rounding error's wait
 
     def take(self, cost: float) -> None:
         self.tokens -= cost
