@@ -14,7 +14,7 @@ import pytest
 
 from cherami.client.asyncclient import AsyncClient
 from cherami.cluster.local import LocalCluster
-from tests.support.pgcluster import cluster_on_postgres
+from tests.support.pgcluster import cluster_fixture
 from tests.support.server import unique
 
 RATE = 200.0
@@ -23,9 +23,7 @@ RATE = 200.0
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     counts = {"storehost": 1, "controller": 1, "inputhost": 2, "outputhost": 1, "frontend": 1}
-    root = tmp_path_factory.mktemp("throttle-cluster") / "cluster"
-    with cluster_on_postgres(root, counts) as (local, _schema):
-        yield local
+    yield from cluster_fixture(tmp_path_factory, "throttle-cluster", counts)
 
 
 async def test_a_queues_limit_holds_over_its_input_hosts(cluster: LocalCluster) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from cherami.cluster.local import LocalCluster
 
@@ -30,3 +31,11 @@ def cluster_on_postgres(
         local.down()
         with psycopg.connect(PG, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def cluster_fixture(
+    factory: pytest.TempPathFactory, name: str, counts: dict[str, int]
+) -> Iterator[LocalCluster]:
+    """The body of a module-scoped cluster fixture: ``yield from cluster_fixture(...)``."""
+    with cluster_on_postgres(factory.mktemp(name) / "cluster", counts) as (local, _schema):
+        yield local
