@@ -37,6 +37,7 @@ CONFIG_REFRESH = 1.0  # a stream's queue limits are read again this often (PATCH
 SHARE_REFRESH = 2.0  # how often an input host counts its share of the queue's extents
 BACKLOG_REFRESH = 1.0  # how often a queue's unconsumed bytes are measured
 BACKLOG_RETRY = 1.0  # Retry-After of backlog_full: when the next measurement is due
+MAX_RETRY = 3600.0  # the longest wait a refusal names (a tiny rate's would be years)
 
 
 class TokenBucket:
@@ -163,7 +164,8 @@ class Throttle:
         wait, what, limit = max((b.wait(c, now), what, b.rate) for what, b, c in limits)
         if wait > 0:
             raise Throttled(
-                f"over {what} ({limit:g}/s here): send again in {wait:.3f} s", retry_after=wait
+                f"over {what} ({limit:g}/s here): send again in {wait:.3f} s",
+                retry_after=min(wait, MAX_RETRY),
             )
         for _, bucket, cost in limits:
             bucket.take(cost)
