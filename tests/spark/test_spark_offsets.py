@@ -113,3 +113,13 @@ def test_kafka_option_names_and_aliases() -> None:
     assert Options.parse({"queue": "q", "maxTriggerDelay": "15m"}).max_trigger_delay_ms == 900_000
     with pytest.raises(InvalidRequest, match="'endingOffsets' applies to batch reads only"):
         Options.parse({"queue": "q", "endingOffsets": "latest"}).check_stream()
+
+
+def test_timer_extents_are_read_by_due_time() -> None:
+    start = {"a": 3, "t/due": 1000}
+    end = {"a": 5, "t/due": 2500, "u/due": 700}  # u: a timer extent that appeared since
+    assert o.ranges(start, end) == [("a", 3, 5)]
+    assert o.due_ranges(start, end) == [("t", 1000, 2500), ("u", 0, 700)]
+    assert o.count(start, end) == 2  # delayed messages are not counted against the limits
+    assert o.advance(start, {"a": 9}, 2)["t/due"] == 1000  # plain planning keeps them
+    assert parse_offsets('{"a": 3, "t/due": 1000}') == start

@@ -17,7 +17,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from cherami.errors import CheramiError
 from cherami.spark.control import ControlClient
-from cherami.spark.offsets import Offsets
+from cherami.spark.offsets import DUE, Offsets
 from cherami.spark.streamreader import commit_offsets
 
 log = logging.getLogger("cherami.spark.listener")
@@ -57,6 +57,7 @@ class AckListener(StreamingQueryListener):
     def _ours(self, offsets: Offsets) -> bool:
         """Whether the offsets name extents of this queue (extent ids are random, so one
         shared id is enough; offsets keep extents deleted since)."""
+        offsets = {e: n for e, n in offsets.items() if not e.endswith(DUE)}  # timer extents
         if not set(offsets) <= self._extents:
             try:
                 self._extents = {e.id for e in self.control.extents(self.queue) if e.plain}

@@ -1,8 +1,10 @@
-"""Stream offsets: ``{extent_id: next_seq}`` with sorted keys, over a queue's plain extents.
+"""Stream offsets: ``{extent_id: next_seq}`` with sorted keys, over a queue's plain extents,
+and ``{extent_id + "/due": due_ms}`` over its timer extents (delayed messages).
 
 ``next_seq`` is the first sequence number not yet read; an extent missing from an
-offset has not been read at all (next_seq 1). These are pure functions, so the planning
-of micro-batches can be tested without Spark."""
+offset has not been read at all (next_seq 1). ``due_ms`` is where the reading of a timer
+extent stands in due time: every record due before it has been read. These are pure
+functions, so the planning of micro-batches can be tested without Spark."""
 
 from __future__ import annotations
 
@@ -55,8 +57,29 @@ def advance(
 
 
 def ranges(start: Mapping[str, int], end: Mapping[str, int]) -> list[tuple[str, int, int]]:
-    """The ``(extent, first_seq, end_seq)`` ranges a micro-batch reads, end exclusive."""
-    return [(e, start.get(e, 1), n) for e, n in normalize(end).items() if n > start.get(e, 1)]
+    """The ``(extent, first_seq, end_seq)`` ranges of plain extents a micro-batch reads,
+    end exclusive."""
+    return [
+        (e, start.get(e, 1), n)
+        for e, n in normalize(end).items()
+        if n > start.get(e, 1) and not e.endswith(DUE)
+    ]
+
+
+DUE = "/due"
+
+
+def due_key(extent: str) -> str:
+    return extent + DUE
+
+
+def due_ranges(start: Mapping[str, int], end: Mapping[str, int]) -> list[tuple[str, int, int]]:
+    """The ``(timer extent, from_ms, to_ms)`` due-time ranges a micro-batch reads."""
+    return [
+        (e.removesuffix(DUE), start.get(e, 0), n)
+        for e, n in normalize(end).items()
+        if e.endswith(DUE) and n > start.get(e, 0)
+    ]
 
 
 def count(start: Mapping[str, int], end: Mapping[str, int]) -> int:

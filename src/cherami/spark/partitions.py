@@ -23,7 +23,9 @@ log = logging.getLogger("cherami.spark.partitions")
 
 class ExtentRange(InputPartition):
     """Sequence numbers ``first_seq`` up to (not including) ``end_seq`` of a plain extent;
-    ``end_seq`` 0 reads everything the replica holds (timer extents in batch reads)."""
+    ``end_seq`` 0 reads everything the replica holds (timer extents in batch reads); with
+    ``due``, the records of a timer extent due from ``first_seq`` up to (not including)
+    ``end_seq``, both in epoch milliseconds (timer extents in streams)."""
 
     def __init__(
         self,
@@ -33,6 +35,7 @@ class ExtentRange(InputPartition):
         end_seq: int,
         keep: RecordFilter | None = None,
         fail_on_data_loss: bool = True,
+        due: bool = False,
     ) -> None:
         super().__init__(extent)
         self.extent = extent
@@ -41,6 +44,7 @@ class ExtentRange(InputPartition):
         self.end_seq = end_seq
         self.keep = keep
         self.fail_on_data_loss = fail_on_data_loss
+        self.due = due  # a timer extent: first_seq and end_seq are due times (ms)
         # made on the driver: workers read with the driver's cluster key (its
         # CHERAMI_CLUSTER_SECRET or CHERAMI_CLUSTER_SECRET_FILE), not their own environment
         self.key = cluster_key()
@@ -50,7 +54,9 @@ class ExtentRange(InputPartition):
 
     def read(self, schema: StructType) -> Iterator[pa.RecordBatch]:
         with StoreReader(self.stores, key=self.key) as reader:
-            if self.end_seq:
+            if self.due:
+                batches = reader.read_due(self.extent, self.first_seq, self.end_seq)
+            elif self.end_seq:
                 batches = reader.read_range(self.extent, self.first_seq, self.end_seq)
             else:
                 batches = reader.read_all(self.extent)

@@ -20,7 +20,7 @@ from cherami.errors import CheramiError, ProtocolError, Unavailable
 from cherami.wire import handshake as h
 from cherami.wire import store as w
 from cherami.wire.framing import MAX_FRAME, pack_frame
-from cherami.wire.keys import plain_key, seq_of
+from cherami.wire.keys import plain_key, seq_of, timer_key
 
 log = logging.getLogger("cherami.spark.storereader")
 
@@ -64,9 +64,9 @@ class _Connection:
         self._rids = itertools.count(1)
         self._early: dict[int, w.Reply] = {}
 
-    def send_read(self, extent: str, after: bytes, max_count: int, wait_ms: int = 0) -> int:
+    def send_read(self, extent: str, after: bytes, max_count: int, until_ms: int = 0) -> int:
         rid = next(self._rids)
-        frame = w.Read(rid, extent, after, max_count, 0, wait_ms, READ_BYTES)
+        frame = w.Read(rid, extent, after, max_count, until_ms, 0, READ_BYTES)
         self._sock.sendall(pack_frame(w.encode(frame)))
         return rid
 
@@ -204,12 +204,26 @@ class StoreReader:
 
     def read_all(self, extent: str) -> Iterator[Batch]:
         """Every record the replica holds now, in key order (plain or timer extents)."""
-        after = b""
+        return self._scan(extent, b"", 0)
+
+    def read_due(self, extent: str, from_ms: int, to_ms: int) -> Iterator[Batch]:
+        """The records of a timer extent due at ``from_ms`` or later and before ``to_ms``
+        (timer keys sort by due time)."""
+        return self._scan(extent, timer_key(from_ms, 0), to_ms - 1)
+
+    def has_due(self, extent: str, from_ms: int, to_ms: int) -> bool:
+        """Whether a timer extent holds a record due in ``[from_ms, to_ms)``."""
+        conn = self._connection()
+        rid = conn.send_read(extent, timer_key(from_ms, 0), 1, to_ms - 1)
+        return bool(_result(conn.reply(rid)).keys)
+
+    def _scan(self, extent: str, after: bytes, until_ms: int) -> Iterator[Batch]:
+        """Records after key ``after`` (and due by ``until_ms``, unless 0) in key order."""
         attempt = 0
         while True:
             try:
                 conn = self._connection()
-                result = _result(conn.reply(conn.send_read(extent, after, READ_BATCH)))
+                result = _result(conn.reply(conn.send_read(extent, after, READ_BATCH, until_ms)))
             except (OSError, Unavailable) as err:
                 self._failed(err, attempt)
                 attempt += 1

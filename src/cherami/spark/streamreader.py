@@ -1,6 +1,8 @@
 """Streaming read of a queue for a stream-mode consumer group.
 
-One Spark partition per extent with new messages; offsets are ``{extent: next_seq}``.
+One Spark partition per extent with new messages; offsets are ``{extent: next_seq}``
+for plain extents and ``{extent/due: due_ms}`` for timer extents (delayed messages are
+read once due: each micro-batch reads the records that became due since the last one).
 The Spark checkpoint is the source of truth: a new query starts from the group's
 committed offsets, a restarted one from its checkpoint. The group's ack levels follow
 the checkpoint: ``commit()`` (one micro-batch late) and the query listener (each batch's
@@ -29,6 +31,7 @@ from cherami.spark.control import ControlClient, ExtentView
 from cherami.spark.options import Options
 from cherami.spark.partitions import ExtentRange
 from cherami.spark.schema import RecordFilter
+from cherami.spark.storereader import StoreReader
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -52,6 +55,7 @@ class CheramiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._gate = o.TriggerGate(
             options.min_messages_per_trigger, options.max_trigger_delay_ms, clock
         )
+        self._due_target: int | None = None  # Trigger.AvailableNow: the due time to read to
 
     def _control(self) -> ControlClient:
         return ControlClient(self.options.url, self.options.api_key)
@@ -94,11 +98,17 @@ class CheramiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         latest = self._refresh()
         self._committed = committed
         plain = {e for e, view in self._extents.items() if view.plain}
+        timers = [e for e, view in self._extents.items() if not view.plain]
+        # delayed messages: from the first due (with startingOffsets=latest: due from now)
+        due_from = due_cut() if self.options.starting_offsets == "latest" else 0
+        due = {o.due_key(e): due_from for e in timers}
         if self.options.starting_offsets is not None:
-            return o.resolve(self.options.starting_offsets, latest, plain, "startingOffsets")
-        if self.options.start_ms is not None:
-            return {}  # from the earliest, records before startingTimestamp dropped
-        return o.normalize({e: n for e, n in committed.items() if e in self._extents})
+            start = o.resolve(self.options.starting_offsets, latest, plain, "startingOffsets")
+        elif self.options.start_ms is not None:
+            start = {}  # from the earliest, records before startingTimestamp dropped
+        else:
+            start = {e: n for e, n in committed.items() if e in self._extents}
+        return o.normalize({**start, **due})
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.options.max_messages_per_trigger
@@ -114,20 +124,39 @@ class CheramiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end = o.advance(o.normalize(start), latest, max_rows)
         if self._target is None and not self._gate.admits(o.count(start, end)):
             return o.normalize(start)  # fewer than minOffsetsPerTrigger: wait for more
-        return end
+        return o.normalize({**end, **self._due(start)})
+
+    def _due(self, start: dict[str, int]) -> o.Offsets:
+        """How far each timer extent is read now: to the due cut when a record is due
+        since its offset (else it stays, so an idle queue makes no empty micro-batches)."""
+        cut = self._due_target if self._due_target is not None else due_cut()
+        out = {}
+        for extent, view in self._extents.items():
+            key = o.due_key(extent)
+            since = start.get(key, 0)
+            if view.plain or cut <= since:
+                continue
+            try:
+                with StoreReader(list(view.stores)) as reader:
+                    if reader.has_due(extent, since, cut):
+                        out[key] = cut
+            except CheramiError as err:  # its replicas are out: read it later
+                log.warning("cannot read timer extent %s: %s", extent, err)
+        return out
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         return self._latest
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._refresh()
+        self._due_target = due_cut()
 
     # planning and reading
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         if not self._group_known:
             self._group_offsets()  # a restart from a checkpoint: learn the group's start time
         plan = o.ranges(start, end)
-        if any(extent not in self._extents for extent, _, _ in plan):
+        if any(e not in self._extents for e, _, _ in [*plan, *o.due_ranges(start, end)]):
             self._refresh()
         keep = self._keep()
         parts: list[InputPartition] = []
@@ -139,6 +168,14 @@ class CheramiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue
             parts.append(ExtentRange(extent, list(view.stores), first, stop, keep,
                                      self.options.fail_on_data_loss))  # fmt: skip
+        for extent, from_ms, to_ms in o.due_ranges(start, end):
+            view = self._extents.get(extent)
+            if view is None:
+                self._data_lost(f"timer extent {extent} was deleted before the messages due "
+                                f"from {from_ms} to {to_ms} ms were read")  # fmt: skip
+                continue
+            parts.append(ExtentRange(extent, list(view.stores), from_ms, to_ms, keep,
+                                     self.options.fail_on_data_loss, due=True))  # fmt: skip
         return parts
 
     def _keep(self) -> RecordFilter | None:
@@ -163,6 +200,16 @@ class CheramiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         pass
+
+
+DUE_GRACE_MS = 500
+
+
+def due_cut() -> int:
+    """The due time a micro-batch reads delayed messages up to (not including): a little
+    behind the clock, so a message is never read before it is due and the store has had
+    time to take every record due before it."""
+    return int(time.time() * 1000) - DUE_GRACE_MS
 
 
 def commit_offsets(
