@@ -91,6 +91,13 @@ class BacklogFull(Throttled):
     code = "backlog_full"
 
 
+class StorageFull(Throttled):
+    """A publish whose extents' store hosts are below their free-disk floor: nothing was
+    stored; it goes through again once space is freed (or other store hosts take over)."""
+
+    code = "storage_full"
+
+
 class Unavailable(CheramiError):
     code, status = "unavailable", 503
 
@@ -131,6 +138,7 @@ ERRORS_BY_CODE: dict[str, type[CheramiError]] = {
         MessageTooLarge,
         Throttled,
         BacklogFull,
+        StorageFull,
         Unavailable,
         ExtentSealed,
         Moved,

@@ -10,7 +10,30 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cherami.metadata.models import ExtentLoad, LoadReport
+from cherami.metadata.models import ExtentLoad, Host, LoadReport
+
+GIB = 1 << 30
+# the free-disk floor of a store host: the smaller of 5% of its disk and 1 GiB. Below
+# it, it gets no new replicas while others have room, and input hosts stop appending to
+# its extents (publishes answer 429 storage_full); a store host itself refuses appends
+# below half of it (a backstop for reports that are up to 2 s old). Appends never
+# reach a full disk, so RocksDB never enters its no-space error state.
+DISK_FLOOR_FRACTION = 0.05
+DISK_FLOOR_BYTES = GIB
+
+
+def disk_floor(total_bytes: int) -> int:
+    return min(DISK_FLOOR_BYTES, int(total_bytes * DISK_FLOOR_FRACTION))
+
+
+def has_room(host: Host) -> bool:
+    """Whether a store host's latest report shows free disk above its floor (True when
+    it reported none)."""
+    report = host.load
+    if report is None or report.disk_free_bytes is None or report.disk_total_bytes is None:
+        return True
+    return report.disk_free_bytes >= disk_floor(report.disk_total_bytes)
+
 
 REPORT_INTERVAL = 2.0
 

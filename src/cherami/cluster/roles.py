@@ -99,7 +99,10 @@ class RoleProcess:
 
     async def _start_storehost(self) -> None:
         store = RocksExtentStore(os.path.join(self.config.data_dir, "rocksdb"))
-        service = StoreHostService(store, self.config.host, self.config.port, tls=tls.listener())
+        service = StoreHostService(
+            store, self.config.host, self.config.port, tls=tls.listener(),
+            data_dir=self.config.data_dir,
+        )  # fmt: skip
         await service.start()
         self._load_sources.counters = service.extent_counts
         self._load_sources.open_extents = service.open_extents

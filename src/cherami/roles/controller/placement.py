@@ -8,11 +8,8 @@ import random
 import time
 from collections.abc import Callable, Iterable
 
+from cherami.cluster.loadmeter import has_room
 from cherami.metadata.models import Extent, Host
-
-GIB = 1 << 30
-DISK_FLOOR_FRACTION = 0.05  # a store host with less free disk than this and than
-DISK_FLOOR_BYTES = GIB  # this gets no new replicas while others have room
 
 
 class Placements:
@@ -53,20 +50,6 @@ def pick_input_host(hosts: list[Host], queue_extents: list[Extent], placed: Plac
     for extent in queue_extents:
         mine[extent.input_host] = mine.get(extent.input_host, 0) + 1
     return min(hosts, key=lambda h: (mine.get(h.id, 0), *_load(h, placed), h.id)).id
-
-
-def disk_floor(host: Host) -> int:
-    report = host.load
-    if report is None or report.disk_total_bytes is None:
-        return 0
-    return min(DISK_FLOOR_BYTES, int(report.disk_total_bytes * DISK_FLOOR_FRACTION))
-
-
-def has_room(host: Host) -> bool:
-    report = host.load
-    if report is None or report.disk_free_bytes is None:
-        return True  # not reported: assume room
-    return report.disk_free_bytes >= disk_floor(host)
 
 
 def pick_stores(

@@ -9,6 +9,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 
+from cherami.cluster.loadmeter import has_room
 from cherami.errors import (
     AlreadyExists,
     CheramiError,
@@ -31,7 +32,7 @@ from cherami.metadata.models import (
     Queue,
     QueueConfig,
 )
-from cherami.roles.controller.placement import Placements, has_room, pick_stores
+from cherami.roles.controller.placement import Placements, pick_stores
 from cherami.roles.storehost.client import StoreError
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.wire.keys import plain_key

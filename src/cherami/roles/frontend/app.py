@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 import msgspec
 from aiohttp import web
 
+from cherami.cluster.loadmeter import has_room
+from cherami.cluster.membership import DEAD_AFTER, STOREHOST
 from cherami.errors import CheramiError, InvalidRequest, MessageTooLarge, Throttled, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import (
@@ -191,8 +193,18 @@ class Frontend:
 
     # health and operations
     async def healthz(self, request: web.Request) -> web.Response:
+        """200 ``ok``; 200 ``degraded`` with the store hosts below their free-disk floor
+        (publishes to their extents answer 429 storage_full; the rest goes on); 503
+        ``starting``."""
         if not self.r.ready():
             return json_response({"status": "starting"}, 503)
+        try:
+            stores = await self.r.metadata.list_hosts(STOREHOST, DEAD_AFTER)
+        except CheramiError:
+            return json_response({"status": "ok"})  # the metadata store's health is its own
+        full = sorted(h.id for h in stores if not has_room(h))
+        if full:
+            return json_response({"status": "degraded", "storage_full": full})
         return json_response({"status": "ok"})
 
     async def metrics(self, request: web.Request) -> web.Response:

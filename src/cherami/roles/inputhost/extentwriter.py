@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from cherami.errors import ExtentSealed, Unavailable
+from cherami.errors import ExtentSealed, StorageFull, Unavailable
 from cherami.metadata.models import Extent
 from cherami.roles.storehost.client import StoreClient, check_appended
 from cherami.wire.store import pack_records
@@ -68,6 +68,9 @@ class ExtentWriter:
                 replica.commit_nowait(self.id, first + len(records) - 1)
             self.appended += len(records)
             self.appended_bytes += len(packed)
+        except StorageFull:
+            self.failed = True  # some replicas may hold the append: seal, never extend
+            raise
         except Exception as err:
             self.failed = True
             log.warning("append to extent %s failed: %s", self.id, err)

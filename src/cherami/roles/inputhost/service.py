@@ -9,7 +9,16 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from cherami.errors import CheramiError, ExtentSealed, Moved, QueueNotFound, Unavailable
+from cherami.cluster.loadmeter import has_room
+from cherami.cluster.membership import DEAD_AFTER, STOREHOST
+from cherami.errors import (
+    CheramiError,
+    ExtentSealed,
+    Moved,
+    QueueNotFound,
+    StorageFull,
+    Unavailable,
+)
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN, Queue
 from cherami.periodic import Background
@@ -21,6 +30,8 @@ from cherami.wire.store import PLAIN, TIMER
 log = logging.getLogger("cherami.inputhost.service")
 
 MAX_ATTEMPTS = 5
+ROOM_CHECK_INTERVAL = 1.0  # how often the store hosts' free disk is looked at
+STORAGE_FULL_RETRY = 2.0  # seconds a publish refused storage_full is told to wait
 RELOAD_INTERVAL = 1.0
 
 
@@ -55,6 +66,8 @@ class InputHostService:
         self._ensure_extents = ensure_extents
         self._serves_every_queue = serves_every_queue
         self._queues: dict[str, _QueueWriters] = {}
+        self._full: set[str] = set()  # store hosts below their free-disk floor
+        self._full_checked = -ROOM_CHECK_INTERVAL
         self.background = Background("input host")
 
     async def stop(self) -> None:
@@ -168,11 +181,39 @@ class InputHostService:
                 await asyncio.sleep(0.05 * attempt)
                 writer = await self._pick(queue, kind)
                 continue
+            except StorageFull:  # a replica's disk reached its floor before a report said
+                self._queues[queue].loaded = False
+                self.background.spawn(self._replace(writer.id), f"replace {writer.id}")
+                raise
             made = message_ids(writer.id, first, len(indexes))
             for index, msg_id in zip(indexes, made, strict=True):
                 ids[index] = msg_id
             return
         raise Unavailable(f"queue {queue}: no extent accepted the append")
+
+    async def _full_stores(self) -> set[str]:
+        """The store hosts whose latest load report shows free disk below the floor
+        (loadmeter.py); read at most once a ROOM_CHECK_INTERVAL."""
+        now = time.monotonic()
+        if now >= self._full_checked + ROOM_CHECK_INTERVAL:
+            self._full_checked = now
+            hosts = await self.metadata.list_hosts(STOREHOST, DEAD_AFTER)
+            self._full = {h.id for h in hosts if not has_room(h)}
+        return self._full
+
+    async def _with_room(self, writers: list[ExtentWriter]) -> list[ExtentWriter]:
+        """The writers whose every replica has room; StorageFull when none has."""
+        full = await self._full_stores()
+        if not full or not writers:
+            return writers
+        roomy = [w for w in writers if not full.intersection(w.extent.stores)]
+        if not roomy:
+            raise StorageFull(
+                f"store hosts {', '.join(sorted(full))} are below their free-disk floor; "
+                "publishing goes on once space is freed",
+                retry_after=STORAGE_FULL_RETRY,
+            )
+        return roomy
 
     async def _pick(self, queue: str, kind: str) -> ExtentWriter:
         # in a cluster the queue's extents may have moved to another input host: after a
@@ -182,15 +223,18 @@ class InputHostService:
             writers = await self._writers(queue)
             if kind == TIMER:
                 if writers.timer is not None and not writers.timer.failed:
-                    return writers.timer
+                    (timer,) = await self._with_room([writers.timer])
+                    return timer
             else:
-                live = [w for w in writers.plain if not w.failed]
+                live = await self._with_room([w for w in writers.plain if not w.failed])
                 if live:
                     return live[next(writers.turn) % len(live)]
             writers.loaded = False
             if attempt % 10 == 0:
                 try:
                     await self._ensure_extents(queue)
+                except StorageFull:
+                    raise  # no store host has room for a new extent either
                 except CheramiError as err:
                     log.warning("queue %s: no open %s extent: %s", queue, kind, err)
             await asyncio.sleep(0.1)

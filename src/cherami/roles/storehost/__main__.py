@@ -36,7 +36,8 @@ async def _watch_parent(parent: int) -> None:
 
 
 async def _main(args: argparse.Namespace) -> None:
-    service = StoreHostService(RocksExtentStore(args.data_dir), args.host, args.port)
+    store = RocksExtentStore(args.data_dir)
+    service = StoreHostService(store, args.host, args.port, data_dir=args.data_dir)
     await service.start()
     print(f"READY {service.address}", flush=True)
     stop = asyncio.Event()

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from cherami.errors import CheramiError, ExtentSealed, Unavailable
+from cherami.errors import CheramiError, ExtentSealed, StorageFull, Unavailable
 from cherami.wire import handshake as h
 from cherami.wire import store as w
 from cherami.wire import tls
@@ -25,6 +25,7 @@ log = logging.getLogger("cherami.storehost.client")
 
 _HIGH_WATER = 4 << 20
 CALL_TIMEOUT = 3.0
+STORAGE_FULL_RETRY = 2.0  # seconds a publish refused for a store's full disk waits
 
 
 class StoreError(CheramiError):
@@ -41,6 +42,8 @@ def _raise_for(reply: w.Reply) -> w.Reply:
             raise ExtentSealed(reply.message)
         if reply.code == "unavailable":
             raise Unavailable(reply.message)
+        if reply.code == "storage_full":
+            raise StorageFull(reply.message, retry_after=STORAGE_FULL_RETRY)
         raise StoreError(reply.code, reply.message)
     return reply
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import ssl
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from cherami.cluster.loadmeter import LatencyRing
+from cherami.cluster.loadmeter import LatencyRing, disk_floor
 from cherami.periodic import Background
 from cherami.storage.base import AppendOp, ExtentStore, StorageError
 from cherami.wire import handshake as h
@@ -29,6 +30,7 @@ from cherami.wire.framing import READ_BUFFER, Cork, read_frame
 log = logging.getLogger("cherami.storehost.server")
 
 MAX_READ_WAIT_MS = 30_000
+DISK_CHECK = 0.1  # seconds between looks at the free disk (one statvfs)
 T = TypeVar("T")
 
 
@@ -39,6 +41,39 @@ class _PendingAppend:
     writer: asyncio.StreamWriter
 
 
+class _DiskGuard:
+    """The store's free disk, looked at most every DISK_CHECK seconds: below the floor
+    no replica is created, below half of it nothing is appended."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._at = -DISK_CHECK
+        self.free = self.total = 0
+
+    def _look(self) -> None:
+        now = time.monotonic()
+        if self.path is not None and now >= self._at + DISK_CHECK:
+            self._at = now
+            try:
+                usage = shutil.disk_usage(self.path)
+            except OSError:
+                return
+            self.free, self.total = usage.free, usage.total
+
+    def room(self, hard: bool) -> bool:
+        self._look()
+        if not self.total:
+            return True
+        floor = disk_floor(self.total)
+        return self.free >= (floor // 2 if hard else floor)
+
+    def why(self) -> str:
+        return (
+            f"store host disk: {self.free:,} bytes free of {self.total:,}, below its floor "
+            f"of {disk_floor(self.total):,}"
+        )
+
+
 class StoreHostService:
     def __init__(
         self,
@@ -47,10 +82,13 @@ class StoreHostService:
         port: int = 0,
         key: bytes | None = None,
         tls: ssl.SSLContext | None = None,
+        data_dir: str | None = None,
     ) -> None:
         """``key``: the cluster key connections must prove (default: this process's,
-        wire/handshake.py); ``tls``: serve over TLS with this context (wire/tls.py)."""
+        wire/handshake.py); ``tls``: serve over TLS with this context (wire/tls.py);
+        ``data_dir``: where the store writes, whose free disk is guarded (loadmeter.py)."""
         self.store = store
+        self._disk = _DiskGuard(data_dir)
         self._tls = tls
         self._hellos = h.HelloChecker(key if key is not None else h.cluster_key())
         self.refused = 0  # connections closed without a valid cluster hello
@@ -165,6 +203,11 @@ class StoreHostService:
         """One group commit, on the loop: write and fsync every pending append, then
         queue each one's reply (they leave together at the end of this loop turn)."""
         started = time.perf_counter()
+        if not self._disk.room(hard=True):  # never write the disk full
+            full = StorageError("storage_full", self._disk.why())
+            for item in pending:
+                self._replies.send(item.writer, w.encode(w.Failed(item.rid, full.code, str(full))))
+            return
         try:
             results = self.store.append([p.op for p in pending])
             self.appends.add(time.perf_counter() - started)
@@ -217,6 +260,8 @@ class StoreHostService:
         if isinstance(request, w.Read):
             return await self._read(request)
         if isinstance(request, w.CreateExtent):
+            if not self._disk.room(hard=False):  # no new replica below the floor
+                raise StorageError("storage_full", self._disk.why())
             await self._write(store.create_extent, request.extent, request.kind)
             return w.Done(request.rid)
         if isinstance(request, w.Seal):
