@@ -34,8 +34,12 @@ def cluster_on_postgres(
 
 
 def cluster_fixture(
-    factory: pytest.TempPathFactory, name: str, counts: dict[str, int]
+    factory: pytest.TempPathFactory,
+    name: str,
+    counts: dict[str, int],
+    extra_args: list[str] | None = None,
 ) -> Iterator[LocalCluster]:
     """The body of a module-scoped cluster fixture: ``yield from cluster_fixture(...)``."""
-    with cluster_on_postgres(factory.mktemp(name) / "cluster", counts) as (local, _schema):
+    root = factory.mktemp(name) / "cluster"
+    with cluster_on_postgres(root, counts, extra_args) as (local, _schema):
         yield local
