@@ -2,6 +2,10 @@
 then 2 competing consumers in one group consume and ack them. Run for replicas 1 and 3.
 
     python benchmarks/throughput.py [--messages 200000] [--size 256] [--replicas 1,3]
+                                    [--cluster] [--tls]
+
+``--tls`` runs every setup twice, plain and with TLS on every listener (a cluster's
+internal links too; a test CA made with openssl), and prints the cost in percent.
 
 Prints publish msgs/s, publish-ack latency p50/p99 (per batch), consume+ack msgs/s and
 the peak RSS of the node (parent plus store-host children)."""
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -23,9 +28,12 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.support.tlscerts import Certs, make_certs  # noqa: E402
+
 from cherami.client.asyncclient import AsyncClient  # noqa: E402
 from cherami.cluster.local import LocalCluster  # noqa: E402
 from cherami.cluster.nodeproc import NodeProcess as ServerProcess  # noqa: E402
+from cherami.wire.tls import TLS_CA_ENV  # noqa: E402
 
 
 class RssSampler:
@@ -117,14 +125,26 @@ class RssOfPids:
         return sum(s.stop() for s in self.samplers)
 
 
-def _node(tmp: str, replicas: int) -> tuple[str, Any, Any]:
-    server = ServerProcess(Path(tmp), stores=max(3, replicas)).start()
+def _tls_args(certs: Certs | None, cluster: bool) -> list[str]:
+    if certs is None:
+        return []
+    args = ["--tls-cert", str(certs.cert), "--tls-key", str(certs.key)]
+    return [*args, "--tls-ca", str(certs.ca)] if cluster else args
+
+
+def _node(tmp: str, replicas: int, certs: Certs | None = None) -> tuple[str, Any, Any]:
+    server = ServerProcess(
+        Path(tmp), stores=max(3, replicas), extra=_tls_args(certs, False),
+        ca=certs.ca if certs else None,
+    ).start()  # fmt: skip
     assert server.proc is not None
     return server.url, RssSampler(server.proc.pid), server.stop
 
 
-def _cluster(tmp: str, metadata: str | None) -> tuple[str, Any, Any]:
-    local = LocalCluster(Path(tmp), metadata or f"sqlite:///{tmp}/metadata.db")
+def _cluster(tmp: str, metadata: str | None, certs: Certs | None = None) -> tuple[str, Any, Any]:
+    local = LocalCluster(
+        Path(tmp), metadata or f"sqlite:///{tmp}/metadata.db", extra_args=_tls_args(certs, True)
+    )
     local.up()
     return local.url, RssOfPids([p.pid for p in local.procs.values()]), local.down
 
@@ -141,20 +161,31 @@ def main() -> None:
         "2 input, 2 output hosts, 2 controllers, a frontend)",
     )  # fmt: skip
     parser.add_argument("--metadata", help="metadata URL for --cluster (default SQLite)")
+    parser.add_argument("--tls", action="store_true", help="each setup plain, then with TLS")
     args = parser.parse_args()
     print(
         f"{args.messages} messages of {args.size} B, batches of {args.batch}, "
         "every batch synced on every replica"
     )
     header = ["setup", "replicas", "publish msg/s", "pub p50 ms", "pub p99 ms", "consume+ack/s"]
+    certs_dir = tempfile.TemporaryDirectory()
+    certs = make_certs(Path(certs_dir.name)) if args.tls else None
+    if certs is not None:
+        os.environ[TLS_CA_ENV] = str(certs.ca)  # the clients verify the test CA
     print(" ".join(f"{h:>14}" for h in [*header, "peak RSS MiB"]))
     setups = [("node", r) for r in (int(x) for x in args.replicas.split(","))]
     if args.cluster:
         setups.append(("cluster", 3))
+    if certs is not None:
+        setups = [(s + tls, r) for s, r in setups for tls in ("", "+tls")]
+    plain: dict[tuple[str, int], dict[str, float]] = {}
     for setup, replicas in setups:
+        with_tls = certs if setup.endswith("+tls") else None
         with tempfile.TemporaryDirectory() as tmp:
             url, sampler, stop = (
-                _node(tmp, replicas) if setup == "node" else _cluster(tmp, args.metadata)
+                _node(tmp, replicas, with_tls)
+                if setup.startswith("node")
+                else _cluster(tmp, args.metadata, with_tls)
             )
             try:
                 r = uvloop.run(run_once(url, replicas, args.messages, args.size, args.batch))
@@ -171,6 +202,20 @@ def main() -> None:
             f"{peak / 2**20:.0f}",
         ]
         print(" ".join(f"{c:>14}" for c in cells))
+        base = setup.removesuffix("+tls")
+        if with_tls is None:
+            plain[(base, replicas)] = r
+        elif (base, replicas) in plain:
+            p = plain[(base, replicas)]
+            print(
+                f"{'':>14} TLS cost: publish {_cost(p['publish_msgs_s'], r['publish_msgs_s'])}, "
+                f"consume+ack {_cost(p['consume_ack_msgs_s'], r['consume_ack_msgs_s'])}"
+            )
+    certs_dir.cleanup()
+
+
+def _cost(plain: float, tls: float) -> str:
+    return f"{(plain - tls) / plain * 100:+.1f}%"
 
 
 if __name__ == "__main__":
