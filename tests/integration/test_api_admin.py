@@ -43,6 +43,7 @@ def test_queue_create_is_idempotent_and_conflicts(http: httpx.Client) -> None:
     shown = http.get(f"/v1/queues/{q}").json()
     assert shown["stats"] == {
         "messages_published": 0, "open_extents": 3, "sealed_extents": 0, "bytes_stored": 0,
+        "unconsumed_bytes": 0,
     }  # fmt: skip
     assert q in [x["name"] for x in http.get("/v1/queues").json()["queues"]]
     assert not any(x["name"].startswith("_") for x in http.get("/v1/queues").json()["queues"])

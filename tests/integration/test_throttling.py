@@ -212,6 +212,7 @@ async def test_backlog_full_until_consumers_catch_up(node: ServerProcess) -> Non
         assert error["code"] == "backlog_full" and "max_backlog_bytes" in error["message"]
         assert reply.headers["Retry-After"] == "1"
         assert limit <= len(acked) * 1000 <= limit + 5000  # refused within a batch of it
+        assert (await client.get_queue(q))["stats"]["unconsumed_bytes"] >= limit
         # a client without retries gets the error; one with them waits for the consumers
         async with AsyncClient(node.url, ADMIN, throttled_retry_seconds=0) as impatient:
             with pytest.raises(BacklogFull):
@@ -225,3 +226,4 @@ async def test_backlog_full_until_consumers_catch_up(node: ServerProcess) -> Non
         print(f"backlog: {len(acked)} acked, {len(consumed)} consumed, "
               f"lost {len(set(acked) - set(consumed))}")  # fmt: skip
         assert sorted(consumed) == sorted(acked)
+        assert (await client.get_queue(q))["stats"]["unconsumed_bytes"] == 0

@@ -247,6 +247,7 @@ class Frontend:
             open_extents=sum(e.status in (OPEN, FAILING) for e in extents),
             sealed_extents=sum(e.status == SEALED for e in extents),
             bytes_stored=stored,
+            unconsumed_bytes=await self.throttle.backlog_bytes(queue.name),
         )
         return json_response({**queue_json(queue), "stats": stats})
 

@@ -96,6 +96,7 @@ class QueueStats(msgspec.Struct):
     open_extents: int
     sealed_extents: int
     bytes_stored: int
+    unconsumed_bytes: int  # what max_backlog_bytes is compared with (docs/api.md, "Stats")
 
 
 class GroupStats(msgspec.Struct):
