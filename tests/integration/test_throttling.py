@@ -78,6 +78,8 @@ def test_http_429_throttled_with_retry_after(node: ServerProcess) -> None:
         assert error["code"] == "throttled" and "publish_rate" in error["message"]
         assert 0 < error["retry_after_ms"] <= 110  # one message at 10/s
         assert refused.headers["Retry-After"] == "1"  # whole seconds, rounded up
+        metric = f'cherami_messages_refused_total{{code="throttled",queue="{q}"}} 1.0'
+        assert metric in http.get("/metrics").text
         # a limit in bytes/s: 1000 bytes go, the next 100 wait
         big = {"messages": [{"body": "y" * 1000}]}
         assert http.post(f"/v1/queues/{qb}/messages", json=big).status_code == 200

@@ -155,7 +155,10 @@ class Frontend:
     def __init__(self, roles: Roles) -> None:
         self.r = roles
         inputs = roles.inputs
-        self.throttle = Throttle(roles.metadata, roles.stores, inputs.host_id if inputs else None)
+        self.throttle = Throttle(
+            roles.metadata, roles.stores, inputs.host_id if inputs else None,
+            roles.metrics.refused,
+        )  # fmt: skip
 
     def auth(self, request: web.Request, scope: Scope | None, queue: str | None) -> None:
         self.r.keys.check(request.headers.get("Authorization"), scope, queue)

@@ -35,6 +35,11 @@ class Metrics:
             registry=self.registry,
         )
 
+        self._refused = Counter(
+            "cherami_messages_refused", "Messages of publishes refused 429 (throttled, "
+            "backlog_full); each was sent again or failed", ["queue", "code"],
+            registry=self.registry,
+        )  # fmt: skip
         self._lag = Gauge(
             "cherami_group_lag_messages", "Messages a stream-mode group has not committed",
             labels, registry=self.registry,
@@ -50,6 +55,9 @@ class Metrics:
 
     def published(self, queue: str, n: int) -> None:
         self._published.labels(queue).inc(n)
+
+    def refused(self, queue: str, code: str, n: int) -> None:
+        self._refused.labels(queue, code).inc(n)
 
     def render(self, outputs: OutputHostService | None) -> tuple[bytes, str]:
         for consumer in outputs.groups.values() if outputs else ():

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cherami.errors import BacklogFull, CheramiError, Throttled
@@ -113,11 +114,16 @@ def _costs(
 
 class Throttle:
     def __init__(
-        self, metadata: MetadataStore, stores: StoreDirectory, host_id: str | None
+        self,
+        metadata: MetadataStore,
+        stores: StoreDirectory,
+        host_id: str | None,
+        refused: Callable[[str, str, int], None] | None = None,
     ) -> None:
         self.metadata = metadata
         self.stores = stores
         self.host_id = host_id  # the input host in this process (its share of extents)
+        self.refused = refused  # told (queue, code, messages) of each refused batch
         self._queues: dict[str, _Queue] = {}
         self._keys: dict[bytes, dict[str, TokenBucket]] = {}
 
@@ -128,6 +134,16 @@ class Throttle:
         Throttled / BacklogFull (taking nothing). ``fresh``: ``queue`` was just read
         (an HTTP publish); otherwise (a stream's) its limits are read again once a
         second, so a PATCH applies to open streams too."""
+        try:
+            await self._admit(queue, key, messages, size, fresh)
+        except Throttled as err:
+            if self.refused is not None:
+                self.refused(queue.name, err.code, messages)
+            raise
+
+    async def _admit(
+        self, queue: Queue, key: ApiKey | None, messages: int, size: int, fresh: bool
+    ) -> None:
         state = self._queues.get(queue.name)
         if state is None or state.created_at != queue.created_at:
             state = self._queues[queue.name] = _Queue(queue.created_at, queue.config)
