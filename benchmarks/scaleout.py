@@ -28,7 +28,7 @@ A point's rate counts the acks inside a window of ``--seconds`` after ``--warmup
 seconds. CPU use over the window comes from /proc/<pid>/stat (role processes and their
 children, the load-generating processes) and /proc/stat (the whole box); the capped
 hosts' cgroup throttling shows whether the cap bound. Writes
-``results/scaleout-<timestamp>.json`` and ``.png`` (and ``scaleout-latest.*``)."""
+``results/scaleout-<quick|full>-<timestamp>.json`` and ``.png`` (and ``scaleout-latest.*``)."""
 
 from __future__ import annotations
 
@@ -454,7 +454,7 @@ def plot(points: list[dict[str, Any]], path: Path, title: str) -> None:
         ax.set_xticks(xs)
         ax.set_xlabel(f"{role}s (each capped)")
         ax.set_ylabel("msgs/s")
-        ax.set_title(label)
+        ax.set_title(f"{label}\n{mine[0]['route']}", fontsize=9)
         ax.set_ylim(bottom=0)
         ax.legend()
     fig.suptitle(title, fontsize=9)
@@ -520,11 +520,11 @@ def main() -> None:
     }  # fmt: skip
     title = (f"one hot queue, hosts under test capped at {opts.cpu} CPU each, {opts.size} B, "
              f"replicas {opts.replicas}, {mode} mode ({opts.seconds:.0f} s windows), "
-             f"2-core box, {started}")  # fmt: skip
-    for name in (f"scaleout-{started}", "scaleout-latest"):
+             f"2-core box shared with other work, {started}")  # fmt: skip
+    for name in (f"scaleout-{mode}-{started}", "scaleout-latest"):
         (opts.out / f"{name}.json").write_text(json.dumps(doc, indent=2))
         plot(points, opts.out / f"{name}.png", title)
-    print(f"wrote {opts.out}/scaleout-{started}.json and .png")
+    print(f"wrote {opts.out}/scaleout-{mode}-{started}.json and .png")
 
 
 if __name__ == "__main__":
