@@ -201,6 +201,19 @@ async def test_lease_holder(meta: MetadataStore) -> None:
     assert await meta.lease_holder("expired") is None
 
 
+async def test_lease_holders_by_prefix(meta: MetadataStore) -> None:
+    assert await meta.try_lease("group:q/g_1/e1", "o1", ttl_seconds=5)
+    assert await meta.try_lease("group:q/g_1/e2", "o2", ttl_seconds=5)
+    assert await meta.try_lease("group:q/g_1/e3", "o2", ttl_seconds=0)  # expired
+    assert await meta.try_lease("group:q/gx1/e1", "o1", ttl_seconds=5)  # "_" is no wildcard
+    assert await meta.try_lease("group:q/g_10/e1", "o1", ttl_seconds=5)
+    assert await meta.lease_holders("group:q/g_1/") == {
+        "group:q/g_1/e1": "o1",
+        "group:q/g_1/e2": "o2",
+    }
+    assert await meta.lease_holders("nothing:") == {}
+
+
 async def test_expired_lease_passes_to_another_holder(meta: MetadataStore) -> None:
     assert await meta.try_lease("controller", "c1", ttl_seconds=0)
     assert await meta.try_lease("controller", "c2", ttl_seconds=5)

@@ -92,6 +92,9 @@ class MetadataStore(Protocol):
     async def lease_holder(self, name: str) -> str | None:
         """Who holds the lease now (None when nobody holds an unexpired one)."""
 
+    async def lease_holders(self, prefix: str) -> dict[str, str]:
+        """The unexpired leases whose names start with ``prefix``: name -> holder."""
+
     async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> int | None:
         """Take or renew the lease for ``ttl_seconds``, judged by the store's clock.
         Returns the lease's epoch when ``holder`` holds it now (it grows by one each

@@ -513,6 +513,14 @@ class PostgresMetadataStore:
         )
         return str(row[0]) if row else None
 
+    async def lease_holders(self, prefix: str) -> dict[str, str]:
+        rows = await self._fetchall(
+            "SELECT name, holder FROM leases WHERE substr(name, 1, %s) = %s "
+            f"AND expires_at >= {_NOW}",
+            (len(prefix), prefix),
+        )
+        return {str(name): str(holder) for name, holder in rows}
+
     async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> int | None:
         # Expiry is judged by the server's clock, the one clock every contender shares.
         row = await self._fetchone(

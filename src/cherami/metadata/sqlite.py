@@ -424,6 +424,15 @@ class SqliteMetadataStore:
         )
         return str(row[0]) if row else None
 
+    async def lease_holders(self, prefix: str) -> dict[str, str]:
+        rows = await self._run(
+            lambda: self._db.execute(
+                "SELECT name, holder FROM leases WHERE substr(name, 1, ?) = ? AND expires_at >= ?",
+                (len(prefix), prefix, time.time()),
+            ).fetchall()
+        )
+        return {str(name): str(holder) for name, holder in rows}
+
     async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> int | None:
         def take() -> int | None:
             now = time.time()
