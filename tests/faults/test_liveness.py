@@ -35,7 +35,7 @@ from cherami.client.asyncclient import AsyncClient
 from cherami.client.models import OutgoingMessage, Received
 from cherami.cluster.local import LocalCluster
 from cherami.errors import CheramiError
-from cherami.roles.outputhost.ownership import LEASE_TTL
+from cherami.roles.outputhost.ownership import LEASE_TTL, group_leases
 from cherami.wire import close
 from tests.support.drain import drain
 from tests.support.liveness import Delivery, History, Workload, error_kind
@@ -75,24 +75,29 @@ class Cluster:
             conn.execute(f'SET search_path TO "{self.schema}"')
             return conn.execute(sql, args).fetchall()  # type: ignore[arg-type]
 
-    def group_holder(self, queue: str, group: str) -> str | None:
-        """The output host whose lease on the group has not run out (by the database's
-        clock), by process name."""
+    def group_holder(self, queue: str, group: str, extent: str | None = None) -> str | None:
+        """The output host whose lease on the group's extent (None: the one holding
+        most of the group's extents) has not run out (by the database's clock), by
+        process name."""
+        prefix = group_leases(queue, group) + (extent or "")
         rows = self._query(
-            "SELECT holder FROM leases WHERE name = %s "
-            "AND expires_at >= extract(epoch FROM clock_timestamp())",
-            f"group:{queue}/{group}",
-        )
+            "SELECT holder, count(*) FROM leases WHERE left(name, %s) = %s "
+            "AND expires_at >= extract(epoch FROM clock_timestamp()) "
+            "GROUP BY holder ORDER BY count(*) DESC, holder",
+            len(prefix), prefix,
+        )  # fmt: skip
         return self._ids("outputhost").get(rows[0][0]) if rows else None
 
-    async def wait_holder(self, queue: str, group: str, timeout: float = 20.0) -> str:
+    async def wait_holder(
+        self, queue: str, group: str, extent: str | None = None, timeout: float = 20.0
+    ) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            holder = await asyncio.to_thread(self.group_holder, queue, group)
+            holder = await asyncio.to_thread(self.group_holder, queue, group, extent)
             if holder is not None:
                 return holder
             await asyncio.sleep(0.2)
-        raise AssertionError(f"no output host holds {queue}/{group} after {timeout}s")
+        raise AssertionError(f"no output host holds {queue}/{group} {extent} after {timeout}s")
 
     def input_hosts(self, queue: str) -> list[str]:
         """Input hosts with an open extent of the queue, most extents first."""
@@ -512,13 +517,17 @@ async def test_poison_message_bounded_across_output_host_kills(cluster: Cluster)
                                            [d for _, d in rest])  # fmt: skip
                 for m, d in zip(got, ds, strict=True):
                     if m.text == poison:
+                        poison_extent[:] = [m.id.rsplit(":", 1)[0]]
                         return m, d
             return None
+
+        poison_extent: list[str] = []  # the extent of the poison message, once seen
 
         async def kill_holder(round_: int) -> None:
             """Odd rounds keep the host down past its lease: the other one takes over;
             even rounds restart it at once (it takes its own lease back)."""
-            holder = await cluster.wait_holder(queue, GROUP)
+            extent = poison_extent[0] if poison_extent else None
+            holder = await cluster.wait_holder(queue, GROUP, extent)
             kills.append(holder)
             await asyncio.to_thread(cluster.local.kill, holder)
             await asyncio.sleep(LEASE_TTL + 2 if round_ % 2 else 1)

@@ -179,9 +179,11 @@ class History:
     def seen(self) -> list[Delivery]:
         return [d for d in self.deliveries if d.seen]
 
-    def concurrent_pairs(self) -> list[tuple[Delivery, Delivery]]:
-        """Pairs (earlier, later) of deliveries of one body to different consumers, the
-        later arriving while the earlier was still held."""
+    def concurrent_pairs(self, by_connection: bool = False) -> list[tuple[Delivery, Delivery]]:
+        """Pairs (earlier, later) of deliveries of one body to different consumers (or,
+        ``by_connection``, on different connections of one consumer too: one consumer
+        connected to several output hosts), the later arriving while the earlier was
+        still held."""
         by_body: dict[str, list[Delivery]] = defaultdict(list)
         for d in self.deliveries:
             by_body[d.body].append(d)
@@ -195,7 +197,7 @@ class History:
                 for b in ds[i + 1 :]:
                     if b.at >= end:
                         break
-                    if b.consumer != a.consumer:
+                    if b.consumer != a.consumer or (by_connection and b.conn is not a.conn):
                         pairs.append((a, b))
         return pairs
 

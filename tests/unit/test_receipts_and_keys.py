@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from cherami.roles.outputhost.receipts import ReceiptSigner
+from cherami.roles.outputhost.receipts import ReceiptSigner, tag_of
 from cherami.wire.keys import due_ms_of, plain_key, plain_keys, seq_of, timer_key
 from cherami.wire.records import Record, decode_record, encode_record
 
@@ -20,6 +20,18 @@ def test_forged_and_foreign_receipts_are_refused() -> None:
     assert signer.verify(b"q/g", "not-a-receipt!") is None
     assert signer.verify(b"q/g", "") is None
     assert ReceiptSigner(epoch=2).verify(b"q/g", receipt) is None  # another run's key
+
+
+def test_tagged_receipts_name_their_output_host() -> None:
+    signer = ReceiptSigner(secret=b"k" * 32, epoch=3, tag="a1b2c3d4")
+    receipt = signer.sign(b"q/g", 9)
+    assert tag_of(receipt) == "a1b2c3d4" and len(receipt) <= 64
+    assert signer.verify(b"q/g", receipt) == 9
+    untagged = ReceiptSigner(secret=b"k" * 32, epoch=3)
+    assert tag_of(untagged.sign(b"q/g", 9)) == ""
+    assert untagged.verify(b"q/g", receipt) is None  # another host's
+    assert signer.verify(b"q/g", untagged.sign(b"q/g", 9)) is None
+    assert signer.verify(b"q/g", "ffffffff." + receipt.split(".")[1]) is None
 
 
 def test_plain_keys_sort_by_sequence() -> None:

@@ -154,7 +154,7 @@ def test_loaded_rows_wait_until_due_and_rows_above_the_level_are_passed_over() -
         Redelivery(queue="q", group="g", extent="e1", key=plain_key(7), count=3, due_ms=900),
     ]
     p = _Parked()
-    p.set.load(rows, {"e1": plain_key(5)}, max_count=3, now_ms=100)
+    p.set.load(rows, {"e1"}, {"e1": plain_key(5)}, max_count=3, now_ms=100)
     assert p.set.skip == {"e1": {plain_key(7)}}
     (poison,) = p.set.due(100)  # at the delivery limit: due at once (to the DLQ)
     assert poison.key == plain_key(7) and poison.entry is None
@@ -164,8 +164,28 @@ def test_loaded_rows_wait_until_due_and_rows_above_the_level_are_passed_over() -
     kept = p.set.pass_over(read)
     assert [e.key for e in kept] == [plain_key(6), plain_key(8)]
     assert p.covered == [read[1]] and p.set.skip == {}
-    p.set.load(rows, {}, max_count=3, now_ms=100)  # loaded once
+    p.set.load(rows, {"e1"}, {}, max_count=3, now_ms=100)  # loaded once
     assert len(p.set.rows) == 2
+
+
+def test_rows_belong_to_their_extent() -> None:
+    rows = [
+        Redelivery(queue="q", group="g", extent=e, key=plain_key(2), count=1, due_ms=900)
+        for e in ("e1", "e2")
+    ]
+    p = _Parked()
+    p.set.load(rows, {"e1"}, {}, max_count=3, now_ms=100)  # only the extents taken here
+    assert set(p.set.rows) == {("e1", plain_key(2))} and p.set.loaded == {"e1"}
+    p.set.load(rows, {"e1", "e2"}, {}, max_count=3, now_ms=100)
+    assert len(p.set.rows) == 2
+    for extent in ("e1", "e2"):  # each gets a change to write
+        p.set.forget(p.set.rows[(extent, plain_key(2))])
+    assert p.set.pending_extents() == {"e1", "e2"}
+    batch = p.set.collect({"e1"})  # written under e1's fence
+    assert [r.extent for r in batch.deletes] == ["e1"]
+    p.set.drop_extent("e2")  # e2 went to another host: nothing of it is written here
+    assert not p.set.pending and p.set.loaded == {"e1"}
+    assert p.set.due(1000) == []
 
 
 def test_key_before() -> None:

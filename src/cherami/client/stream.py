@@ -98,6 +98,23 @@ async def _messages(ws: aiohttp.ClientWebSocketResponse) -> AsyncIterator[bytes]
             return
 
 
+async def _dial(
+    client: AsyncClient, address: str, path: str, heartbeat: float, what: str
+) -> aiohttp.ClientWebSocketResponse | None:
+    """A stream straight to a host the routing call listed; None when it does not take
+    one within DIAL_TIMEOUT."""
+    scheme = client.ws_url("").split(":", 1)[0]
+    try:
+        async with asyncio.timeout(DIAL_TIMEOUT):
+            return await client.session.ws_connect(
+                f"{scheme}://{address}{path}", max_msg_size=WS_MAX_MSG, heartbeat=heartbeat,
+                autoping=True,
+            )  # fmt: skip
+    except (aiohttp.ClientError, OSError, TimeoutError) as err:
+        log.info("%s: %s takes no stream: %s", what, address, err)
+        return None
+
+
 def _deleted(ws: aiohttp.ClientWebSocketResponse) -> bool:
     return getattr(ws, "sent_code", None) == close.DELETED or ws.close_code == close.DELETED
 
@@ -138,7 +155,7 @@ class _Batch:
 
 
 ROUTE_REFRESH = 10.0  # seconds between route reads, unless the routing call says otherwise
-DIAL_TIMEOUT = 3.0  # a listed input host that has not taken the upgrade by then is skipped
+DIAL_TIMEOUT = 3.0  # a listed host that has not taken the upgrade by then is skipped
 # a stream straight to an input host pings it this often, so a paused or cut-off host is
 # given up on (and its unacked frames go to the others) within 3 s, as a frontend does
 DIRECT_HEARTBEAT = 2.0
@@ -324,17 +341,8 @@ class Publisher:
 
     async def _dial(self, address: str) -> _Link | None:
         """A stream straight to a listed input host; None when it does not take one."""
-        scheme = self._client.ws_url("").split(":", 1)[0]
-        try:
-            async with asyncio.timeout(DIAL_TIMEOUT):
-                ws = await self._client.session.ws_connect(
-                    f"{scheme}://{address}{self._path}", max_msg_size=WS_MAX_MSG,
-                    heartbeat=DIRECT_HEARTBEAT, autoping=True,
-                )  # fmt: skip
-        except (aiohttp.ClientError, OSError, TimeoutError) as err:
-            log.info("publisher: input host %s takes no stream: %s", address, err)
-            return None
-        return _Link(address, ws)
+        ws = await _dial(self._client, address, self._path, DIRECT_HEARTBEAT, "publisher")
+        return None if ws is None else _Link(address, ws)
 
     async def _same_queue(self) -> None:
         if await self._incarnation() != self._created_at:
@@ -611,25 +619,62 @@ class Publisher:
         self._fail(Unavailable("publisher closed"))
 
 
+CONSUMER_ROUTE_REFRESH = 10.0  # unless the routing call says otherwise
+REDIAL_PAUSE = 0.5  # after a stream ended, the route is read again this much later
+
+
+class _Conn:
+    """One consume stream: straight to an output host the route lists, or (address "")
+    through the client's own URL."""
+
+    __slots__ = ("acks", "address", "granted", "lost", "ws")
+
+    def __init__(self, address: str, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.address = address
+        self.ws = ws
+        self.granted = 0  # credit given on it and not returned: server credit + held here
+        self.acks: list[int] = []
+        self.lost = False
+
+
 class StreamConsumer:
     """Credit-based streaming consumer. Iterate to get messages; settle each with
     ``ack``/``nack``. Acks are sent in batches; credit returns as messages settle, so at
-    most ``credit`` messages are held by this consumer at once."""
+    most ``credit`` messages are held by this consumer at once.
+
+    A cluster spreads a group over its output hosts per extent: the consumer asks which
+    output hosts serve the group (the routing call, ``GET .../groups/{group}/consumers``),
+    opens a stream straight to each, splits its credit over them, and settles each
+    message on the stream that delivered it. The route is read again every
+    ``refresh_seconds`` it gives and whenever a stream ends (a reconfigure close, a lost
+    host). With no host listed (a single node) it consumes through the client's URL. A
+    stream that ends takes what it held with it (the server delivers those again); the
+    handles of its messages go void. With no stream left it reconnects for up to
+    RECONNECT_PATIENCE seconds; a deleted group or queue fails it with NotFound."""
 
     def __init__(self, client: AsyncClient, path: str, credit: int) -> None:
         self._client = client
         self._path = path
+        self._group_path = path.rsplit("/", 1)[0]
         self._credit = credit
-        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._conns: dict[str, _Conn] = {}  # by address
         self._buffer: deque[Received] = deque()
+        self._via: dict[str, tuple[_Conn, int | None]] = {}  # message id -> stream, handle
         self._arrived = asyncio.Event()
-        self._acks: list[int] = []
-        self._returned = 0
+        self._routing = asyncio.Lock()
+        self._refresh = CONSUMER_ROUTE_REFRESH
+        self._reroute_soon = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._flusher: asyncio.Task[None] | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._refresher: asyncio.Task[None] | None = None
         self._closed = False
         self._gone: CheramiError | None = None  # the group or queue was deleted
-        self.lost = asyncio.Event()
+        self.lost = asyncio.Event()  # set from a stream's end until the route is read again
+
+    @property
+    def hosts(self) -> list[str]:
+        """The output hosts it consumes from now ("": through the client's URL)."""
+        return sorted(self._conns)
 
     async def __aenter__(self) -> StreamConsumer:
         await self.open()
@@ -639,44 +684,160 @@ class StreamConsumer:
         await self.close()
 
     async def open(self) -> None:
-        self._ws = await _connect(self._client, self._path)
-        self._reader = asyncio.create_task(self._read(self._ws))
-        self._flusher = asyncio.create_task(self._flush_loop())
-        await self._ws.send_bytes(f.encode(f.Credit(self._credit)))
+        await self._reroute()
+        self._flusher = self._spawn(self._flush_loop(), "consumer flush")
+        self._refresher = self._spawn(self._refresh_loop(), "consumer route refresh")
 
-    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        async for data in _messages(ws):
-            frame = _decode_consumed(data)
-            if isinstance(frame, _Deliver):
-                self._buffer.extend(frame.messages)
+    def _spawn(self, work: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(functools.partial(self._task_done, what))
+        return task
+
+    def _task_done(self, what: str, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("consumer: %s failed", what, exc_info=task.exception())
+
+    # routing
+    async def _route(self) -> list[str]:
+        """The output hosts the routing call lists: none on a single node, or when it
+        cannot answer (a metadata outage, a server without the call)."""
+        try:
+            body = await self._client.request("GET", self._group_path + "/consumers")
+        except NotFound:
+            raise
+        except CheramiError as err:
+            log.info("consumer: no route for %s: %s", self._group_path, err)
+            return []
+        self._refresh = max(1.0, float(body.get("refresh_seconds") or CONSUMER_ROUTE_REFRESH))
+        return [str(host["address"]) for host in body.get("output_hosts", [])]
+
+    async def _reroute(self) -> None:
+        """Open a stream to each listed output host not connected yet; with none
+        listed or none taking one, consume through the client's URL."""
+        async with self._routing:
+            if self._closed:
+                return
+            route = await self._route()
+            dialed = await asyncio.gather(*(self._dial(a) for a in route if a not in self._conns))
+            new = [conn for conn in dialed if conn is not None]
+            if not new and not self._conns:
+                new.append(_Conn("", await _connect(self._client, self._path)))
+            for conn in new:
+                self._conns[conn.address] = conn
+                self._spawn(self._read(conn), f"consume stream from {conn.address or 'URL'}")
+            through_url = self._conns.get("")
+            if through_url is not None and len(self._conns) > 1:  # direct streams took over
+                self._drop(through_url)
+                await through_url.ws.close()
+            if self._conns:
+                self.lost.clear()
+            await self._grant()
+
+    async def _dial(self, address: str) -> _Conn | None:
+        """A stream straight to a listed output host; None when it does not take one."""
+        ws = await _dial(self._client, address, self._path + "?direct=1", HEARTBEAT, "consumer")
+        return None if ws is None else _Conn(address, ws)
+
+    async def _refresh_loop(self) -> None:
+        while not self._closed:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._refresh):
+                    await self._reroute_soon.wait()
+            if self._reroute_soon.is_set():
+                self._reroute_soon.clear()
+                await asyncio.sleep(REDIAL_PAUSE)
+            if self._closed or not self._conns:  # with none left, get() reconnects
+                continue
+            try:
+                await self._reroute()
+            except NotFound as err:
+                self._gone = err
                 self._arrived.set()
-            elif isinstance(frame, f.Error):
-                log.warning("consume stream error: %s %s", frame.code, frame.message)
-        if _deleted(ws):
-            self._gone = NotFound("the group or its queue was deleted")
-        self.lost.set()
-        self._arrived.set()
+            except CheramiError as err:
+                log.info("consumer: route refresh failed: %s", err)
 
     async def _reopen(self) -> None:
-        """After a lost connection (or a close that says reconnect): what this consumer
-        held is redelivered by the server, and its handles are void."""
-        self._buffer.clear()
-        self._acks.clear()
-        self._returned = 0
-        if self._gone is not None:
-            raise self._gone
-        ws = await _reconnect(self._client, self._path, "consumer")
-        self.lost.clear()
-        self._ws = ws
-        self._reader = asyncio.create_task(self._read(ws))
-        await ws.send_bytes(f.encode(f.Credit(self._credit)))
+        """No stream is left: read the route and connect again, with backoff (0.1 s
+        doubling to 2 s) for up to RECONNECT_PATIENCE seconds. A group or queue that no
+        longer exists fails at once (NotFound)."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + RECONNECT_PATIENCE
+        attempt = 0
+        while not self._conns and not self._closed:
+            await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+            attempt += 1
+            try:
+                await self._reroute()
+            except NotFound:
+                raise
+            except CheramiError as err:
+                if loop.time() >= give_up:
+                    raise Unavailable(f"consumer connection lost: {err}") from err
+                log.warning("consumer reconnect failed: %s", err)
 
+    # streams
+    async def _read(self, conn: _Conn) -> None:
+        try:
+            async for data in _messages(conn.ws):
+                frame = _decode_consumed(data)
+                if isinstance(frame, _Deliver):
+                    via = self._via
+                    for m in frame.messages:
+                        via[m.id] = (conn, m.handle)
+                    self._buffer.extend(frame.messages)
+                    self._arrived.set()
+                elif isinstance(frame, f.Error):
+                    log.warning("consume stream error: %s %s", frame.code, frame.message)
+        finally:
+            if _deleted(conn.ws):
+                self._gone = NotFound("the group or its queue was deleted")
+            self._drop(conn)
+            self.lost.set()
+            self._reroute_soon.set()
+            self._arrived.set()
+
+    def _drop(self, conn: _Conn) -> None:
+        """A stream ended: what it delivered is void here (the server delivers it again)."""
+        if conn.lost:
+            return
+        conn.lost = True
+        conn.granted = 0
+        if self._conns.get(conn.address) is conn:
+            del self._conns[conn.address]
+        void = {i for i, (c, _) in self._via.items() if c is conn}
+        for msg_id in void:
+            del self._via[msg_id]
+        if void:
+            kept = [m for m in self._buffer if m.id not in void]
+            self._buffer.clear()
+            self._buffer.extend(kept)
+
+    async def _grant(self) -> None:
+        """Split the credit over the open streams: each gets its share as far as the
+        credit that others still hold allows."""
+        conns = [c for c in self._conns.values() if not c.ws.closed]
+        if not conns:
+            return
+        spare = self._credit - sum(c.granted for c in conns)
+        share, extra = divmod(self._credit, len(conns))
+        for i, conn in enumerate(conns):
+            give = min(max(1, share + (i < extra)) - conn.granted, spare)
+            if give > 0:
+                conn.granted += give
+                spare -= give
+                await self._send(conn, f.Credit(give))
+
+    # taking messages
     async def get(self, timeout: float | None = None) -> Received | None:
         """The next message, or None after ``timeout`` seconds without one."""
         while not self._buffer:
             if self._closed:
                 return None
-            if self.lost.is_set():
+            if self._gone is not None:
+                raise self._gone
+            if not self._conns:
                 await self._reopen()
                 continue
             self._arrived.clear()
@@ -708,34 +869,52 @@ class StreamConsumer:
                 return
             yield message
 
-    def ack(self, *messages: Received) -> None:
+    # settling
+    def _settled(self, messages: Iterable[Received]) -> dict[_Conn, list[int]]:
+        """The handles of messages settled now, by the stream that delivered them (a
+        message whose stream ended is left out: its handle is void); their credit
+        returns."""
+        by_conn: dict[_Conn, list[int]] = {}
+        via = self._via
         for m in messages:
-            assert m.handle is not None
-            self._acks.append(m.handle)
-        self._returned += len(messages)
+            held = via.get(m.id)
+            if held is None or held[1] != m.handle or m.handle is None:
+                continue  # its stream ended, or this is not its current delivery
+            del via[m.id]
+            conn = held[0]
+            conn.granted -= 1
+            by_conn.setdefault(conn, []).append(m.handle)
+        return by_conn
+
+    def ack(self, *messages: Received) -> None:
+        for conn, handles in self._settled(messages).items():
+            conn.acks += handles
 
     async def nack(self, *messages: Received, delay_seconds: float = 0) -> None:
-        handles = [m.handle for m in messages if m.handle is not None]
-        self._returned += len(handles)
-        await self._send(f.Nack(handles, int(delay_seconds * 1000)))
+        delay_ms = int(delay_seconds * 1000)
+        for conn, handles in self._settled(messages).items():
+            await self._send(conn, f.Nack(handles, delay_ms))
 
     async def extend(self, *messages: Received, visibility_timeout_seconds: float) -> None:
-        handles = [m.handle for m in messages if m.handle is not None]
-        await self._send(f.Extend(handles, int(visibility_timeout_seconds * 1000)))
+        by_conn: dict[_Conn, list[int]] = {}
+        for m in messages:
+            held = self._via.get(m.id)
+            if held is not None and held[1] == m.handle and m.handle is not None:
+                by_conn.setdefault(held[0], []).append(m.handle)
+        for conn, handles in by_conn.items():
+            await self._send(conn, f.Extend(handles, int(visibility_timeout_seconds * 1000)))
 
-    async def _send(self, frame: f.ClientFrame) -> None:
-        ws = self._ws
-        if ws is not None and not ws.closed:
+    async def _send(self, conn: _Conn, frame: f.ClientFrame) -> None:
+        if not conn.lost and not conn.ws.closed:
             with contextlib.suppress(ConnectionError, aiohttp.ClientError):
-                await ws.send_bytes(f.encode(frame))
+                await conn.ws.send_bytes(f.encode(frame))
 
     async def flush(self) -> None:
-        if self._acks:
-            acks, self._acks = self._acks, []
-            await self._send(f.Ack(acks))
-        if self._returned:
-            returned, self._returned = self._returned, 0
-            await self._send(f.Credit(returned))
+        for conn in list(self._conns.values()):
+            if conn.acks:
+                acks, conn.acks = conn.acks, []
+                await self._send(conn, f.Ack(acks))
+        await self._grant()
 
     async def _flush_loop(self) -> None:
         while True:
@@ -747,10 +926,9 @@ class StreamConsumer:
         self._arrived.set()
         with contextlib.suppress(Exception):
             await self.flush()
-        if self._flusher is not None:
-            self._flusher.cancel()
-        if self._ws is not None:
-            await self._ws.close()
-        for task in (self._flusher, self._reader):
+        for task in (self._flusher, self._refresher):
             if task is not None:
-                await asyncio.gather(task, return_exceptions=True)
+                task.cancel()
+        conns = list(self._conns.values())
+        await asyncio.gather(*(c.ws.close() for c in conns), return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)

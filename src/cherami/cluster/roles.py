@@ -40,7 +40,8 @@ from cherami.roles.frontend.auth import KeyRing
 from cherami.roles.frontend.metrics import Metrics
 from cherami.roles.frontend.proxy import Router
 from cherami.roles.inputhost.service import InputHostService
-from cherami.roles.outputhost.ownership import GroupOwnership
+from cherami.roles.outputhost.ownership import ExtentOwnership
+from cherami.roles.outputhost.receipts import host_tag
 from cherami.roles.outputhost.service import OutputHostService
 from cherami.roles.storehost.directory import StoreDirectory, StoreWatcher
 from cherami.roles.storehost.server import StoreHostService
@@ -134,11 +135,10 @@ class RoleProcess:
             self._load_sources.counters = inputs.extent_counts
             self._stoppers.append(inputs.stop)
         if self.role == OUTPUTHOST:
-            self.ownership = GroupOwnership(None, self.metadata, self.id)  # type: ignore[arg-type]
+            self.ownership = ExtentOwnership(None, self.metadata, self.id)  # type: ignore[arg-type]
             outputs = OutputHostService(
-                self.metadata, stores, self._publish_remote,
-                owns=self.ownership.owns, fence=self.ownership.fence,
-            )  # fmt: skip
+                self.metadata, stores, self._publish_remote, self.ownership, host_tag(self.id)
+            )
             self.ownership.outputs = outputs
             self._load_sources.counters = lambda: delivered_counts(outputs)
             await outputs.start()
@@ -167,6 +167,7 @@ class RoleProcess:
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.address = self._advertise(f"{self.config.host}:{port}")
+        self.router.address = self.address
         self._stoppers += [runner.cleanup, self.router.close, watcher.stop, stores.close]
 
     async def _pick_input_host(self, queue_extents: list[Extent]) -> str:

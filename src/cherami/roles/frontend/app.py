@@ -32,6 +32,7 @@ from cherami.roles.controller.service import ControllerService
 from cherami.roles.frontend import schemas as s
 from cherami.roles.frontend.auth import KeyRing, Scope
 from cherami.roles.frontend.clusterview import cluster_json
+from cherami.roles.frontend.consumerrouting import ConsumerRouting
 from cherami.roles.frontend.convert import body_fields, rfc3339, to_messages
 from cherami.roles.frontend.lag import stream_lag, stream_lags
 from cherami.roles.frontend.metrics import Metrics
@@ -154,6 +155,7 @@ class _RouteNotFound(CheramiError):
 class Frontend:
     def __init__(self, roles: Roles) -> None:
         self.r = roles
+        self.routing = ConsumerRouting(self)
         inputs = roles.inputs
         self.throttle = Throttle(
             roles.metadata, roles.stores, inputs.host_id if inputs else None,
@@ -169,7 +171,7 @@ class Frontend:
         return await self.r.metadata.get_queue(name)
 
     async def consumer(self, request: web.Request, scope: Scope | None) -> GroupConsumer:
-        """The group's consumer here, or Forward to the output host that serves it."""
+        """The group's consumer here, or Forward to an output host that serves it."""
         queue = await self.queue(request, scope)
         name = check_name("group", request.match_info["group"])
         outputs = self.r.outputs
@@ -177,6 +179,13 @@ class Frontend:
             return await outputs.group(queue.name, name)
         await self.r.metadata.get_group(queue.name, name)
         raise Forward(await self._router().output_host(queue.name, name))
+
+    async def local_consumer(self, group: Group) -> GroupConsumer | None:
+        """The group's consumer in this process, when it serves extents of the group."""
+        outputs = self.r.outputs
+        if outputs is None or not outputs.owns(group.queue, group.name):
+            return None
+        return await outputs.group(group.queue, group.name)
 
     async def input_host(self, queue: Queue) -> InputHostService:
         """The input host here, or Forward to one that serves the queue."""
@@ -296,33 +305,55 @@ class Frontend:
         return json_response({"groups": [group_json(g) for g in groups]})
 
     async def get_group(self, request: web.Request) -> web.Response:
-        consumer = await self.consumer(request, None)
-        body = {**group_json(consumer.group), "stats": await self._group_stats(consumer)}
-        if consumer.group.config.type == STREAM:
-            body["lag"] = (await stream_lag(self.r.metadata, self.r.stores, consumer.group)).json()
+        group = await self.group_record(request, None)
+        stats = await self.routing.stats(
+            request, group, lambda: self._group_stats(group), lambda: self._group_stats(group, True)
+        )
+        consumer = await self.local_consumer(group)
+        body = {**group_json(consumer.group if consumer else group), "stats": stats}
+        if group.config.type == STREAM:
+            body["lag"] = (await stream_lag(self.r.metadata, self.r.stores, group)).json()
         return json_response(body)
 
-    async def _group_stats(self, consumer: GroupConsumer) -> s.GroupStats:
+    async def _group_stats(self, group: Group, persisted: bool = False) -> s.GroupStats:
+        """The stats of the extents this process serves; with none, nothing, or with
+        ``persisted`` the group's backlog by its persisted ack levels."""
+        ranges = await self.r.controller.dlq_ranges(group.dlq)
+        dlq_depth = sum(max(0, last - level.acked) for _, level, last in ranges)
+        consumer = await self.local_consumer(group)
+        if consumer is None:
+            return await self._persisted_stats(group, dlq_depth, persisted)
         counts: dict[str, int] = {}
         for cursor in consumer.cursors.values():
             info = await self.r.stores.info(cursor.extent)
             counts[cursor.id] = info.count
         oldest = consumer.oldest_unacked_ms()
-        ranges = await self.r.controller.dlq_ranges(consumer.group.dlq)
         return s.GroupStats(
             backlog=consumer.backlog_above(counts),
             in_flight=len(consumer.inflight),
-            dlq_depth=sum(max(0, last - level.acked) for _, level, last in ranges),
+            dlq_depth=dlq_depth,
             oldest_unacked_age_seconds=max(0.0, time.time() - oldest / 1000) if oldest else 0.0,
             delivered=consumer.delivered,
             acked=consumer.acked,
             redelivered=consumer.redelivered,
         )
 
+    async def _persisted_stats(self, group: Group, dlq_depth: int, read: bool) -> s.GroupStats:
+        rows = await self.r.metadata.get_ack_levels(group.queue, group.name) if read else []
+        levels = {a.extent: a.acked for a in rows}
+        backlog = 0
+        extents = await self.r.metadata.list_extents(group.queue, (OPEN, FAILING, SEALED))
+        for extent in extents if read else []:
+            info = await self.r.stores.info(extent)
+            backlog += max(0, info.count - levels.get(extent.id, 0))
+        return s.GroupStats(
+            backlog=backlog, in_flight=0, dlq_depth=dlq_depth, oldest_unacked_age_seconds=0.0,
+            delivered=0, acked=0, redelivered=0,
+        )  # fmt: skip
+
     async def patch_group(self, request: web.Request) -> web.Response:
-        consumer = await self.consumer(request, "admin")
+        group = await self.group_record(request, "admin")
         patch = await decode(request, GroupPatch)
-        group = consumer.group
         group.config = msgspec.structs.replace(
             group.config,
             **{k: v for k, v in msgspec.structs.asdict(patch).items() if v is not None},
@@ -354,10 +385,23 @@ class Frontend:
         self.r.metrics.published(queue.name, len(ids))
         return json_response(s.PublishResponse(ids))
 
-    # receive and settle
+    # receive and settle (consumerrouting.py spreads them over a cluster's output hosts)
     async def receive(self, request: web.Request) -> web.Response:
-        consumer = await self.consumer(request, "consume")
+        group = await self.group_record(request, "consume")
         body = await decode(request, s.ReceiveRequest)
+        def waiting(wait: float) -> s.ReceiveRequest:
+            return msgspec.structs.replace(body, wait_seconds=wait)
+
+        routed = await self.routing.receive(
+            request, group, body.wait_seconds,
+            lambda wait: self._receive_here(group, waiting(wait)), waiting,
+        )  # fmt: skip
+        return routed or await self._receive_here(group, body)
+
+    async def _receive_here(self, group: Group, body: s.ReceiveRequest) -> web.Response:
+        consumer = await self.local_consumer(group)
+        if consumer is None:  # a direct receive to a host that holds none of its extents
+            return json_response({"messages": []})
         taken = await self._outputs().receive(
             consumer, body.max_messages, body.wait_seconds, body.visibility_timeout_seconds
         )
@@ -374,32 +418,58 @@ class Frontend:
         ]
         return json_response({"messages": messages})
 
+    async def _settle(
+        self,
+        request: web.Request,
+        group: Group,
+        receipts: list[str],
+        action: Callable[[GroupConsumer], Callable[[list[int]], list[int]]],
+        body_for: Callable[[list[str]], Any],
+        durable: bool = True,
+    ) -> tuple[int, list[str]]:
+        """Settle by receipt: here, or at the output host each receipt names. With
+        ``durable``, answered once what was applied is persisted."""
+
+        async def local(part: list[str]) -> tuple[int, list[str]]:
+            consumer = await self.local_consumer(group)
+            if consumer is None:
+                return 0, part
+            outputs = self._outputs()
+            n, stale, extents = outputs.settle(consumer, part, action(consumer))
+            if n and durable:
+                await outputs.flushed(consumer, extents)
+            return n, stale
+
+        return await self.routing.settle(request, receipts, local, body_for)
+
     async def ack(self, request: web.Request) -> web.Response:
-        consumer = await self.consumer(request, "consume")
+        group = await self.group_record(request, "consume")
         body = await decode(request, s.AckRequest, empty_ok=False)
-        outputs = self._outputs()
-        n, stale = outputs.settle(consumer, body.receipts, consumer.ack)
-        if n:
-            await outputs.flushed(consumer)
+        n, stale = await self._settle(
+            request, group, body.receipts, lambda c: c.ack, lambda part: s.AckRequest(receipts=part)
+        )
         return json_response(s.AckResponse(n, stale))
 
     async def nack(self, request: web.Request) -> web.Response:
-        consumer = await self.consumer(request, "consume")
+        group = await self.group_record(request, "consume")
         body = await decode(request, s.NackRequest, empty_ok=False)
-        outputs = self._outputs()
-        n, stale = outputs.settle(
-            consumer, body.receipts, lambda nos: consumer.nack(nos, body.delay_seconds)
-        )
-        if n:  # answered once the messages are parked durably (their rows are written)
-            await outputs.flushed(consumer)
+        # answered once the messages are parked durably (their rows are written)
+        n, stale = await self._settle(
+            request, group, body.receipts,
+            lambda c: lambda nos: c.nack(nos, body.delay_seconds),
+            lambda part: s.NackRequest(receipts=part, delay_seconds=body.delay_seconds),
+        )  # fmt: skip
         return json_response(s.NackResponse(n, stale))
 
     async def visibility(self, request: web.Request) -> web.Response:
-        consumer = await self.consumer(request, "consume")
+        group = await self.group_record(request, "consume")
         body = await decode(request, s.VisibilityRequest, empty_ok=False)
-        n, stale = self._outputs().settle(
-            consumer, body.receipts,
-            lambda nos: consumer.extend(nos, body.visibility_timeout_seconds),
+        seconds = body.visibility_timeout_seconds
+        n, stale = await self._settle(
+            request, group, body.receipts,
+            lambda c: lambda nos: c.extend(nos, seconds),
+            lambda part: s.VisibilityRequest(receipts=part, visibility_timeout_seconds=seconds),
+            durable=False,
         )  # fmt: skip
         return json_response(s.VisibilityResponse(n, stale))
 
@@ -481,6 +551,7 @@ def build_app(roles: Roles) -> web.Application:
         web.post(g + "/nack", f.nack),
         web.post(g + "/visibility", f.visibility),
         web.get(g + "/consume", streams.consume),
+        web.get(g + "/consumers", f.routing.consumers),
         web.get(g + "/dlq", f.dlq_browse),
         web.post(g + "/dlq/merge", f.dlq_merge),
         web.post(g + "/dlq/purge", f.dlq_purge),

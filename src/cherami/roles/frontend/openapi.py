@@ -68,6 +68,7 @@ _OPERATIONS: list[tuple[str, str, str, type | None, type | None]] = [
         s.VisibilityResponse,
     ),
     (G + "/consume", "get", "WebSocket: streaming consume (docs/protocol.md)", None, None),
+    (G + "/consumers", "get", "The output hosts to consume a stream from (routing)", None, None),
     (G + "/dlq", "get", "Browse the group's DLQ", None, s.DlqResponse),
     (G + "/dlq/merge", "post", "Deliver the DLQ's messages again to this group only", None, None),
     (G + "/dlq/purge", "post", "Delete the DLQ's messages", None, None),

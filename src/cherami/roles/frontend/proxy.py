@@ -17,7 +17,7 @@ from cherami.cluster.membership import INPUTHOST, OUTPUTHOST, live_hosts
 from cherami.errors import CheramiError, Unavailable, error_from_code
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN
-from cherami.roles.outputhost.ownership import group_lease
+from cherami.roles.outputhost.ownership import group_leases
 from cherami.wire import close, tls
 
 log = logging.getLogger("cherami.frontend.proxy")
@@ -38,6 +38,7 @@ class Router:
         self._session: aiohttp.ClientSession | None = None
         self._alive_addresses: set[str] = set()
         self._alive_at = -ALIVE_CHECK
+        self.address = ""  # this process's own (advertised) address, once it listens
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -69,24 +70,44 @@ class Router:
         return await _patiently(find, f"no input host serves queue {queue}")
 
     async def output_host(self, queue: str, group: str) -> str:
+        """The address of a live output host that holds extents of the group, in turn."""
+
         async def find() -> str | None:
-            holder = await self.metadata.lease_holder(group_lease(queue, group))
-            live = {h.id: h.address for h in await live_hosts(self.metadata, OUTPUTHOST)}
-            return live.get(holder) if holder else None
+            hosts = await self.output_hosts(queue, group)
+            return hosts[next(self._turn) % len(hosts)][1] if hosts else None
 
         return await _patiently(find, f"no output host serves group {queue}/{group}")
+
+    async def output_hosts(self, queue: str, group: str) -> list[tuple[str, str, int]]:
+        """The live output hosts that hold extents of the group: (id, address, how
+        many of its units), by id."""
+        holders = await self.metadata.lease_holders(group_leases(queue, group))
+        if not holders:
+            return []
+        live = {h.id: h.address for h in await live_hosts(self.metadata, OUTPUTHOST)}
+        units: dict[str, int] = {}
+        for holder in holders.values():
+            if holder in live:
+                units[holder] = units.get(holder, 0) + 1
+        return [(h, live[h], n) for h, n in sorted(units.items())]
 
     async def http(self, request: web.Request, address: str) -> web.Response:
         """Forward a request. A host that does not answer within FORWARD_TIMEOUT (plus
         the long-poll wait of a receive) is reported 503 ``unavailable``, so a client
         retries soon, and by then the route leads to the host that took over."""
         headers = {k: v for k, v in request.headers.items() if k in _HOP_HEADERS}
-        url = f"{tls.http_scheme()}://{address}{request.rel_url}"
         body = await request.read()
+        return await self.send(request.method, address, str(request.rel_url), body, headers)
+
+    async def send(
+        self, method: str, address: str, path: str, body: bytes, headers: dict[str, str]
+    ) -> web.Response:
+        """Send a request to the host at ``address`` (as ``http`` forwards one)."""
+        url = f"{tls.http_scheme()}://{address}{path}"
 
         async def send() -> web.Response:
             async with self.session.request(
-                request.method, url, data=body, headers=headers,
+                method, url, data=body, headers=headers,
                 timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT + _long_poll(body)),
             ) as resp:  # fmt: skip
                 reply = await resp.read()

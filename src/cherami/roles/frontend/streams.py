@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -21,9 +20,10 @@ from cherami.errors import (
     Unauthorized,
 )
 from cherami.metadata.models import Queue
+from cherami.roles.frontend.consumerrouting import is_direct
 from cherami.roles.frontend.convert import check_size
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
-from cherami.roles.outputhost.service import NOT_ACTING_WAIT
+from cherami.roles.outputhost.service import NOT_ACTING_WAIT, OutputHostService
 from cherami.wire import close
 from cherami.wire import stream as f
 from cherami.wire.records import Message
@@ -161,12 +161,22 @@ class StreamHandlers:
         return ws
 
     async def consume(self, request: web.Request) -> web.StreamResponse:
-        consumer = await self.f.consumer(request, "consume")
-        outputs = self.f.r.outputs
-        assert outputs is not None  # consumer() forwarded otherwise
+        """A consume stream of the extents of the group this output host holds. A
+        direct stream (a consumer that connects to every output host of the group)
+        to a host that holds none of them is closed at once with RECONFIGURE: the
+        client reads the route again. Another stream is forwarded to a holder."""
+        if is_direct(request):
+            group = await self.f.group_record(request, "consume")
+            consumer = await self.f.local_consumer(group)
+        else:
+            consumer = await self.f.consumer(request, "consume")
         ws = web.WebSocketResponse(max_msg_size=WS_MAX_MSG, heartbeat=30)
         await ws.prepare(request)
         self.open.add(ws)
+        outputs = self.f.r.outputs
+        if consumer is None or outputs is None:
+            await ws.close(code=RECONFIGURE, message=b"no extent of the group here; reconnect")
+            return ws
 
         async def closer(code: int, reason: str) -> None:
             await ws.close(code=code, message=reason.encode())
@@ -174,7 +184,7 @@ class StreamHandlers:
         detach = outputs.attach(consumer, closer)
         if consumer.stopped:  # unloaded while the stream was being opened
             await closer(close.RECONFIGURE, "group moved; reconnect")
-        stream = _ConsumeStream(ws, consumer, lambda: outputs.acting(consumer))
+        stream = _ConsumeStream(ws, consumer, outputs)
         pump = asyncio.create_task(stream.pump())
         try:
             async for msg in ws:
@@ -190,11 +200,11 @@ class StreamHandlers:
 
 class _ConsumeStream:
     def __init__(
-        self, ws: web.WebSocketResponse, consumer: GroupConsumer, acting: Callable[[], bool]
+        self, ws: web.WebSocketResponse, consumer: GroupConsumer, outputs: OutputHostService
     ) -> None:
         self.ws = ws
         self.consumer = consumer
-        self.acting = acting  # false while the group may be moving: deliver nothing
+        self.outputs = outputs  # its fencing: what it may deliver and settle now
         self.credit = 0
         self._credited = asyncio.Event()
 
@@ -205,7 +215,7 @@ class _ConsumeStream:
             await self.ws.send_bytes(f.encode(f.Error(0, "invalid_request", f"bad frame: {err}")))
             return
         c = self.consumer
-        if not isinstance(frame, f.Credit) and not self.acting():
+        if isinstance(frame, f.Ack | f.Nack | f.Extend) and not self._may_settle(frame.handles):
             # settling is fenced like delivering: the handles go stale with the move
             await self.ws.close(code=close.RECONFIGURE, message=b"group moved; reconnect")
             return
@@ -230,6 +240,10 @@ class _ConsumeStream:
         else:
             await self.ws.send_bytes(f.encode(f.Error(0, "invalid_request", "unexpected frame")))
 
+    def _may_settle(self, handles: list[int]) -> bool:
+        self.outputs.stamp_acting(self.consumer)
+        return not self.consumer.stopped and self.consumer.may_settle(handles)
+
     async def pump(self) -> None:
         consumer = self.consumer
         while not self.ws.closed:
@@ -237,14 +251,17 @@ class _ConsumeStream:
                 self._credited.clear()
                 await self._credited.wait()
                 continue
-            if not self.acting():
+            if not self.outputs.stamp_acting(consumer):
                 await asyncio.sleep(NOT_ACTING_WAIT)
                 continue
             taken = consumer.take(
                 min(self.credit, DELIVER_BATCH), None, owner=self, max_bytes=DELIVER_BYTES
             )
             if not taken:
-                await consumer.readable.wait()
+                if consumer.ready:  # only messages of extents it may not act for now
+                    await asyncio.sleep(NOT_ACTING_WAIT)
+                else:
+                    await consumer.readable.wait()
                 continue
             self.credit -= len(taken)
             frame = f.Deliver([

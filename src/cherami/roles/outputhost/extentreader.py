@@ -39,6 +39,8 @@ class ExtentCursor:
         self.limit = level.limit  # merged DLQ range: read no further than this key
         self.read_done = False
         self.delivered = self.delivered_bytes = 0  # deliveries from it (load reports)
+        self.acting = True  # this host may deliver and settle its messages (fencing)
+        self.fenced = False  # a write for it was refused: another host holds it now
         self.task: asyncio.Task[None] | None = None
 
     @property

@@ -10,14 +10,14 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from cherami.errors import CheramiError
 from cherami.metadata.models import STREAM, AckLevel, Extent, Group, Queue, Redelivery
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.extentreader import ExtentCursor, read_extent
-from cherami.roles.outputhost.redelivery import OUT, Parked, Redeliveries, read_one
+from cherami.roles.outputhost.redelivery import GONE, OUT, Parked, Redeliveries, read_one
 from cherami.roles.outputhost.sharedreads import SharedReads
 from cherami.wire.keys import seq_of
 from cherami.wire.records import message_id
@@ -65,6 +65,7 @@ class GroupConsumer:
         self.delivered = self.acked = self.redelivered = self.dead_lettered = 0
         self.on_ready: Callable[[], None] = lambda: None
         self.stopped = False
+        self.all_acting = True  # every cursor acts (as last stamped by the output host)
 
     # configuration
     @property
@@ -143,10 +144,50 @@ class GroupConsumer:
         except Exception:
             log.exception("group %s: reader of extent %s failed", self.key, cursor.id)
 
-    def dirty_levels(self) -> list[AckLevel]:
+    def drop_extent(self, extent_id: str) -> None:
+        """This host no longer holds the extent: its reader stops, and its ready and
+        in-flight messages and parked rows are forgotten here (their deliveries' handles
+        and receipts go stale); the new holder delivers them from the persisted state."""
+        cursor = self.cursors.pop(extent_id, None)
+        if cursor is None:
+            return
+        cursor.acting = False
+        if cursor.task is not None:
+            cursor.task.cancel()
+        kept = [e for e in self.ready if e.cursor is not cursor]
+        self.ready.clear()
+        self.ready.extend(kept)
+        if not kept:
+            self.readable.clear()
+        for no in [no for no, e in self.inflight.items() if e.cursor is cursor]:
+            entry = self.inflight.pop(no)
+            entry.no = 0
+            entry.owner = None
+        self._dlq_pending = [e for e in self._dlq_pending if e.cursor is not cursor]
+        self.parked.drop_extent(extent_id)
+        self._room.set()
+
+    def may_settle(self, numbers: Iterable[int]) -> bool:
+        """Whether every delivery named is of an extent that acts (one no longer in
+        flight could be of any extent: it is stale only when every extent acts)."""
+        if self.all_acting:
+            return True
+        inflight = self.inflight
+        for no in numbers:
+            entry = inflight.get(no)
+            if entry is None or not entry.cursor.acting:
+                return False
+        return True
+
+    def unwritten(self) -> set[str]:
+        """Extents with an ack level or parked rows to write."""
+        extents = {c.id for c in self.cursors.values() if c.ack.dirty}
+        return extents | self.parked.pending_extents()
+
+    def dirty_levels(self, extents: set[str] | None = None) -> list[AckLevel]:
         rows = []
         for cursor in self.cursors.values():
-            if cursor.ack.dirty:
+            if cursor.ack.dirty and (extents is None or cursor.id in extents):
                 cursor.ack.dirty = False
                 rows.append(cursor.level_row(self.group.queue, self.group.name))
         return rows
@@ -199,22 +240,24 @@ class GroupConsumer:
         """Deliver up to ``limit`` ready messages (and, with ``max_bytes``, no more bodies
         than fit in that many bytes, but always at least one)."""
         ready = self.ready
-        count = min(limit, len(ready))
-        if max_bytes and count:
-            size = 0
-            for i in range(count):
-                size += len(ready[i].record.body)
-                if size > max_bytes:
-                    count = max(1, i)
-                    break
-        if not count:
+        if not ready:
             return []
         deadline = time.monotonic() + (visibility if visibility is not None else self.visibility)
-        taken = []
+        taken: list[Entry] = []
+        passed: list[Entry] = []  # of extents this host may not act for now
         inflight, numbers, timeouts = self.inflight, self._numbers, self._timeouts
         expired_before = time.time() * 1000 - self.queue.config.retention_seconds * 1000
-        for _ in range(count):
+        size = 0
+        while ready and len(taken) < limit:
             entry = ready.popleft()
+            if not entry.cursor.acting:
+                passed.append(entry)
+                continue
+            if max_bytes:
+                size += len(entry.record.body)
+                if size > max_bytes and taken:
+                    ready.appendleft(entry)
+                    break
             if entry.record.enqueued_ms < expired_before:  # never deliver an expired message
                 entry.cursor.ack.ack(entry.ordinal)
                 if entry.row is not None:
@@ -232,6 +275,8 @@ class GroupConsumer:
             taken.append(entry)
             if entry.count > 1:
                 self.redelivered += 1
+        if passed:
+            ready.extendleft(reversed(passed))
         if not ready:
             self.readable.clear()
         if taken:
@@ -336,6 +381,8 @@ class GroupConsumer:
     async def _read_parked(self, unread: list[Parked]) -> None:
         """Bodies of due parked messages not kept in memory, read again by key."""
         for parked in unread:
+            if parked.state == GONE:  # its extent was dropped here meanwhile
+                continue
             cursor = self.cursors.get(parked.extent)
             if cursor is None:  # its extent was deleted (retention, or its queue's contents)
                 self.parked.forget(parked)
@@ -358,10 +405,12 @@ class GroupConsumer:
             parked.entry = entry
             self._requeue(parked, entry, int(time.time() * 1000))
 
-    def load_parked(self, rows: list[Redelivery], levels: dict[str, AckLevel]) -> None:
-        """The group's redelivery rows, as the group is loaded (before its reads start)."""
+    def load_parked(
+        self, rows: list[Redelivery], extents: set[str], levels: dict[str, AckLevel]
+    ) -> None:
+        """The redelivery rows of extents taken here, before their reads start."""
         self.parked.load(
-            rows, {e: lv.level for e, lv in levels.items()},
+            rows, extents, {e: lv.level for e, lv in levels.items()},
             self.group.config.max_delivery_count, int(time.time() * 1000),
         )  # fmt: skip
 

@@ -1,28 +1,35 @@
-"""Which output host serves which consumer group, in a cluster: each group is a lease in
-the metadata store. An output host renews the leases it holds, takes unheld ones up to
-its fair share of the groups, and drops a group whose lease it lost. When an output
-host dies its leases expire and the others take its groups over from the persisted ack
-levels.
+"""Which output host serves which extent of which consumer group, in a cluster.
 
-The fencing rule: a group has one acting output host at any instant. A holder acts for a
-group (delivers, settles, writes ack levels) only while its own clock says the lease
-cannot have expired yet: from the moment it *asked* for the lease, ``LEASE_TTL`` minus
-``MARGIN``. The store judges expiry by its own clock from a later moment (when it
-served the request), so a holder always stops before anyone else can take the lease,
-whatever happens to it meanwhile (a pause, a slow or lost metadata store). Its ack-level
-writes carry the lease's epoch as well, and the store refuses them once the lease has
-passed to another holder."""
+A group is spread over the output hosts per extent: every extent of the group that may
+still have something to deliver (open, failing and sealed extents of its queue, and
+dead-letter extents merged back into it) is a *unit*, and each unit is a lease in the
+metadata store. A CP queue's group (its extents are read in order across seals) and a
+stream-mode group (no cursors here) are one unit for the whole group. An output host
+renews the leases it holds, takes unheld ones up to its fair share (of the group's
+plain extents, of its timer extents, and of all units, counted over the live output
+hosts), and drops a unit whose lease it lost. When an output host dies its leases
+expire and the others take its units over from the persisted ack levels.
+
+The fencing rule, per unit: an extent has one acting output host at any instant. A
+holder acts for an extent (delivers, settles, writes its ack level and parked rows) only
+while its own clock says the unit's lease cannot have expired yet: from the moment it
+*asked* for the lease, ``LEASE_TTL`` minus ``MARGIN``. The store judges expiry by its own
+clock from a later moment (when it served the request), so a holder always stops before
+anyone else can take the lease, whatever happens to it meanwhile (a pause, a slow or
+lost metadata store). Its writes for the extent carry the lease's epoch as well, and the
+store refuses them once the lease has passed to another holder."""
 
 from __future__ import annotations
 
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 from cherami.cluster.membership import OUTPUTHOST, live_hosts
 from cherami.metadata.base import MetadataStore
-from cherami.metadata.models import Fence
+from cherami.metadata.models import FAILING, OPEN, SEALED, STREAM, Fence, Group, Queue
 from cherami.periodic import Periodic
 from cherami.roles.outputhost.service import DELETED_CLOSE, MOVED_CLOSE, OutputHostService
 
@@ -32,13 +39,28 @@ LEASE_TTL = 3.0
 MARGIN = 0.5  # seconds before the lease's end at which a holder stops acting
 TICK = 0.5
 # after this host could not reach the metadata store, it only renews its own leases for
-# this long: when an outage ends, each group goes back to the holder that has its acks
+# this long: when an outage ends, each unit goes back to the holder that has its acks
 # in memory, not to whichever host ticks first (that would deliver them all again)
 RECOVERY_GRACE = 2.0
+WHOLE = "*"  # the extent of a unit that is the whole group
+
+Unit = tuple[str, str, str]  # queue, group, extent id (or WHOLE)
 
 
-def group_lease(queue: str, group: str) -> str:
-    return f"group:{queue}/{group}"
+def unit_lease(queue: str, group: str, extent: str) -> str:
+    return f"{group_leases(queue, group)}{extent}"
+
+
+def group_leases(queue: str, group: str) -> str:
+    """The prefix of the lease names of a group's units."""
+    return f"group:{queue}/{group}/"
+
+
+def group_units(queue: Queue, group: Group, extents: list[str]) -> list[Unit]:
+    """A group's units, given the extents it may still read."""
+    if queue.config.type == "cp" or group.config.type == STREAM:
+        return [(group.queue, group.name, WHOLE)]
+    return [(group.queue, group.name, e) for e in extents]
 
 
 @dataclass
@@ -47,30 +69,42 @@ class _Held:
     acting_until: float  # time.monotonic()
 
 
-class GroupOwnership:
+class ExtentOwnership:
     def __init__(self, outputs: OutputHostService, metadata: MetadataStore, host_id: str) -> None:
         self.outputs = outputs
         self.metadata = metadata
         self.id = host_id
-        self.held: dict[tuple[str, str], _Held] = {}
-        self._periodic = Periodic("group ownership tick", TICK, self._tick_noting_outages)
+        self.held: dict[Unit, _Held] = {}
+        self._groups: Counter[tuple[str, str]] = Counter()  # units held per group
+        self._periodic = Periodic("extent ownership tick", TICK, self._tick_noting_outages)
         self._failing = False  # the last tick could not reach the metadata store
-        self._taking_after = 0.0  # time.monotonic(): may take others' groups from then
+        self._taking_after = 0.0  # time.monotonic(): may take others' units from then
 
-    @property
-    def owned(self) -> set[tuple[str, str]]:
-        return set(self.held)
+    def _find(self, queue: str, group: str, extent: str) -> _Held | None:
+        return self.held.get((queue, group, extent)) or self.held.get((queue, group, WHOLE))
 
+    # what OutputHostService asks (service.Holdings)
     def owns(self, queue: str, group: str) -> bool:
-        """Whether this host holds the group (requests for it are served here)."""
-        return (queue, group) in self.held
+        """Whether this host holds a unit of the group (requests for it are served here)."""
+        return self._groups[(queue, group)] > 0
 
-    def fence(self, queue: str, group: str) -> Fence | None:
-        """The group's fence while this host may act for it, else None."""
-        held = self.held.get((queue, group))
+    def holds(self, queue: str, group: str, extent: str) -> bool:
+        return self._find(queue, group, extent) is not None
+
+    def acting(self, queue: str, group: str, extent: str) -> bool:
+        held = self._find(queue, group, extent)
+        return held is not None and time.monotonic() < held.acting_until
+
+    def fence(self, queue: str, group: str, extent: str) -> Fence | None:
+        """The fence of the unit holding the extent while this host may act for it."""
+        unit = (queue, group, extent)
+        held = self.held.get(unit)
+        if held is None:
+            unit = (queue, group, WHOLE)
+            held = self.held.get(unit)
         if held is None or time.monotonic() >= held.acting_until:
             return None
-        return Fence(lease=group_lease(queue, group), epoch=held.epoch)
+        return Fence(lease=unit_lease(*unit), epoch=held.epoch)
 
     def start(self) -> None:
         self._periodic.start(first_now=True)
@@ -89,35 +123,82 @@ class GroupOwnership:
             self._failing = False
             self._taking_after = time.monotonic() + RECOVERY_GRACE
 
-    async def tick(self) -> None:
-        groups = [
-            (g.queue, g.name)
-            for q in await self.metadata.list_queues()
-            for g in await self.metadata.list_groups(q.name)
-        ]
-        outputs = max(1, len(await live_hosts(self.metadata, OUTPUTHOST)))
-        fair = math.ceil(len(groups) / outputs)
-        for key in sorted(set(self.held) - set(groups)):
-            await self._drop(key, DELETED_CLOSE)
-        for key in groups:
-            held = self.held.get(key)
-            if held is None and (len(self.held) >= fair or time.monotonic() < self._taking_after):
+    async def _units(self) -> tuple[dict[Unit, str], set[tuple[str, str]]]:
+        """Every unit with its extent's kind (plain or timer: a group's share of each
+        is counted apart), and every group (those without units too)."""
+        units: dict[Unit, str] = {}
+        groups: set[tuple[str, str]] = set()
+        for queue in await self.metadata.list_queues():
+            listed = await self.metadata.list_groups(queue.name)
+            if not listed:
                 continue
-            asked = time.monotonic()
-            epoch = await self.metadata.try_lease(group_lease(*key), self.id, LEASE_TTL)
-            if held is not None and epoch != held.epoch:  # lost, or lost and taken back
-                await self._drop(key, MOVED_CLOSE)
-                held = None
-            if epoch is None:
-                continue
-            if held is None:
-                self.held[key] = _Held(epoch, asked + LEASE_TTL - MARGIN)
-                log.info("output host %s takes group %s/%s (epoch %d)", self.id, *key, epoch)
-                await self.outputs.group(*key)
-            else:
-                held.acting_until = asked + LEASE_TTL - MARGIN
+            readable = await self.metadata.list_extents(queue.name, (OPEN, FAILING, SEALED))
+            extents = [e.id for e in readable]
+            kinds = {e.id: e.kind for e in readable}
+            for group in listed:
+                groups.add((group.queue, group.name))
+                merged = []
+                if queue.config.type != "cp" and group.config.type != STREAM:
+                    levels = await self.metadata.get_ack_levels(group.queue, group.name)
+                    merged = [lv.extent for lv in levels if lv.limit is not None]
+                    if merged:  # dead-letter ranges merged back, while their extents exist
+                        dlq = {e.id for e in await self.metadata.list_extents(group.dlq)}
+                        merged = [e for e in merged if e in dlq]
+                for unit in group_units(queue, group, extents + merged):
+                    units[unit] = kinds.get(unit[2], "dlq")
+        return units, groups
 
-    async def _drop(self, key: tuple[str, str], close_code: int) -> None:
-        self.held.pop(key, None)
-        log.info("output host %s drops group %s/%s", self.id, *key)
-        await self.outputs.unload(*key, close_code=close_code)
+    async def tick(self) -> None:
+        units, groups = await self._units()
+        outputs = max(1, len(await live_hosts(self.metadata, OUTPUTHOST)))
+        fair = math.ceil(len(units) / outputs)
+        shares: dict[tuple[str, str, str], list[Unit]] = {}  # a group's units of one kind
+        for unit, kind in units.items():
+            shares.setdefault((unit[0], unit[1], kind), []).append(unit)
+        for unit in sorted(set(self.held) - set(units)):
+            await self._drop(unit, MOVED_CLOSE if unit[:2] in groups else DELETED_CLOSE)
+        taken: set[tuple[str, str]] = set()
+        for (queue, group, _), members in shares.items():
+            key = (queue, group)
+            fair_here = math.ceil(len(members) / outputs)
+            mine = sum(unit in self.held for unit in members)
+            for unit in members:
+                held = self.held.get(unit)
+                if held is None and (
+                    mine >= fair_here
+                    or len(self.held) >= fair
+                    or time.monotonic() < self._taking_after
+                ):
+                    continue
+                asked = time.monotonic()
+                epoch = await self.metadata.try_lease(unit_lease(*unit), self.id, LEASE_TTL)
+                if held is not None and epoch != held.epoch:  # lost, or lost and taken back
+                    await self._drop(unit, MOVED_CLOSE)
+                    held = None
+                    mine -= 1
+                if epoch is None:
+                    continue
+                if held is None:
+                    self.held[unit] = _Held(epoch, asked + LEASE_TTL - MARGIN)
+                    self._groups[key] += 1
+                    mine += 1
+                    taken.add(key)
+                    log.info("output host %s takes %s/%s extent %s (epoch %d)",
+                             self.id, *unit, epoch)  # fmt: skip
+                else:
+                    held.acting_until = asked + LEASE_TTL - MARGIN
+        for key in sorted(taken):
+            await self.outputs.took(*key)
+
+    async def _drop(self, unit: Unit, close_code: int) -> None:
+        if self.held.pop(unit, None) is None:
+            return
+        key = (unit[0], unit[1])
+        self._groups[key] -= 1
+        if self._groups[key] <= 0:
+            del self._groups[key]
+        log.info("output host %s drops %s/%s extent %s", self.id, *unit)
+        if unit[2] == WHOLE or key not in self._groups:
+            await self.outputs.unload(*key, close_code=close_code)
+        else:
+            self.outputs.dropped(*unit)

@@ -10,7 +10,10 @@ the count of the delivery about to start (``bump``), and only then is it made re
 message already at max_delivery_count goes to the DLQ instead. An ack or the move to
 the DLQ deletes the row. A first delivery writes nothing.
 
-Rows are written in the output host's periodic flush, batched (``write``). At most
+Rows belong to their extent: an output host loads and writes only the rows of the
+extents it holds (ownership.py), and forgets those of an extent it loses without
+writing anything (``drop_extent``). Rows are written in the output host's periodic
+flush, batched (``write``), each extent's under its extent's fence. At most
 ``max_bodies`` waiting messages keep their bodies in memory; the others are read again
 from a store host by key when due (``read_one``)."""
 
@@ -81,7 +84,7 @@ class Redeliveries:
         self._max_bodies = max_bodies
         self.rows: dict[Key, Parked] = {}
         self.skip: dict[str, set[bytes]] = {}  # extent -> keys its reader must pass over
-        self.loaded = False
+        self.loaded: set[str] = set()  # extents whose rows are loaded
         self.bodies = 0
         self._heap: list[tuple[int, int, Parked]] = []
         self._tie = itertools.count()
@@ -91,6 +94,26 @@ class Redeliveries:
     @property
     def pending(self) -> bool:
         return bool(self._upserts or self._deletes)
+
+    def pending_extents(self) -> set[str]:
+        return {k[0] for k in self._upserts} | {k[0] for k in self._deletes}
+
+    def drop_extent(self, extent: str) -> None:
+        """The extent went to another output host: forget its rows here, writing
+        nothing (they are the new holder's now)."""
+        for key in [k for k in self.rows if k[0] == extent]:
+            parked = self.rows.pop(key)
+            if parked.entry is not None:
+                if parked.state == WAITING:
+                    self.bodies -= 1
+                parked.entry.row = None
+            parked.state = GONE
+            parked.version += 1  # a write under way does not act on it any more
+        for pending in (self._upserts, self._deletes):
+            for key in [k for k in pending if k[0] == extent]:
+                del pending[key]
+        self.skip.pop(extent, None)
+        self.loaded.discard(extent)
 
     # changes
     def park(self, entry: Entry, due_ms: int) -> None:
@@ -178,11 +201,16 @@ class Redeliveries:
         heapq.heappush(self._heap, (parked.due_ms, next(self._tie), parked))
 
     # writing
-    def collect(self) -> Batch:
-        """The changes to write now (``written`` or ``failed`` tells how it went)."""
-        upserts = list(self._upserts.values())
-        deletes = list(self._deletes.values())
-        self._upserts, self._deletes = {}, {}
+    def collect(self, extents: set[str] | None = None) -> Batch:
+        """The changes to write now, of ``extents`` only unless None (``written`` or
+        ``failed`` tells how it went)."""
+        if extents is None:
+            upserts = list(self._upserts.values())
+            deletes = list(self._deletes.values())
+            self._upserts, self._deletes = {}, {}
+        else:
+            upserts = [self._upserts.pop(k) for k in list(self._upserts) if k[0] in extents]
+            deletes = [self._deletes.pop(k) for k in list(self._deletes) if k[0] in extents]
         return Batch([self._row(p) for p in upserts], deletes, [(p, p.version) for p in upserts])
 
     def written(self, batch: Batch) -> None:
@@ -214,17 +242,22 @@ class Redeliveries:
 
     # loading
     def load(
-        self, rows: list[Redelivery], levels: dict[str, bytes], max_count: int, now_ms: int
+        self,
+        rows: list[Redelivery],
+        extents: set[str],
+        levels: dict[str, bytes],
+        max_count: int,
+        now_ms: int,
     ) -> None:
-        """The group's rows as it is loaded: each waits until due (at once when it is
-        at the delivery limit). A row above its extent's ack level (the host stopped
-        between the row's write and the level's) is passed over by the extent's reader."""
-        if self.loaded:
-            return
-        self.loaded = True
+        """The rows of ``extents`` as this host takes them: each waits until due (at
+        once when it is at the delivery limit). A row above its extent's ack level (the
+        host stopped between the row's write and the level's) is passed over by the
+        extent's reader."""
+        extents = extents - self.loaded
+        self.loaded |= extents
         for row in rows:
             key = (row.extent, row.key)
-            if key in self.rows:
+            if row.extent not in extents or key in self.rows:
                 continue
             due_ms = min(row.due_ms, now_ms) if row.count >= max_count else row.due_ms
             parked = Parked(row.extent, row.key, row.count, due_ms, WAITING)
@@ -253,9 +286,15 @@ class Redeliveries:
         return kept
 
 
-async def write(metadata: MetadataStore, sets: list[Redeliveries], fence: Fence | None) -> None:
-    """Write the pending rows of these groups in one transaction."""
-    batches = [(s, s.collect()) for s in sets if s.pending]
+async def write(
+    metadata: MetadataStore,
+    sets: list[Redeliveries],
+    fence: Fence | None,
+    extents: set[str] | None = None,
+) -> None:
+    """Write the pending rows of these groups (of ``extents`` only, unless None) in one
+    transaction."""
+    batches = [(s, s.collect(extents)) for s in sets if s.pending]
     if not batches:
         return
     upserts = [row for _, b in batches for row in b.upserts]

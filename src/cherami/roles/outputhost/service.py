@@ -1,5 +1,7 @@
-"""The output host: serves every consumer group's deliveries, settles them by receipt or
-stream handle, and persists ack levels (one metadata write per flush, not per ack)."""
+"""The output host: serves the deliveries of the consumer groups' extents it holds
+(every extent of every group on a single node; the extents it holds leases for in a
+cluster, ownership.py), settles them by receipt or stream handle, and persists ack
+levels (one metadata write per flush and fence, not per ack)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
 
 from cherami.errors import Fenced, GroupNotFound, Unavailable
 from cherami.metadata.base import MetadataStore
@@ -31,6 +34,20 @@ NOT_ACTING_WAIT = 0.1  # how often a stream or receive looks again while the gro
 # closes a stream with a code and a reason
 Closer = Callable[[int, str], Awaitable[object]]
 
+
+class Holdings(Protocol):
+    """Which groups and extents this output host serves, and whether it may act for
+    them now (ownership.py)."""
+
+    def owns(self, queue: str, group: str) -> bool: ...
+
+    def holds(self, queue: str, group: str, extent: str) -> bool: ...
+
+    def acting(self, queue: str, group: str, extent: str) -> bool: ...
+
+    def fence(self, queue: str, group: str, extent: str) -> Fence | None: ...
+
+
 FLUSH_INTERVAL = 0.01
 REFRESH_INTERVAL = 1.0
 
@@ -41,40 +58,58 @@ class OutputHostService:
         metadata: MetadataStore,
         stores: StoreDirectory,
         publish: Publish,
-        owns: Callable[[str, str], bool] | None = None,
-        fence: Callable[[str, str], Fence | None] | None = None,
+        holdings: Holdings | None = None,
+        tag: str = "",
     ) -> None:
-        """``owns`` tells which groups this output host serves (a cluster hands groups
-        out by lease); without it, it serves every group. ``fence`` gives a held
-        group's fence while this host may act for it, and None once its lease may have
-        run out (ownership.py): then nothing is delivered, settled or persisted."""
+        """``holdings`` tells which extents of which groups this output host serves (a
+        cluster hands them out by lease) and gives a held extent's fence while this
+        host may act for it (None once its lease may have run out: then nothing of the
+        extent is delivered, settled or persisted). Without it, it serves every extent
+        of every group, unfenced. ``tag`` goes into every receipt (the frontend routes
+        a settle to the output host that issued the receipt)."""
         self.metadata = metadata
-        self._owns = owns
-        self._fence = fence
+        self._holdings = holdings
         self._streams: dict[str, set[Closer]] = {}
         self.stores = stores
         self.reads = SharedReads(stores)  # one read of a position serves every group
-        self.signer = ReceiptSigner()
+        self.signer = ReceiptSigner(tag=tag)
         self._dead_letter = DeadLetterMover(publish)
         self._numbers = itertools.count(1)
         self.groups: dict[str, GroupConsumer] = {}
         self._loading: dict[str, asyncio.Lock] = {}
-        self._flushed: dict[str, asyncio.Future[None]] = {}
+        self._flushed: dict[str, asyncio.Future[dict[str, Exception]]] = {}
         self._flusher: asyncio.Task[None] | None = None
         self._refresher = Periodic("extent refresh", REFRESH_INTERVAL, self._refresh)
 
     def owns(self, queue: str, group: str) -> bool:
-        return self._owns is None or self._owns(queue, group)
+        return self._holdings is None or self._holdings.owns(queue, group)
 
-    def fence_of(self, consumer: GroupConsumer) -> Fence | None:
-        return self._fence(consumer.group.queue, consumer.group.name) if self._fence else None
+    def holds(self, queue: str, group: str, extent: str) -> bool:
+        return self._holdings is None or self._holdings.holds(queue, group, extent)
 
-    def acting(self, consumer: GroupConsumer) -> bool:
-        """Whether this host may deliver and settle for the group now (fencing)."""
-        return not consumer.stopped and (self._fence is None or self.fence_of(consumer) is not None)
+    def stamp_acting(self, consumer: GroupConsumer) -> bool:
+        """Mark each extent cursor of the group acting or not (fencing: this host may
+        deliver and settle its messages now); whether any acts."""
+        if consumer.stopped:
+            return False
+        holdings = self._holdings
+        if holdings is None:
+            return True  # cursors act from the start
+        queue, group = consumer.group.queue, consumer.group.name
+        some = False
+        every = True
+        for cursor in consumer.cursors.values():
+            acts = cursor.acting = not cursor.fenced and holdings.acting(queue, group, cursor.id)
+            some = some or acts
+            every = every and acts
+        consumer.all_acting = every
+        return some
 
-    def check_acting(self, consumer: GroupConsumer) -> None:
-        if not self.acting(consumer):
+    def check_acting(self, consumer: GroupConsumer, numbers: Iterable[int]) -> None:
+        """Raise Unavailable when a delivery named is of an extent this host may not act
+        for now (it is moving to another output host)."""
+        self.stamp_acting(consumer)
+        if consumer.stopped or not consumer.may_settle(numbers):
             raise Unavailable(f"group {consumer.key} is moving to another output host; retry")
 
     # streams
@@ -92,7 +127,7 @@ class OutputHostService:
         await asyncio.gather(*(c(code, reason) for c in closers), return_exceptions=True)
 
     async def start(self) -> None:
-        if self._owns is None:
+        if self._holdings is None:
             for queue in await self.metadata.list_queues():
                 for group in await self.metadata.list_groups(queue.name):
                     await self.group(group.queue, group.name)
@@ -134,6 +169,8 @@ class OutputHostService:
             return consumer
 
     async def _sync(self, consumer: GroupConsumer) -> None:
+        """Follow the group's extents (those this host holds): new ones get a cursor,
+        after their parked messages are loaded."""
         group = await self.metadata.get_group(consumer.group.queue, consumer.group.name)
         consumer.group = group
         consumer.queue = await self.metadata.get_queue(group.queue)
@@ -143,10 +180,36 @@ class OutputHostService:
         if merged:
             dlq_extents = {e.id: e for e in await self.metadata.list_extents(group.dlq)}
             extents += [dlq_extents[lv.extent] for lv in merged if lv.extent in dlq_extents]
-        if not consumer.parked.loaded:  # its parked messages, before its reads start
-            rows = await self.metadata.get_redeliveries(group.queue, group.name)
-            consumer.load_parked(rows, levels)
-        consumer.sync_extents(extents, levels)
+        loaded = consumer.parked.loaded
+        fetched = {e.id for e in extents if self.holds(group.queue, group.name, e.id)} - loaded
+        rows = await self.metadata.get_redeliveries(group.queue, group.name) if fetched else []
+        if consumer.stopped:
+            return
+        # what it holds now (it may have dropped or taken extents meanwhile); an extent
+        # taken since the rows were read waits for the next sync
+        held = [
+            e for e in extents
+            if self.holds(group.queue, group.name, e.id) and (e.id in loaded or e.id in fetched)
+        ]  # fmt: skip
+        new = {e.id for e in held} - consumer.parked.loaded
+        if new:  # their parked messages, before their reads start
+            consumer.load_parked([r for r in rows if r.extent in new], new, levels)
+        consumer.sync_extents(held, levels)
+
+    async def took(self, queue: str, name: str) -> None:
+        """This host took extents of the group: load it, or follow them."""
+        consumer = self.groups.get(f"{queue}/{name}")
+        if consumer is None:
+            await self.group(queue, name)
+        else:
+            await self._sync(consumer)
+
+    def dropped(self, queue: str, name: str, extent: str) -> None:
+        """This host lost an extent of the group (it holds others): what it read of it
+        is forgotten here; the new holder delivers it from the persisted ack level."""
+        consumer = self.groups.get(f"{queue}/{name}")
+        if consumer is not None:
+            consumer.drop_extent(extent)
 
     async def unload(
         self, queue: str, name: str | None = None, close_code: int = DELETED_CLOSE
@@ -184,13 +247,18 @@ class OutputHostService:
             await self._sync_quietly(consumer)
 
     # ack levels
-    async def flushed(self, consumer: GroupConsumer) -> None:
+    async def flushed(self, consumer: GroupConsumer, extents: Iterable[str] | None = None) -> None:
         """Wait until every ack of the group made so far is persisted; raises
-        Unavailable when that write failed (or this host may no longer act for it)."""
+        Unavailable when the write for one of ``extents`` (None: any) failed, or this
+        host may no longer act for it."""
         waiter = self._flushed.get(consumer.key)
         if waiter is None or waiter.done():
             waiter = self._flushed[consumer.key] = asyncio.get_running_loop().create_future()
-        await asyncio.shield(waiter)
+        failed = await asyncio.shield(waiter)
+        if extents is not None:
+            failed = {e: failed[e] for e in extents if e in failed}
+        if failed:
+            raise next(iter(failed.values()))
 
     async def _flush_loop(self) -> None:
         while True:
@@ -198,53 +266,66 @@ class OutputHostService:
             waiters, self._flushed = self._flushed, {}
             failed = await self._flush_once()
             for key, waiter in waiters.items():
-                if waiter.done():
-                    continue
-                if key in failed:
-                    waiter.set_exception(failed[key])
-                else:
-                    waiter.set_result(None)
+                if not waiter.done():
+                    waiter.set_result(failed.get(key, {}))
 
-    async def _flush_once(self) -> dict[str, Exception]:
-        """Persist every group's changed ack levels: unfenced groups (one process serves
-        every group) in one write, each fenced group in its own write with its fence.
-        Returns the groups whose write failed, with the error."""
-        failed: dict[str, Exception] = {}
-        unfenced: list[GroupConsumer] = []
+    async def _flush_once(self) -> dict[str, dict[str, Exception]]:
+        """Persist the changed ack levels and parked rows: unfenced groups (one process
+        serves every extent) in one write; in a cluster, one write per fence (an
+        extent's, or a whole group's). Returns, per group, the extents whose write
+        failed or that this host may no longer act for, with the error."""
+        failed: dict[str, dict[str, Exception]] = {}
+        if self._holdings is None:
+            unfenced = list(self.groups.values())
+            err = await self._write_levels(unfenced, None, None)
+            if err is not None:
+                for consumer in unfenced:
+                    failed[consumer.key] = dict.fromkeys(consumer.cursors, err)
+            return failed
+        writes: list[tuple[GroupConsumer, Fence, set[str]]] = []
         for consumer in list(self.groups.values()):
-            if self._fence is None:
-                unfenced.append(consumer)
+            by_fence: dict[Fence, set[str]] = {}
+            queue, group = consumer.group.queue, consumer.group.name
+            for extent in consumer.unwritten():
+                cursor = consumer.cursors.get(extent)
+                fence = self._holdings.fence(queue, group, extent)
+                if fence is None or consumer.stopped or (cursor is not None and cursor.fenced):
+                    # may not act: keep them for the new holder
+                    moving = Unavailable(f"group {consumer.key} is moving; retry")
+                    failed.setdefault(consumer.key, {})[extent] = moving
+                else:
+                    by_fence.setdefault(fence, set()).add(extent)
+            writes += [(consumer, fence, extents) for fence, extents in by_fence.items()]
+        errors = await asyncio.gather(*(self._write_levels([c], f, e) for c, f, e in writes))
+        for (consumer, _, extents), err in zip(writes, errors, strict=True):
+            if err is None:
                 continue
-            fence = self.fence_of(consumer)
-            if fence is None or consumer.stopped:  # may not act: keep them for the new owner
-                failed[consumer.key] = Unavailable(f"group {consumer.key} is moving; retry")
-                continue
-            err = await self._write_levels([consumer], fence)
-            if err is not None:
-                failed[consumer.key] = err
-                if isinstance(err, Fenced):  # another host has it now
-                    consumer.stopped = True
-        if unfenced:
-            err = await self._write_levels(unfenced, None)
-            if err is not None:
-                failed.update((c.key, err) for c in unfenced)
+            failed.setdefault(consumer.key, {}).update(dict.fromkeys(extents, err))
+            if isinstance(err, Fenced):  # another host has them now: stop acting for them
+                for extent in extents:
+                    if (cursor := consumer.cursors.get(extent)) is not None:
+                        cursor.fenced, cursor.acting = True, False
         return failed
 
     async def _write_levels(
-        self, consumers: list[GroupConsumer], fence: Fence | None
+        self, consumers: list[GroupConsumer], fence: Fence | None, extents: set[str] | None
     ) -> Exception | None:
-        rows = [row for c in consumers for row in c.dirty_levels()]
+        """Write the changed levels and parked rows of the groups (of ``extents`` only,
+        unless None) in one fence."""
+        rows = [row for c in consumers for row in c.dirty_levels(extents)]
         parked = [c.parked for c in consumers if c.parked.pending]
         if not rows and not parked:
             return None
         try:
-            await write_parked(self.metadata, parked, fence)  # rows before the levels past them
+            # rows before the levels past them
+            await write_parked(self.metadata, parked, fence, extents)
             if rows:
                 await self.metadata.put_ack_levels(rows, fence=fence)
         except Exception as err:
             for consumer in consumers:  # write them again next time
                 for cursor in consumer.cursors.values():
-                    cursor.ack.dirty = True
+                    if extents is None or cursor.id in extents:
+                        cursor.ack.dirty = True
             log.error("ack level flush failed: %s", err)
             if isinstance(err, Unavailable):
                 return err
@@ -257,14 +338,13 @@ class OutputHostService:
     ) -> list[tuple[Entry, str]]:
         deadline = time.monotonic() + wait
         while True:
-            if not self.acting(consumer):  # moving: deliver nothing from here
-                if consumer.stopped or time.monotonic() >= deadline:
-                    return []
+            acting = self.stamp_acting(consumer)
+            taken = consumer.take(max_messages, visibility) if acting else []
+            if taken or consumer.stopped or time.monotonic() >= deadline:
+                return [(e, self.signer.sign(consumer.scope, e.no)) for e in taken]
+            if not acting or consumer.ready:  # moving: nothing it may deliver from here
                 await asyncio.sleep(NOT_ACTING_WAIT)
                 continue
-            taken = consumer.take(max_messages, visibility)
-            if taken or time.monotonic() >= deadline:
-                return [(e, self.signer.sign(consumer.scope, e.no)) for e in taken]
             try:
                 async with asyncio.timeout(deadline - time.monotonic()):
                     await consumer.readable.wait()
@@ -276,13 +356,13 @@ class OutputHostService:
         consumer: GroupConsumer,
         receipts: list[str],
         action: Callable[[list[int]], list[int]],
-    ) -> tuple[int, list[str]]:
+    ) -> tuple[int, list[str], set[str]]:
         """Apply ``action`` (ack, nack, extend) to the deliveries the receipts name.
 
-        Returns how many were applied and the receipts that were stale: not signed by
-        this output host for this group in this run, or no longer the current delivery.
-        Raises Unavailable while the group is moving to another output host."""
-        self.check_acting(consumer)
+        Returns how many were applied, the receipts that were stale (not signed by
+        this output host for this group in this run, or no longer the current
+        delivery) and the extents of the deliveries settled. Raises Unavailable while
+        an extent of one of them is moving to another output host."""
         by_number: dict[int, str] = {}
         stale: list[str] = []
         for receipt in receipts:
@@ -291,6 +371,8 @@ class OutputHostService:
                 stale.append(receipt)
             else:
                 by_number[no] = receipt
+        self.check_acting(consumer, by_number)
+        extents = {e.cursor.id for no in by_number if (e := consumer.inflight.get(no))}
         stale_numbers = action(list(by_number))
         stale.extend(by_number[no] for no in stale_numbers)
-        return len(by_number) - len(stale_numbers), stale
+        return len(by_number) - len(stale_numbers), stale, extents
