@@ -28,6 +28,7 @@ from cherami.roles.inputhost.service import InputHostService
 from cherami.roles.outputhost.service import OutputHostService
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.roles.storehost.process import StoreProcess
+from cherami.telemetry import timed_metadata
 from cherami.wire import handshake as h
 from cherami.wire import tls
 from cherami.wire.records import Message
@@ -65,7 +66,9 @@ class Node:
     async def start(self) -> None:
         cfg = self.config
         os.makedirs(cfg.data_dir, exist_ok=True)
-        self.metadata = SqliteMetadataStore(os.path.join(cfg.data_dir, "metadata.db"))
+        self.metadata = timed_metadata(
+            SqliteMetadataStore(os.path.join(cfg.data_dir, "metadata.db"))
+        )
         self.store_processes = [
             StoreProcess(
                 f"store-{i}",

@@ -14,6 +14,7 @@ from cherami.errors import InvalidRequest
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.postgres import PostgresMetadataStore, check_schema
 from cherami.metadata.sqlite import SqliteMetadataStore
+from cherami.telemetry import timed_metadata
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 _POSTGRES = ("postgresql", "postgres")
@@ -70,7 +71,9 @@ def _strip_schema(url: str) -> tuple[str, str]:
 
 async def open_metadata(url: str) -> MetadataStore:
     target = parse_metadata_url(url)
+    store: MetadataStore
     if target.kind == "postgres":
-        return await PostgresMetadataStore.connect(target.location, target.schema)
-    # Opening creates the file and its tables: keep that off the event loop.
-    return await asyncio.to_thread(SqliteMetadataStore, target.location)
+        store = await PostgresMetadataStore.connect(target.location, target.schema)
+    else:  # opening creates the file and its tables: keep that off the event loop
+        store = await asyncio.to_thread(SqliteMetadataStore, target.location)
+    return timed_metadata(store)  # each call timed for /metrics

@@ -34,7 +34,7 @@ from cherami.roles.frontend.auth import KeyRing, Scope
 from cherami.roles.frontend.clusterview import cluster_json
 from cherami.roles.frontend.consumerrouting import ConsumerRouting
 from cherami.roles.frontend.convert import body_fields, rfc3339, to_messages
-from cherami.roles.frontend.lag import stream_lag, stream_lags
+from cherami.roles.frontend.lag import stream_lag
 from cherami.roles.frontend.metrics import Metrics
 from cherami.roles.frontend.openapi import openapi_document
 from cherami.roles.frontend.proxy import Forward, Router, forward
@@ -221,9 +221,7 @@ class Frontend:
 
     async def metrics(self, request: web.Request) -> web.Response:
         self.auth(request, None, None)
-        for group, lag in await stream_lags(self.r.metadata, self.r.stores):
-            self.r.metrics.lag(group.queue, group.name, lag.messages, lag.seconds)
-        body, content_type = self.r.metrics.render(self.r.outputs)
+        body, content_type = await self.r.metrics.scrape(self)
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def openapi(self, request: web.Request) -> web.Response:
@@ -374,6 +372,7 @@ class Frontend:
 
     # publish
     async def publish(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
         queue = await self.queue(request, "produce")
         body = await decode(request, s.PublishRequest, empty_ok=False)
         messages = to_messages(queue, body.messages)
@@ -382,7 +381,7 @@ class Frontend:
         size = sum(len(m.body) for m in messages)
         await self.throttle.admit(queue, key, len(messages), size, fresh=True)
         ids = await inputs.publish(queue, messages)
-        self.r.metrics.published(queue.name, len(ids))
+        self.r.metrics.published(queue.name, len(ids), time.perf_counter() - started)
         return json_response(s.PublishResponse(ids))
 
     # receive and settle (consumerrouting.py spreads them over a cluster's output hosts)
@@ -526,6 +525,7 @@ def build_app(roles: Roles) -> web.Application:
     f = Frontend(roles)
     streams = StreamHandlers(f)
     app[STREAMS] = streams
+    roles.metrics.connections = streams.count
     app.on_shutdown.append(streams.close_all)
     q = "/v1/queues/{queue}"
     g = q + "/groups/{group}"

@@ -1,69 +1,265 @@
-"""Prometheus metrics of a node."""
+"""Prometheus metrics of a process, read from live state at each scrape: the series of a
+deleted queue or group are gone with it. Each process reports what it holds: the
+publishes it accepted, the groups its output host serves, the appends its input host
+made, its metadata calls; a process that manages extents (a node, a cluster's
+controllers) also the queues' extents and the hosts table. docs/operations.md §6 lists
+every series."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from cherami.cluster.membership import DEAD_AFTER
+from cherami.errors import CheramiError
+from cherami.metadata.models import FAILING, OPEN, SEALED, Queue
+from cherami.roles.frontend.lag import stream_lags
+from cherami.telemetry import PROCESS, Histogram
+
 if TYPE_CHECKING:
-    from cherami.roles.outputhost.service import OutputHostService
+    from cherami.roles.frontend.app import Frontend
+    from cherami.roles.outputhost.groupconsumer import GroupConsumer
+
+QG = ["queue", "group"]
 
 
 class Metrics:
+    """What the frontend counts itself (publishes); the rest is read at scrape time."""
+
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self._published = Counter(
-            "cherami_messages_published", "Messages published durably", ["queue"],
-            registry=self.registry,
-        )  # fmt: skip
-        labels = ["queue", "group"]
-        self._delivered = Gauge(
-            "cherami_group_delivered", "Deliveries since start", labels, registry=self.registry
-        )
-        self._acked = Gauge(
-            "cherami_group_acked", "Acks since start", labels, registry=self.registry
-        )
-        self._in_flight = Gauge(
-            "cherami_group_in_flight", "Deliveries in flight", labels, registry=self.registry
-        )
-        self._dead = Gauge(
-            "cherami_group_dead_lettered",
-            "Moved to the DLQ since start",
-            labels,
-            registry=self.registry,
-        )
+        self._published: dict[str, int] = {}
+        self._refused: dict[tuple[str, str], int] = {}
+        self._publish_seconds: dict[str, Histogram] = {}
+        self.connections: Callable[[], int] = lambda: 0  # open streams (build_app sets it)
 
-        self._refused = Counter(
-            "cherami_messages_refused", "Messages of publishes refused 429 (throttled, "
-            "backlog_full); each was sent again or failed", ["queue", "code"],
-            registry=self.registry,
-        )  # fmt: skip
-        self._lag = Gauge(
-            "cherami_group_lag_messages", "Messages a stream-mode group has not committed",
-            labels, registry=self.registry,
-        )  # fmt: skip
-        self._lag_age = Gauge(
-            "cherami_group_lag_seconds", "Age of the oldest message a stream-mode group has "
-            "not committed", labels, registry=self.registry,
-        )  # fmt: skip
-
-    def lag(self, queue: str, group: str, messages: int, seconds: float) -> None:
-        self._lag.labels(queue, group).set(messages)
-        self._lag_age.labels(queue, group).set(seconds)
-
-    def published(self, queue: str, n: int) -> None:
-        self._published.labels(queue).inc(n)
+    def published(self, queue: str, n: int, seconds: float | None = None) -> None:
+        self._published[queue] = self._published.get(queue, 0) + n
+        if seconds is not None:
+            hist = self._publish_seconds.get(queue) or self._publish_seconds.setdefault(
+                queue, Histogram()
+            )
+            hist.observe(seconds)
 
     def refused(self, queue: str, code: str, n: int) -> None:
-        self._refused.labels(queue, code).inc(n)
+        self._refused[queue, code] = self._refused.get((queue, code), 0) + n
 
-    def render(self, outputs: OutputHostService | None) -> tuple[bytes, str]:
-        for consumer in outputs.groups.values() if outputs else ():
-            labels = (consumer.group.queue, consumer.group.name)
-            self._delivered.labels(*labels).set(consumer.delivered)
-            self._acked.labels(*labels).set(consumer.acked)
-            self._in_flight.labels(*labels).set(len(consumer.inflight))
-            self._dead.labels(*labels).set(consumer.dead_lettered)
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+    async def scrape(self, f: Frontend) -> tuple[bytes, str]:
+        families = await _Scrape(self, f).run()
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Families(families))
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+class _Families:
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
+def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+def _counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=labels)
+
+
+def _histogram(
+    name: str, doc: str, labels: list[str], items: Iterable[tuple[list[str], Histogram]]
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=labels)
+    for values, hist in items:
+        family.add_metric(values, hist.buckets(), hist.sum)
+    return family
+
+
+class _Scrape:
+    def __init__(self, metrics: Metrics, f: Frontend) -> None:
+        self.m = metrics
+        self.f = f
+        self.out: list[Metric] = []
+
+    async def run(self) -> list[Metric]:
+        queues = {q.name: q for q in await self.f.r.metadata.list_queues() if q.dlq_of is None}
+        self._publishes(queues)
+        if self.f.r.controller.manage_extents:
+            await self._queues(queues)
+            await self._hosts()
+        await self._groups(queues)
+        await self._stream_lags()
+        self._process()
+        return self.out
+
+    def _publishes(self, queues: dict[str, Queue]) -> None:
+        m = self.m
+        published = _counter(
+            "cherami_messages_published", "Messages published durably through the API "
+            "(HTTP and streams) by this process since it started", ["queue"],
+        )  # fmt: skip
+        for queue, n in m._published.items():
+            if queue in queues:
+                published.add_metric([queue], n)
+        refused = _counter(
+            "cherami_messages_refused", "Messages of publishes refused 429 (throttled, "
+            "backlog_full) by this process since it started", ["queue", "code"],
+        )  # fmt: skip
+        for (queue, code), n in m._refused.items():
+            if queue in queues:
+                refused.add_metric([queue, code], n)
+        latency = _histogram(
+            "cherami_publish_latency_seconds", "Time from a publish request's arrival to "
+            "its answer (every message durable on every replica)", ["queue"],
+            (([q], h) for q, h in m._publish_seconds.items() if q in queues),
+        )  # fmt: skip
+        self.out += [published, refused, latency]
+
+    async def _queues(self, queues: dict[str, Queue]) -> None:
+        opened = _gauge("cherami_queue_open_extents", "Open extents of the queue", ["queue"])
+        sealed = _gauge("cherami_queue_sealed_extents", "Sealed extents of the queue", ["queue"])
+        stored = _gauge(
+            "cherami_queue_stored_bytes", "Bytes the queue's extents hold (one replica)", ["queue"]
+        )
+        metadata, stores = self.f.r.metadata, self.f.r.stores
+        for name in queues:
+            extents = await metadata.list_extents(name, (OPEN, FAILING, SEALED))
+            size = 0
+            for extent in extents:
+                try:
+                    size += (await stores.info(extent)).bytes
+                except CheramiError:
+                    continue  # no replica answers: left out
+            opened.add_metric([name], sum(e.status in (OPEN, FAILING) for e in extents))
+            sealed.add_metric([name], sum(e.status == SEALED for e in extents))
+            stored.add_metric([name], size)
+        self.out += [opened, sealed, stored]
+
+    async def _hosts(self) -> None:
+        up = _gauge(
+            "cherami_host_up", "1 while the host heartbeats (within DEAD_AFTER), else 0",
+            ["host", "role", "zone"],
+        )  # fmt: skip
+        p99 = _gauge(
+            "cherami_host_append_p99_seconds", "A store host's p99 synced append round "
+            "(write and fsync), from its latest load report", ["host"],
+        )  # fmt: skip
+        now = time.time()
+        for host in await self.f.r.metadata.list_hosts(None, alive_within=None):
+            alive = now - host.heartbeat_at <= DEAD_AFTER
+            up.add_metric([host.id, host.role, host.zone or ""], 1.0 if alive else 0.0)
+            if alive and host.load is not None and host.load.append_p99_ms is not None:
+                p99.add_metric([host.id], host.load.append_p99_ms / 1000)
+        self.out += [up, p99]
+
+    async def _groups(self, queues: dict[str, Queue]) -> None:
+        outputs = self.f.r.outputs
+        consumers = [
+            c for c in (outputs.groups.values() if outputs else ())
+            if c.group.queue in queues and not c.stopped
+        ]  # fmt: skip
+        g: dict[str, Any] = {
+            "backlog": _gauge(
+                "cherami_group_backlog_messages",
+                "Messages published and not yet acked by the group", QG,
+            ),
+            "in_flight": _gauge(
+                "cherami_group_in_flight_messages",
+                "Deliveries waiting for an ack, a nack or their visibility timeout", QG,
+            ),
+            "oldest": _gauge(
+                "cherami_group_oldest_unacked_age_seconds",
+                "Age (since publish) of the oldest message the group has not acked", QG,
+            ),
+            "dlq": _gauge("cherami_group_dlq_messages", "Messages in the group's DLQ", QG),
+        }  # fmt: skip
+        counters = {
+            "delivered": "Deliveries (first and repeated) since the group was loaded here",
+            "acked": "Acks since the group was loaded here",
+            "nacked": "Nacks since the group was loaded here",
+            "redelivered": "Deliveries after the first since the group was loaded here",
+            "dead_lettered": "Messages moved to the DLQ since the group was loaded here",
+        }
+        c = {k: _counter(f"cherami_group_{k}", doc, QG) for k, doc in counters.items()}
+        now = time.time()
+        for consumer in consumers:
+            labels = [consumer.group.queue, consumer.group.name]
+            g["backlog"].add_metric(labels, await self._backlog(consumer))
+            g["in_flight"].add_metric(labels, len(consumer.inflight))
+            oldest = consumer.oldest_unacked_ms()
+            g["oldest"].add_metric(labels, max(0.0, now - oldest / 1000) if oldest else 0.0)
+            g["dlq"].add_metric(labels, await self._dlq_depth(consumer))
+            for key, family in c.items():
+                family.add_metric(labels, getattr(consumer, key, 0))
+        e2e = _histogram(
+            "cherami_group_end_to_end_latency_seconds",
+            "Time from a message's publish to its ack by the group", QG,
+            (([c.group.queue, c.group.name], c.end_to_end) for c in consumers),
+        )  # fmt: skip
+        self.out += [*g.values(), *c.values(), e2e]
+
+    async def _backlog(self, consumer: GroupConsumer) -> int:
+        counts: dict[str, int] = {}
+        for cursor in list(consumer.cursors.values()):
+            try:
+                counts[cursor.id] = (await self.f.r.stores.info(cursor.extent)).count
+            except CheramiError:
+                continue
+        return consumer.backlog_above(counts)
+
+    async def _dlq_depth(self, consumer: GroupConsumer) -> int:
+        try:
+            ranges = await self.f.r.controller.dlq_ranges(consumer.group.dlq)
+        except CheramiError:
+            return 0
+        return sum(max(0, last - level.acked) for _, level, last in ranges)
+
+    async def _stream_lags(self) -> None:
+        messages = _gauge(
+            "cherami_group_lag_messages", "Messages a stream-mode group has not committed", QG
+        )
+        seconds = _gauge(
+            "cherami_group_lag_seconds", "Age of the oldest message a stream-mode group "
+            "has not committed", QG,
+        )  # fmt: skip
+        for group, lag in await stream_lags(self.f.r.metadata, self.f.r.stores):
+            messages.add_metric([group.queue, group.name], lag.messages)
+            seconds.add_metric([group.queue, group.name], lag.seconds)
+        self.out += [messages, seconds]
+
+    def _process(self) -> None:
+        p = PROCESS
+        self.out.append(_histogram(
+            "cherami_store_append_latency_seconds", "Synced appends this process's input "
+            "host made to a store host: send to the replica's ack (its write and fsync)",
+            ["store"], (([s], h) for s, h in p.store_appends.items()),
+        ))  # fmt: skip
+        self.out.append(_histogram(
+            "cherami_store_append_batch_messages", "Messages per synced append to a store host",
+            ["store"], (([s], h) for s, h in p.store_batches.items()),
+        ))  # fmt: skip
+        self.out.append(_histogram(
+            "cherami_metadata_call_latency_seconds", "Calls to the metadata store, by operation",
+            ["op"], (([op], h) for op, h in p.metadata_calls.items()),
+        ))  # fmt: skip
+        errors = _counter(
+            "cherami_metadata_errors", "Metadata calls that failed (the store did not answer)",
+            ["op"],
+        )  # fmt: skip
+        for op, n in p.metadata_errors.items():
+            errors.add_metric([op], n)
+        connections = _gauge(
+            "cherami_stream_connections", "Open publish and consume WebSocket streams", []
+        )
+        connections.add_metric([], self.m.connections())
+        self.out += [errors, connections]

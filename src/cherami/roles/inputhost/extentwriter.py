@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
+from typing import Any
 
 from cherami.errors import ExtentSealed, StorageFull, Unavailable
 from cherami.metadata.models import Extent
 from cherami.roles.storehost.client import StoreClient, check_appended
+from cherami.telemetry import PROCESS
 from cherami.wire.store import pack_records
 
 log = logging.getLogger("cherami.inputhost.extentwriter")
@@ -49,7 +53,10 @@ class ExtentWriter:
         try:
             # no await between the sends: every replica sees appends in seq order
             packed = pack_records(records)  # encoded once for every replica
+            started = time.perf_counter()
             futures = [r.append_nowait(self.id, first, packed, delivery_ms) for r in self.replicas]
+            for replica, future in zip(self.replicas, futures, strict=True):
+                future.add_done_callback(_timer(replica.store_id, started, len(records)))
             for replica in self.replicas:
                 await replica.drain()
             try:
@@ -76,3 +83,13 @@ class ExtentWriter:
             log.warning("append to extent %s failed: %s", self.id, err)
             raise ExtentSealed(f"extent {self.id}: {err}") from err
         return first
+
+
+def _timer(store: str, started: float, messages: int) -> Callable[[Any], None]:
+    """A callback that times one replica's synced append when its ack arrives."""
+
+    def done(future: Any) -> None:
+        if not future.cancelled() and future.exception() is None:
+            PROCESS.store_append(store, time.perf_counter() - started, messages)
+
+    return done

@@ -19,6 +19,7 @@ from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.extentreader import ExtentCursor, read_extent
 from cherami.roles.outputhost.redelivery import GONE, OUT, Parked, Redeliveries, read_one
 from cherami.roles.outputhost.sharedreads import SharedReads
+from cherami.telemetry import END_TO_END_BUCKETS, Histogram
 from cherami.wire.keys import seq_of
 from cherami.wire.records import message_id
 
@@ -63,6 +64,8 @@ class GroupConsumer:
         self._ticker: asyncio.Task[None] | None = None
         self._dlq_task: asyncio.Task[None] | None = None
         self.delivered = self.acked = self.redelivered = self.dead_lettered = 0
+        self.nacked = 0
+        self.end_to_end = Histogram(END_TO_END_BUCKETS)  # publish to ack, seconds
         self.on_ready: Callable[[], None] = lambda: None
         self.stopped = False
         self.all_acting = True  # every cursor acts (as last stamped by the output host)
@@ -302,7 +305,9 @@ class GroupConsumer:
     def ack(self, numbers: list[int], owner: Any = None) -> list[int]:
         """Ack current deliveries; returns the numbers that were stale."""
         settled, stale = self._settle(numbers, owner)
+        now_ms = time.time() * 1000
         for entry in settled:
+            self.end_to_end.observe(max(0.0, now_ms - entry.record.enqueued_ms) / 1000)
             entry.cursor.ack.ack(entry.ordinal)
             if entry.row is not None:
                 self.parked.forget(entry.row)
@@ -313,6 +318,7 @@ class GroupConsumer:
 
     def nack(self, numbers: list[int], delay: float, owner: Any = None) -> list[int]:
         settled, stale = self._settle(numbers, owner)
+        self.nacked += len(settled)
         self._park(settled, delay)
         return stale
 
