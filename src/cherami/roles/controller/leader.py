@@ -121,9 +121,18 @@ class Leader:
         extents = {
             q.name: await self.metadata.list_extents(q.name, (OPEN, FAILING)) for q in queues
         }
-        await self._seal_all(
-            [e for es in extents.values() for e in es if _needs_seal(e, live_inputs, live_stores)]
-        )
+        to_seal = [
+            e for es in extents.values() for e in es if _needs_seal(e, live_inputs, live_stores)
+        ]
+        for extent in to_seal:
+            # failing with every host alive: an input host cannot reach one of its stores
+            if (
+                extent.status == FAILING
+                and extent.input_host in live_inputs
+                and all(s in live_stores for s in extent.stores)
+            ):
+                self.controller.placed.failed(extent.id, extent.stores)
+        await self._seal_all(to_seal)
         for queue in queues:
             if not self.acting():  # the lease may have run out: leave the rest to the next
                 log.info("controller %s stops acting: its lease may have expired", self.id)

@@ -11,6 +11,9 @@ from collections.abc import Callable, Iterable
 from cherami.cluster.loadmeter import has_room
 from cherami.metadata.models import Extent, Host
 
+SUSPECT_WINDOW = 120.0  # seconds a failed extent counts against its store hosts
+SUSPECT_AFTER = 2  # failed extents a store host must be in before it is suspected
+
 
 class Placements:
     """Placements this controller made that the hosts' reports cannot show yet (those
@@ -21,6 +24,7 @@ class Placements:
         self._clock = clock
         self._keep = keep
         self._made: list[tuple[float, str]] = []
+        self._failed: dict[str, tuple[float, tuple[str, ...]]] = {}  # extent -> when, stores
 
     def add(self, hosts: Iterable[str]) -> None:
         now = self._clock()
@@ -30,6 +34,30 @@ class Placements:
     def pending(self, host: Host) -> int:
         since = host.load.at if host.load is not None else 0.0
         return sum(1 for at, h in self._made if h == host.id and at >= since)
+
+    def failed(self, extent_id: str, stores: Iterable[str]) -> None:
+        """An extent failed under a live input host while all its store hosts were live:
+        one of them (which, the controller cannot tell: it may still reach them all) did
+        not take the input host's appends."""
+        self._failed[extent_id] = (self._clock(), tuple(stores))
+        if len(self._failed) > self._keep:
+            del self._failed[next(iter(self._failed))]
+
+    def suspects(self, hosts: list[Host]) -> set[str]:
+        """The store hosts among ``hosts`` in the most recently failed extents, when that
+        is at least SUSPECT_AFTER and more than some other host: a host that input hosts
+        cannot reach is in every extent that fails, the others only in some of them."""
+        since = self._clock() - SUSPECT_WINDOW
+        counts = dict.fromkeys((h.id for h in hosts), 0)
+        for at, stores in self._failed.values():
+            if at >= since:
+                for store in stores:
+                    if store in counts:
+                        counts[store] += 1
+        top = max(counts.values(), default=0)
+        if top < SUSPECT_AFTER or min(counts.values()) == top:
+            return set()
+        return {h for h, n in counts.items() if n == top}
 
 
 def _load(host: Host, placed: Placements) -> tuple[int, float]:
@@ -60,23 +88,31 @@ def pick_stores(
 ) -> list[str]:
     """Up to ``replicas`` store hosts for a new extent's replicas: those with free disk
     above the floor first, the least loaded first (ties broken at random), each in a
-    zone none of the others is in while there are such zones."""
+    zone none of the others is in while there are such zones. Suspected store hosts
+    (``Placements.suspects``: input hosts seem unable to reach them) come last, without
+    regard to zones, which would otherwise pick the one host of a zone cut off from the
+    input hosts for every extent (the controller itself still reaches it, and it still
+    heartbeats), so that every extent failed in turn and publishing stalled."""
+    suspects = placed.suspects(hosts)
     ranked = sorted(
         hosts,
         key=lambda h: (not has_room(h), *_load(h, placed), rng()),
     )
     chosen: list[str] = []
     zones: set[str] = set()
-    # hosts with room before those without; in each, one per zone, then zones again
-    for roomy in (True, False):
-        for distinct in (True, False):
-            for host in ranked:
-                if len(chosen) == replicas:
-                    return chosen
-                if has_room(host) != roomy or host.id in chosen:
-                    continue
-                if distinct and host.zone and host.zone in zones:
-                    continue
-                chosen.append(host.id)
-                zones.add(host.zone)
+    # hosts with room before those without; in each, one per zone, then zones again;
+    # suspects after all of them
+    for suspect, roomy, distinct in (
+        (False, True, True), (False, True, False), (False, False, True),
+        (False, False, False), (True, True, False), (True, False, False),
+    ):  # fmt: skip
+        for host in ranked:
+            if len(chosen) == replicas:
+                return chosen
+            if (host.id in suspects) != suspect or has_room(host) != roomy:
+                continue
+            if host.id in chosen or (distinct and host.zone and host.zone in zones):
+                continue
+            chosen.append(host.id)
+            zones.add(host.zone)
     return chosen
