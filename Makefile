@@ -28,10 +28,13 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(PY) demo/crash_reports.py
 
-## sysdeps: the system tools the network-namespace tests use (Debian; needs root)
+## sysdeps: the system tools the network-namespace tests use, and the headless browser
+## of the web console's tests (Debian; needs root; skipped when present)
 sysdeps:
 	@command -v ip >/dev/null && command -v iptables >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq iproute2 iptables >/dev/null)
+	@test -x /usr/bin/chromium && test -x /usr/bin/chromedriver || \
+		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null)
 
 ## test: the whole suite (unit, contract, integration, Spark, faults)
 test: $(STAMP) sysdeps

@@ -516,6 +516,7 @@ class Frontend:
 
 
 def build_app(roles: Roles) -> web.Application:
+    from cherami.roles.frontend.console import add_console_routes
     from cherami.roles.frontend.extents import add_stream_group_routes
     from cherami.roles.frontend.routing import add_routing_routes
     from cherami.roles.frontend.streams import StreamHandlers
@@ -558,4 +559,5 @@ def build_app(roles: Roles) -> web.Application:
     ])  # fmt: skip
     add_stream_group_routes(app, f)
     add_routing_routes(app, f)
+    add_console_routes(app)
     return app
