@@ -265,6 +265,19 @@ async def has_route(url: str, path: str) -> bool:
     return True
 
 
+async def output_hosts_serving(url: str, group: str, n: int) -> float:
+    """Wait until the routing call lists ``n`` output hosts holding the group's extents
+    (each takes its share at its next ownership tick); returns how long it took."""
+    began = time.monotonic()
+    async with AsyncClient(url) as client:
+        while time.monotonic() < began + 60:
+            route = await client.request("GET", f"/v1/queues/{QUEUE}/groups/{group}/consumers")
+            if len(route["output_hosts"]) >= n:
+                return time.monotonic() - began
+            await asyncio.sleep(0.3)
+    raise RuntimeError(f"the group was never spread over {n} output hosts")
+
+
 async def input_addresses(url: str, n: int) -> list[str]:
     """The input hosts that hold the queue's open extents, once all ``n`` are open."""
     deadline = time.monotonic() + 30
@@ -379,6 +392,7 @@ async def consume_point(cluster: NetnsCluster, n: int, opts: argparse.Namespace)
     filled_at = time.monotonic()
     filled = await asyncio.to_thread(collect, fill, 600)
     fill_s = time.monotonic() - filled_at
+    spread_after = await output_hosts_serving(cluster.url, "g0", n) if spread else None
     consumers = n * opts.consumers_per_host
     workers = [
         spawn("consume", url=cluster.url, group=f"g{i % groups}", credit=opts.credit)
@@ -389,7 +403,7 @@ async def consume_point(cluster: NetnsCluster, n: int, opts: argparse.Namespace)
         "role": "outputhost", "hosts": n,
         "route": "one group, spread per extent" if spread else f"{groups} group(s), one per "
                  "output host (a group is held whole by one output host)",
-        "groups": groups, "consumers": consumers,
+        "groups": groups, "consumers": consumers, "group_on_all_hosts_after_s": spread_after,
         "backlog_per_group": sum(r["sent"] for r in filled),
         "backlog_publish_msgs_s": round(sum(r["sent"] for r in filled) / fill_s, 1),
         **measured,
