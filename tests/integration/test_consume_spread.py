@@ -8,12 +8,14 @@ both, 2 output hosts).
 - HTTP receive + ack through the frontend drains another group with every ack
   accepted, and one ack request with receipts of both hosts settles them all.
 - SIGKILL of one output host mid-consume: its extents move to the other within
-  seconds, nothing is lost and no message is delivered by two hosts at once."""
+  seconds; restarted, it gets its share back; nothing is lost and no message is
+  delivered by two hosts at once."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -204,21 +206,36 @@ async def test_killed_output_host_extents_move_nothing_lost(
             moved_after = time.time() - killed_at
             break
         await asyncio.sleep(0.1)
+    await asyncio.sleep(3)
+    # it comes back: the other host hands it its share again
+    await asyncio.to_thread(local.restart, victim)
+    restarted_at = time.time()
+    back_after: float | None = None
+    while time.time() - restarted_at < 30:
+        if victim_id in _holders(schema, queue, group).values():
+            back_after = time.time() - restarted_at
+            break
+        await asyncio.sleep(0.1)
     await asyncio.sleep(5)
     await work.stop_producers()
     complete = await work.until_delivered(60)
     await work.stop_consumers()
+    after = _holders(schema, queue, group)
 
     report = h.report()
     pairs = h.concurrent_pairs(by_connection=True)  # delivered by two hosts at once
     stall = h.longest_stall(since=killed_at)
     print(f"\nkilled {victim} holding {len(moved)} of {len(before)} extents; moved after "
-          f"{moved_after and round(moved_after, 2)}s; stall after kill {stall:.2f}s")  # fmt: skip
+          f"{moved_after and round(moved_after, 2)}s; stall after kill {stall:.2f}s; back "
+          f"{back_after and round(back_after, 2)}s after its restart; holders at the end "
+          f"{sorted(Counter(after.values()).values())}")  # fmt: skip
     print({k: report[k] for k in ("acked", "delivered", "lost", "unexpected", "duplicated",
                                   "concurrent_duplicates", "errors", "close_codes")})  # fmt: skip
     print(f"concurrent across streams or hosts: {len(pairs)}")
     assert moved, f"the killed host held none of {before}"
     assert moved_after is not None and moved_after < LEASE_TTL + 4
+    assert back_after is not None, "the restarted host got none of the group's extents back"
+    assert sorted(Counter(after.values()).values()) == [2, 2], after
     assert complete, f"not delivered: {h.lost_bodies()}"
     assert report["acked"] > N
     assert report["lost"] == 0 and report["unexpected"] == 0, report

@@ -7,7 +7,11 @@ metadata store. A CP queue's group (its extents are read in order across seals) 
 stream-mode group (no cursors here) are one unit for the whole group. An output host
 renews the leases it holds, takes unheld ones up to its fair share (of the group's
 plain extents, of its timer extents, and of all units, counted over the live output
-hosts), and drops a unit whose lease it lost. When an output host dies its leases
+hosts; a unit left unheld for ORPHAN_AFTER is taken whatever the shares), and drops a
+unit whose lease it lost. A host holding more than its share of a group's extents of a
+kind while a live host holds less than its share and has room hands one over per tick
+(it drops it; the other takes it once its lease runs out), so a host that comes back
+gets its share again. When an output host dies its leases
 expire and the others take its units over from the persisted ack levels.
 
 The fencing rule, per unit: an extent has one acting output host at any instant. A
@@ -43,6 +47,10 @@ TICK = 0.5
 # in memory, not to whichever host ticks first (that would deliver them all again)
 RECOVERY_GRACE = 2.0
 WHOLE = "*"  # the extent of a unit that is the whole group
+LEASES = "group:"  # the prefix of every unit's lease
+# a unit nobody has held for this long is taken by any host, whatever its share (the
+# shares of one group's kinds and of all units together may leave one unit to nobody)
+ORPHAN_AFTER = 2 * TICK
 
 Unit = tuple[str, str, str]  # queue, group, extent id (or WHOLE)
 
@@ -53,7 +61,7 @@ def unit_lease(queue: str, group: str, extent: str) -> str:
 
 def group_leases(queue: str, group: str) -> str:
     """The prefix of the lease names of a group's units."""
-    return f"group:{queue}/{group}/"
+    return f"{LEASES}{queue}/{group}/"
 
 
 def group_units(queue: Queue, group: Group, extents: list[str]) -> list[Unit]:
@@ -79,6 +87,7 @@ class ExtentOwnership:
         self._periodic = Periodic("extent ownership tick", TICK, self._tick_noting_outages)
         self._failing = False  # the last tick could not reach the metadata store
         self._taking_after = 0.0  # time.monotonic(): may take others' units from then
+        self._unheld_since: dict[Unit, float] = {}  # units no lease holds, since when
 
     def _find(self, queue: str, group: str, extent: str) -> _Held | None:
         return self.held.get((queue, group, extent)) or self.held.get((queue, group, WHOLE))
@@ -150,26 +159,44 @@ class ExtentOwnership:
 
     async def tick(self) -> None:
         units, groups = await self._units()
-        outputs = max(1, len(await live_hosts(self.metadata, OUTPUTHOST)))
-        fair = math.ceil(len(units) / outputs)
+        live = {h.id for h in await live_hosts(self.metadata, OUTPUTHOST)} | {self.id}
+        fair = math.ceil(len(units) / len(live))
+        held_by = await self.metadata.lease_holders(LEASES)  # lease -> holder, every unit's
+        now = time.monotonic()
+        self._unheld_since = {
+            u: self._unheld_since.get(u, now) for u in units if unit_lease(*u) not in held_by
+        }
         shares: dict[tuple[str, str, str], list[Unit]] = {}  # a group's units of one kind
         for unit, kind in units.items():
             shares.setdefault((unit[0], unit[1], kind), []).append(unit)
         for unit in sorted(set(self.held) - set(units)):
             await self._drop(unit, MOVED_CLOSE if unit[:2] in groups else DELETED_CLOSE)
+        totals = Counter(held_by.values())
+        shed = False
         taken: set[tuple[str, str]] = set()
         for (queue, group, _), members in shares.items():
             key = (queue, group)
-            fair_here = math.ceil(len(members) / outputs)
+            fair_here = math.ceil(len(members) / len(live))
             mine = sum(unit in self.held for unit in members)
+            if not shed and mine > fair_here and now >= self._taking_after:
+                here = Counter(held_by.get(unit_lease(*u)) for u in members)
+                floor = len(members) // len(live)
+                if any(here[h] < floor and totals[h] < fair for h in live - {self.id}):
+                    # a live host has less than its share and room: hand it one unit
+                    await self._drop([u for u in members if u in self.held][-1], MOVED_CLOSE)
+                    mine -= 1
+                    shed = True
             for unit in members:
                 held = self.held.get(unit)
-                if held is None and (
-                    mine >= fair_here
-                    or len(self.held) >= fair
-                    or time.monotonic() < self._taking_after
-                ):
-                    continue
+                if held is None:
+                    holder = held_by.get(unit_lease(*unit))
+                    if holder is not None and holder != self.id:
+                        continue  # another host's
+                    if time.monotonic() < self._taking_after:
+                        continue
+                    orphaned = now - self._unheld_since.get(unit, now) >= ORPHAN_AFTER
+                    if not orphaned and (mine >= fair_here or len(self.held) >= fair):
+                        continue
                 asked = time.monotonic()
                 epoch = await self.metadata.try_lease(unit_lease(*unit), self.id, LEASE_TTL)
                 if held is not None and epoch != held.epoch:  # lost, or lost and taken back
