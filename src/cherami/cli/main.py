@@ -76,7 +76,7 @@ def serve(config_file: str | None, **args: Any) -> None:
 def main() -> None:
     # import the package module, not ``__main__``: under ``python -m cherami.cli.main``
     # this file runs as a second module whose ``cli`` the commands never see
-    from cherami.cli import cluster, clusterstatus, commands, keys  # noqa: F401
+    from cherami.cli import cluster, clusterstatus, commands, keys, top  # noqa: F401
     from cherami.cli import main as package_main
 
     package_main.cli()
