@@ -2,12 +2,15 @@
 
 Publishing to a queue's open extents needs the metadata store only to read what it
 already read a moment ago: the queue's record, its open extents, which input hosts are
-alive. ``RememberingReads`` wraps a store: each such read is answered by the store when
-it answers within ``PATIENCE``, and otherwise (it failed ``Unavailable``, or is slow)
-from the last answer it gave for the same arguments. From then on every remembered read
-is answered from memory at once, so an outage costs no request a wait, while one read
-at a time (every ``DOWN_FOR`` seconds) asks the store in the background; the first that
-it answers ends the outage. A read that never succeeded before still asks, and fails.
+alive. ``RememberingReads`` wraps a store: each such read is answered by the store, and
+when the store fails (``Unavailable``: it is down or unreachable, which a call finds out
+within the pool's 5 s) from the last answer it gave for the same arguments. From then on
+every remembered read is answered from memory at once, so the rest of an outage costs
+no request a wait, while one read at a time (every ``DOWN_FOR`` seconds) asks the store
+in the background; the first that it answers ends the outage. A read that never
+succeeded before still asks, and fails. A slow answer is waited for, never replaced by
+memory: routing must follow a group that moves (a paused output host's lease passing to
+another) as soon as the store says so.
 
 Writes, leases and everything else go straight to the store: nothing is created,
 sealed or renewed from memory. A "not found" answer forgets what was remembered, so a
@@ -29,7 +32,6 @@ log = logging.getLogger("cherami.metadata.remembered")
 
 T = TypeVar("T")
 
-PATIENCE = 1.0  # a read slower than this is answered from memory (it goes on meanwhile)
 DOWN_FOR = 1.0  # while the store is out, one read in the background looks again this often
 
 
@@ -39,7 +41,7 @@ class RememberingReads:
     def __init__(self, store: MetadataStore) -> None:
         self.store = store
         self._memory: dict[tuple[Any, ...], Any] = {}
-        self._down = False  # the last read failed or was slow: answer from memory
+        self._down = False  # the store failed: answer from memory
         self._probe_at = 0.0  # time.monotonic() of the last read that looked again
         self._pending: set[asyncio.Future[Any]] = set()
         self.answered_from_memory = 0
@@ -81,16 +83,11 @@ class RememberingReads:
             self._probe(key, call)
             remembered: T = self._from_memory(key)
             return remembered
-        asked = asyncio.ensure_future(call())
         try:
-            async with asyncio.timeout(PATIENCE):
-                return self._remember(key, await asyncio.shield(asked))
+            return self._remember(key, await call())
         except (QueueNotFound, GroupNotFound):
             self._memory.pop(key, None)
             raise
-        except TimeoutError:
-            self._watch(key, asked)  # it may still answer: remember that answer then
-            log.warning("metadata store slow; answering from memory")
         except Unavailable as err:
             log.warning("metadata store unavailable; answering from memory: %s", err)
         self._down = True
