@@ -1,6 +1,7 @@
-"""Real Spark (local[1], one session for every test) against a real node. The session
-is built the ordinary way, with Spark's defaults (Python filter pushdown off), and the
-source registered with a plain ``spark.dataSource.register``."""
+"""Real Spark (local[1,2]: one core, two attempts per task; one session for every test)
+against a real node. The session is built the ordinary way, with Spark's defaults
+(Python filter pushdown off), and the source registered with a plain
+``spark.dataSource.register``."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def spark(server: ServerProcess) -> Iterator[SparkSession]:
     from cherami.spark import CheramiDataSource
 
     session = (
-        SparkSession.builder.master("local[1]")
+        SparkSession.builder.master("local[1,2]")  # a failed task gets a second attempt
         .appName("cherami-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "1")

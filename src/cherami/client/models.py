@@ -17,6 +17,7 @@ class OutgoingMessage:
     body: bytes | str
     attributes: dict[str, str] | None = None
     delay_seconds: float | None = None  # None: the queue's default delay
+    dedup_id: str | None = None  # the queue stores a repeat within its dedup window once
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = (
@@ -28,6 +29,8 @@ class OutgoingMessage:
             out["attributes"] = self.attributes
         if self.delay_seconds is not None:
             out["delay_seconds"] = self.delay_seconds
+        if self.dedup_id is not None:
+            out["dedup_id"] = self.dedup_id
         return out
 
 

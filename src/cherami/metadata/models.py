@@ -44,6 +44,8 @@ class QueueConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     retention_seconds: Annotated[float, msgspec.Meta(ge=1, le=365 * 86400)] = 7 * 86400.0
     consumed_retention_seconds: Seconds = 0.0
     max_message_bytes: Annotated[int, msgspec.Meta(ge=1, le=8 << 20)] = 1 << 20
+    # a message whose dedup_id the queue took this recently is not stored again (0: off)
+    dedup_window_seconds: Annotated[float, msgspec.Meta(ge=0, le=86400)] = 600.0
     # publish limits (0: none): messages and body bytes per second, token buckets that
     # hold up to the bursts (0: one second's worth); and the unconsumed bytes beyond
     # which publishes are refused (docs/api.md, "Throttling and back-pressure")
@@ -63,6 +65,7 @@ class QueuePatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     retention_seconds: Annotated[float, msgspec.Meta(ge=1, le=365 * 86400)] | None = None
     consumed_retention_seconds: Seconds | None = None
     max_message_bytes: Annotated[int, msgspec.Meta(ge=1, le=8 << 20)] | None = None
+    dedup_window_seconds: Annotated[float, msgspec.Meta(ge=0, le=86400)] | None = None
     publish_rate: Rate | None = None
     publish_burst: Rate | None = None
     publish_bytes_rate: Rate | None = None

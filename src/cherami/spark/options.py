@@ -41,6 +41,7 @@ class Options:
     include_delayed: bool  # batch reads: the queue's timer extents too
     partition_messages: int  # batch reads: messages per Spark partition at most
     publish_batch: int  # writes: messages per publish frame
+    dedup_id_column: str | None  # writes: the column of the rows' dedup ids
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> Options:
@@ -68,6 +69,7 @@ class Options:
             include_delayed=_bool(get, "includeDelayed", True),
             partition_messages=_int(get, "partitionMessages") or DEFAULT_PARTITION_MESSAGES,
             publish_batch=min(1000, _int(get, "publishBatch") or 1000),
+            dedup_id_column=get("dedupIdColumn"),
         )._checked()
 
     def _checked(self) -> Options:

@@ -52,14 +52,16 @@ class CheramiDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from cherami.spark.writer import CheramiWriter, check_input
 
-        check_input(schema)
-        return CheramiWriter(self._options())
+        options = self._options()
+        check_input(schema, options.dedup_id_column)
+        return CheramiWriter(options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from cherami.spark.writer import CheramiStreamWriter, check_input
 
-        check_input(schema)
-        return CheramiStreamWriter(self._options())
+        options = self._options()
+        check_input(schema, options.dedup_id_column)
+        return CheramiStreamWriter(options)
 
 
 PUSHDOWN_STEP = "data_source_pushdown_filters.py"

@@ -1,15 +1,22 @@
-"""Publish a DataFrame (batch or streaming) to a queue.
+"""Publish a DataFrame (batch or streaming) to a queue, exactly once.
 
 Columns: ``body`` (string or binary, required), ``attributes`` (map of string to string,
 optional), ``delay_seconds`` (number, optional); other columns are ignored. Each task
 publishes its rows through the streaming publisher and returns once every message is
-durable. Delivery into the queue is at least once: a retried task publishes its rows
-again."""
+durable.
+
+Every row carries a deduplication id (``dedup_id``), the same in every attempt of its
+task: ``spark:<write>:<partition>:<row>`` for batch writes (``<write>`` made on the
+driver once per write), ``spark:<query id>:<batch id>:<partition>:<row>`` for
+streaming writes (a restarted query replays a batch with the same id), or the value of
+the column named by ``dedupIdColumn``. The queue stores a repeated id within its dedup
+window once, so a retried task or a replayed micro-batch publishes each row once."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,7 +45,7 @@ class Published(WriterCommitMessage):
     count: int
 
 
-def check_input(schema: StructType) -> None:
+def check_input(schema: StructType, column: str | None = None) -> None:
     fields = {f.name: f.dataType for f in schema.fields}
     if not isinstance(fields.get("body"), StringType | BinaryType):
         raise InvalidRequest("writing to cherami needs a 'body' column of string or binary")
@@ -52,9 +59,11 @@ def check_input(schema: StructType) -> None:
     delay = fields.get("delay_seconds")
     if delay is not None and not isinstance(delay, NumericType):
         raise InvalidRequest("the 'delay_seconds' column must be a number")
+    if column is not None and not isinstance(fields.get(column), StringType):
+        raise InvalidRequest(f"option 'dedupIdColumn': no string column {column!r} to write")
 
 
-def to_messages(batch: pa.RecordBatch) -> list[OutgoingMessage]:
+def to_messages(batch: pa.RecordBatch, dedup_ids: list[str] | None = None) -> list[OutgoingMessage]:
     names = batch.schema.names
     bodies = batch.column(names.index("body")).to_pylist()
     attrs: list[Any] = (
@@ -67,25 +76,64 @@ def to_messages(batch: pa.RecordBatch) -> list[OutgoingMessage]:
         if "delay_seconds" in names
         else [None] * len(bodies)
     )
+    ids: list[Any] = dedup_ids if dedup_ids is not None else [None] * len(bodies)
     out = []
-    for body, attributes, delay in zip(bodies, attrs, delays, strict=True):
+    for body, attributes, delay, dedup_id in zip(bodies, attrs, delays, ids, strict=True):
         if body is None:
             raise InvalidRequest("a row to publish has a null body")
         out.append(
-            OutgoingMessage(body, dict(attributes) if attributes else None, float(delay or 0))
+            OutgoingMessage(
+                body, dict(attributes) if attributes else None, float(delay or 0), dedup_id
+            )
         )
     return out
 
 
-async def _publish(options: Options, batches: Iterator[pa.RecordBatch]) -> int:
+class DedupIds:
+    """The deduplication ids of one task's rows, in order: ``prefix`` and the row's
+    index in the task, or the values of the user's column."""
+
+    def __init__(self, prefix: str, column: str | None) -> None:
+        self.prefix = prefix
+        self.column = column
+        self.rows = 0
+
+    def of(self, batch: pa.RecordBatch) -> list[str]:
+        if self.column is not None:
+            values = batch.column(batch.schema.names.index(self.column)).to_pylist()
+            if any(v is None or v == "" for v in values):
+                raise InvalidRequest(f"a row to publish has no {self.column!r} (dedupIdColumn)")
+            return [str(v) for v in values]
+        first, self.rows = self.rows, self.rows + batch.num_rows
+        return [f"{self.prefix}{i}" for i in range(first, self.rows)]
+
+
+def task_prefix(write: str) -> str:
+    """``spark:<write>:<partition>:`` for this task; streaming writes name the query and
+    the micro-batch (Spark's local properties of the task)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        return f"spark:{write}:0:"
+    query = ctx.getLocalProperty("sql.streaming.queryId")
+    batch = ctx.getLocalProperty("streaming.sql.batchId")
+    scope = f"{query}:{batch}" if query and batch is not None else write
+    return f"spark:{scope}:{ctx.partitionId()}:"
+
+
+async def _publish(options: Options, batches: Iterator[pa.RecordBatch], ids: DedupIds) -> int:
     from cherami.client.asyncclient import AsyncClient
 
     sent = 0
     client = AsyncClient(options.url, options.api_key)
     async with client, client.publisher(options.queue, MAX_IN_FLIGHT) as publisher:
         futures = []
-        for batch in batches:
-            messages = to_messages(batch)
+        while True:  # the next rows come in a thread, so acks are taken meanwhile
+            batch = await asyncio.to_thread(next, batches, None)
+            if batch is None:
+                break
+            messages = to_messages(batch, ids.of(batch))
             for start in range(0, len(messages), options.publish_batch):
                 chunk = messages[start : start + options.publish_batch]
                 futures.append(await publisher.send(chunk))
@@ -94,16 +142,18 @@ async def _publish(options: Options, batches: Iterator[pa.RecordBatch]) -> int:
     return sent
 
 
-def publish(options: Options, batches: Iterator[pa.RecordBatch]) -> Published:
-    return Published(asyncio.run(_publish(options, batches)))
+def publish(options: Options, batches: Iterator[pa.RecordBatch], write: str) -> Published:
+    ids = DedupIds(task_prefix(write), options.dedup_id_column)
+    return Published(asyncio.run(_publish(options, iter(batches), ids)))
 
 
 class CheramiWriter(DataSourceArrowWriter):
     def __init__(self, options: Options) -> None:
         self.options = options
+        self.write_id = uuid.uuid4().hex  # made on the driver: the same in every task attempt
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
-        return publish(self.options, iterator)
+        return publish(self.options, iterator, self.write_id)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         total = sum(m.count for m in messages if isinstance(m, Published))
@@ -113,13 +163,14 @@ class CheramiWriter(DataSourceArrowWriter):
 class CheramiStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: Options) -> None:
         self.options = options
+        self.write_id = uuid.uuid4().hex  # used only if a task names no streaming query
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
-        return publish(self.options, iterator)
+        return publish(self.options, iterator, self.write_id)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         total = sum(m.count for m in messages if isinstance(m, Published))
         log.info("batch %d: published %d messages to %s", batchId, total, self.options.queue)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        log.warning("batch %d aborted; its published messages stay in the queue", batchId)
+        log.warning("batch %d aborted; its rows are published once when it runs again", batchId)

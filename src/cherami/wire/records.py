@@ -19,6 +19,7 @@ class Record(msgspec.Struct, array_like=True, frozen=True, gc=False):
     attributes: dict[str, str] | None = None
     orig_id: str | None = None
     text: bool | None = None  # published as text (True), as base64 bytes (False), or unknown
+    dedup_id: str | None = None  # the producer's deduplication id (roles/inputhost/dedup.py)
 
 
 class Message(msgspec.Struct, frozen=True, gc=False):
@@ -30,6 +31,7 @@ class Message(msgspec.Struct, frozen=True, gc=False):
     delay_ms: int | None = None  # None: the queue's default delay
     orig_id: str | None = None
     text: bool | None = None
+    dedup_id: str | None = None  # a repeat within the queue's dedup window is not stored
 
 
 _encoder = msgspec.msgpack.Encoder()

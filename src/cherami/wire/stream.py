@@ -10,6 +10,7 @@ class OutMessage(msgspec.Struct, array_like=True, frozen=True, gc=False):
     body: bytes
     attributes: dict[str, str] | None = None
     delay_ms: int | None = None  # None (or left out): the queue's default delay
+    dedup_id: str | None = None  # a repeat within the queue's dedup window is not stored
 
 
 class Publish(msgspec.Struct, array_like=True, tag="pub", frozen=True, gc=False):

@@ -53,6 +53,7 @@ def to_messages(queue: Queue, items: list[PublishMessage]) -> list[Message]:
                 None if item.delay_seconds is None else int(item.delay_seconds * 1000),
                 None,
                 item.body is not None,
+                item.dedup_id,
             )
         )
     return out

@@ -16,6 +16,7 @@ class PublishMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] | None = (
         None  # None: queue default
     )
+    dedup_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
 
 
 class PublishRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -22,6 +22,7 @@ from cherami.errors import (
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN, Queue
 from cherami.periodic import Background
+from cherami.roles.inputhost.dedup import Deduplicator
 from cherami.roles.inputhost.extentwriter import ExtentWriter
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.wire.records import Message, Record, encode_record, message_ids
@@ -69,6 +70,7 @@ class InputHostService:
         self._full: set[str] = set()  # store hosts below their free-disk floor
         self._full_checked = -ROOM_CHECK_INTERVAL
         self.background = Background("input host")
+        self.dedup = Deduplicator(metadata, stores)
 
     async def stop(self) -> None:
         await self.background.stop()
@@ -93,6 +95,7 @@ class InputHostService:
         writers = self._queues.get(queue)
         if writers is not None:
             writers.loaded = False
+        self.dedup.stale(queue)
 
     def _fresh(self, writers: _QueueWriters) -> bool:
         # in a cluster the controller moves extents between input hosts: look again often
@@ -139,6 +142,13 @@ class InputHostService:
             log.error("could not replace extent %s: %s", extent_id, err)
 
     async def publish(self, queue: Queue, messages: list[Message]) -> list[str]:
+        """Append every message durably (a repeated ``dedup_id`` within the queue's
+        window only once, dedup.py); returns their ids in order."""
+        if any(m.dedup_id is not None for m in messages):
+            return await self.dedup.publish(queue, messages, self._publish)
+        return await self._publish(queue, messages)
+
+    async def _publish(self, queue: Queue, messages: list[Message]) -> list[str]:
         """Append every message durably; returns their ids in order. Raises
         QueueNotFound when ``queue`` was deleted since (a queue made again under its
         name is another queue: a stream opened for the old one never writes into it)."""
@@ -256,7 +266,9 @@ def _split(
     for i, m in enumerate(messages):
         delay = default_delay if m.delay_ms is None else m.delay_ms
         due = now + delay
-        record = encode_record(Record(now, due, m.body, m.attributes, m.orig_id, m.text))
+        record = encode_record(
+            Record(now, due, m.body, m.attributes, m.orig_id, m.text, m.dedup_id)
+        )
         if delay > 0:
             timer_idx.append(i)
             timer_records.append(record)
