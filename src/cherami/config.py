@@ -38,6 +38,9 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None  # the CA internal clients verify peers with (default: system)
+    # a store host's /metrics listener in a cluster (0: a free port; None: none); the
+    # other roles serve /metrics on their API port and ignore it
+    metrics_port: int | None = None
 
     def check(self, auth_enabled: bool) -> None:
         if self.role is not None and self.role not in ROLES:

@@ -1,16 +1,26 @@
 """What a process measures for its ``/metrics``: histograms cheap enough for the hot
 paths (one bisect per observation), and the process-wide ones that no queue owns (the
 synced appends to each store host, the metadata calls). Per-queue and per-group
-histograms live on the objects that own them, so they go when those go."""
+histograms live on the objects that own them, so they go when those go. The metric
+families of a scrape are built from them (``render``)."""
 
 from __future__ import annotations
 
 import inspect
 import time
 from bisect import bisect_left
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from functools import wraps
 from typing import Any, TypeVar, cast
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from cherami.errors import CheramiError, Unavailable
 
@@ -111,3 +121,63 @@ def _timed(op: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitabl
             PROCESS.metadata_call(op, time.perf_counter() - started, failed)
 
     return call
+
+
+# metric families of one scrape
+def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+def counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=labels)
+
+
+def histogram(
+    name: str, doc: str, labels: list[str], items: Iterable[tuple[list[str], Histogram]]
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=labels)
+    for values, hist in items:
+        family.add_metric(values, hist.buckets(), hist.sum)
+    return family
+
+
+def process_families() -> list[Metric]:
+    """The process-wide series (``PROCESS``), in every process's ``/metrics``."""
+    p = PROCESS
+    errors = counter(
+        "cherami_metadata_errors", "Metadata calls that failed (the store did not answer)",
+        ["op"],
+    )  # fmt: skip
+    for op, n in p.metadata_errors.items():
+        errors.add_metric([op], n)
+    return [
+        histogram(
+            "cherami_store_append_latency_seconds", "Synced appends this process's input "
+            "host made to a store host: send to the replica's ack (its write and fsync)",
+            ["store"], (([s], h) for s, h in p.store_appends.items()),
+        ),
+        histogram(
+            "cherami_store_append_batch_messages", "Messages per synced append to a store host",
+            ["store"], (([s], h) for s, h in p.store_batches.items()),
+        ),
+        histogram(
+            "cherami_metadata_call_latency_seconds", "Calls to the metadata store, by operation",
+            ["op"], (([op], h) for op, h in p.metadata_calls.items()),
+        ),
+        errors,
+    ]  # fmt: skip
+
+
+class _Families:
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
+def render(families: list[Metric]) -> tuple[bytes, str]:
+    """The Prometheus text of ``families``, and its content type."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families))
+    return generate_latest(registry), CONTENT_TYPE_LATEST

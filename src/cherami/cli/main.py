@@ -63,6 +63,10 @@ def cli() -> None:
     "--extent-max-messages", type=int,
     help="Seal an open extent once it holds this many messages (default 1,000,000).",
 )  # fmt: skip
+@click.option(
+    "--metrics-port", type=int,
+    help="A store host's /metrics port in a cluster (0: a free one; other roles: the API port).",
+)  # fmt: skip
 @click.option("--config", "config_file", help="JSON config file.")
 @click.option("--log-level")
 def serve(config_file: str | None, **args: Any) -> None:

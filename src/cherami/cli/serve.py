@@ -30,6 +30,9 @@ async def _serve(config: NodeConfig) -> None:
             address = await node.start()
             scheme = "https" if config.tls_cert else "http"
             print(f"cherami {config.role} {node.id} listening on {scheme}://{address}", flush=True)
+            if node.metrics_address:
+                print(f"cherami {node.id} metrics at {scheme}://{node.metrics_address}/metrics",
+                      flush=True)  # fmt: skip
         else:
             await node.start()
             scheme = "https" if config.tls_cert else "http"

@@ -44,6 +44,7 @@ from cherami.roles.outputhost.ownership import ExtentOwnership
 from cherami.roles.outputhost.receipts import host_tag
 from cherami.roles.outputhost.service import OutputHostService
 from cherami.roles.storehost.directory import StoreDirectory, StoreWatcher
+from cherami.roles.storehost.metrics import storehost_metrics_app
 from cherami.roles.storehost.server import StoreHostService
 from cherami.storage.rocks import RocksExtentStore
 from cherami.wire import handshake as h
@@ -74,6 +75,7 @@ class RoleProcess:
         tls.use_tls(config.tls_cert, config.tls_key, config.tls_ca)
         self.id = host_id(config.data_dir, self.role)
         self.address = ""
+        self.metrics_address = ""  # a store host's /metrics listener, with --metrics-port
         self.ready = False
         self._stoppers: list[Any] = []
         self._load_sources = LoadSources(data_dir=config.data_dir)
@@ -111,6 +113,19 @@ class RoleProcess:
         self._load_sources.append_p99_ms = service.appends.p99_ms
         self.address = self._advertise(service.address)
         self._stoppers.append(service.stop)
+        if self.config.metrics_port is not None:
+            await self._serve_metrics(storehost_metrics_app(service, self.id, self.keys))
+
+    async def _serve_metrics(self, app: web.Application) -> None:
+        """A store host's /metrics listener (roles/storehost/metrics.py)."""
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.config.host, self.config.metrics_port,
+                           ssl_context=tls.listener())  # fmt: skip
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.metrics_address = f"{self.config.host}:{port}"
+        self._stoppers.insert(0, runner.cleanup)
 
     async def _start_api_role(self) -> None:
         stores = StoreDirectory()

@@ -8,23 +8,16 @@ every series."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.core import Metric
 
 from cherami.cluster.membership import DEAD_AFTER
 from cherami.errors import CheramiError
 from cherami.metadata.models import FAILING, OPEN, SEALED, Queue
 from cherami.roles.frontend.lag import stream_lags
-from cherami.telemetry import PROCESS, Histogram
+from cherami.telemetry import Histogram, counter, gauge, histogram, process_families, render
 
 if TYPE_CHECKING:
     from cherami.roles.frontend.app import Frontend
@@ -54,35 +47,7 @@ class Metrics:
         self._refused[queue, code] = self._refused.get((queue, code), 0) + n
 
     async def scrape(self, f: Frontend) -> tuple[bytes, str]:
-        families = await _Scrape(self, f).run()
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Families(families))
-        return generate_latest(registry), CONTENT_TYPE_LATEST
-
-
-class _Families:
-    def __init__(self, families: list[Metric]) -> None:
-        self.families = families
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self.families)
-
-
-def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, labels=labels)
-
-
-def _counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
-    return CounterMetricFamily(name, doc, labels=labels)
-
-
-def _histogram(
-    name: str, doc: str, labels: list[str], items: Iterable[tuple[list[str], Histogram]]
-) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(name, doc, labels=labels)
-    for values, hist in items:
-        family.add_metric(values, hist.buckets(), hist.sum)
-    return family
+        return render(await _Scrape(self, f).run())
 
 
 class _Scrape:
@@ -104,21 +69,21 @@ class _Scrape:
 
     def _publishes(self, queues: dict[str, Queue]) -> None:
         m = self.m
-        published = _counter(
+        published = counter(
             "cherami_messages_published", "Messages published durably through the API "
             "(HTTP and streams) by this process since it started", ["queue"],
         )  # fmt: skip
         for queue, n in m._published.items():
             if queue in queues:
                 published.add_metric([queue], n)
-        refused = _counter(
+        refused = counter(
             "cherami_messages_refused", "Messages of publishes refused 429 (throttled, "
             "backlog_full) by this process since it started", ["queue", "code"],
         )  # fmt: skip
         for (queue, code), n in m._refused.items():
             if queue in queues:
                 refused.add_metric([queue, code], n)
-        latency = _histogram(
+        latency = histogram(
             "cherami_publish_latency_seconds", "Time from a publish request's arrival to "
             "its answer (every message durable on every replica)", ["queue"],
             (([q], h) for q, h in m._publish_seconds.items() if q in queues),
@@ -126,9 +91,9 @@ class _Scrape:
         self.out += [published, refused, latency]
 
     async def _queues(self, queues: dict[str, Queue]) -> None:
-        opened = _gauge("cherami_queue_open_extents", "Open extents of the queue", ["queue"])
-        sealed = _gauge("cherami_queue_sealed_extents", "Sealed extents of the queue", ["queue"])
-        stored = _gauge(
+        opened = gauge("cherami_queue_open_extents", "Open extents of the queue", ["queue"])
+        sealed = gauge("cherami_queue_sealed_extents", "Sealed extents of the queue", ["queue"])
+        stored = gauge(
             "cherami_queue_stored_bytes", "Bytes the queue's extents hold (one replica)", ["queue"]
         )
         metadata, stores = self.f.r.metadata, self.f.r.stores
@@ -146,11 +111,11 @@ class _Scrape:
         self.out += [opened, sealed, stored]
 
     async def _hosts(self) -> None:
-        up = _gauge(
+        up = gauge(
             "cherami_host_up", "1 while the host heartbeats (within DEAD_AFTER), else 0",
             ["host", "role", "zone"],
         )  # fmt: skip
-        p99 = _gauge(
+        p99 = gauge(
             "cherami_host_append_p99_seconds", "A store host's p99 synced append round "
             "(write and fsync), from its latest load report", ["host"],
         )  # fmt: skip
@@ -169,19 +134,19 @@ class _Scrape:
             if c.group.queue in queues and not c.stopped
         ]  # fmt: skip
         g: dict[str, Any] = {
-            "backlog": _gauge(
+            "backlog": gauge(
                 "cherami_group_backlog_messages",
                 "Messages published and not yet acked by the group", QG,
             ),
-            "in_flight": _gauge(
+            "in_flight": gauge(
                 "cherami_group_in_flight_messages",
                 "Deliveries waiting for an ack, a nack or their visibility timeout", QG,
             ),
-            "oldest": _gauge(
+            "oldest": gauge(
                 "cherami_group_oldest_unacked_age_seconds",
                 "Age (since publish) of the oldest message the group has not acked", QG,
             ),
-            "dlq": _gauge("cherami_group_dlq_messages", "Messages in the group's DLQ", QG),
+            "dlq": gauge("cherami_group_dlq_messages", "Messages in the group's DLQ", QG),
         }  # fmt: skip
         counters = {
             "delivered": "Deliveries (first and repeated) since the group was loaded here",
@@ -190,7 +155,7 @@ class _Scrape:
             "redelivered": "Deliveries after the first since the group was loaded here",
             "dead_lettered": "Messages moved to the DLQ since the group was loaded here",
         }
-        c = {k: _counter(f"cherami_group_{k}", doc, QG) for k, doc in counters.items()}
+        c = {k: counter(f"cherami_group_{k}", doc, QG) for k, doc in counters.items()}
         now = time.time()
         for consumer in consumers:
             labels = [consumer.group.queue, consumer.group.name]
@@ -201,7 +166,7 @@ class _Scrape:
             g["dlq"].add_metric(labels, await self._dlq_depth(consumer))
             for key, family in c.items():
                 family.add_metric(labels, getattr(consumer, key, 0))
-        e2e = _histogram(
+        e2e = histogram(
             "cherami_group_end_to_end_latency_seconds",
             "Time from a message's publish to its ack by the group", QG,
             (([c.group.queue, c.group.name], c.end_to_end) for c in consumers),
@@ -225,10 +190,10 @@ class _Scrape:
         return sum(max(0, last - level.acked) for _, level, last in ranges)
 
     async def _stream_lags(self) -> None:
-        messages = _gauge(
+        messages = gauge(
             "cherami_group_lag_messages", "Messages a stream-mode group has not committed", QG
         )
-        seconds = _gauge(
+        seconds = gauge(
             "cherami_group_lag_seconds", "Age of the oldest message a stream-mode group "
             "has not committed", QG,
         )  # fmt: skip
@@ -238,28 +203,8 @@ class _Scrape:
         self.out += [messages, seconds]
 
     def _process(self) -> None:
-        p = PROCESS
-        self.out.append(_histogram(
-            "cherami_store_append_latency_seconds", "Synced appends this process's input "
-            "host made to a store host: send to the replica's ack (its write and fsync)",
-            ["store"], (([s], h) for s, h in p.store_appends.items()),
-        ))  # fmt: skip
-        self.out.append(_histogram(
-            "cherami_store_append_batch_messages", "Messages per synced append to a store host",
-            ["store"], (([s], h) for s, h in p.store_batches.items()),
-        ))  # fmt: skip
-        self.out.append(_histogram(
-            "cherami_metadata_call_latency_seconds", "Calls to the metadata store, by operation",
-            ["op"], (([op], h) for op, h in p.metadata_calls.items()),
-        ))  # fmt: skip
-        errors = _counter(
-            "cherami_metadata_errors", "Metadata calls that failed (the store did not answer)",
-            ["op"],
-        )  # fmt: skip
-        for op, n in p.metadata_errors.items():
-            errors.add_metric([op], n)
-        connections = _gauge(
+        connections = gauge(
             "cherami_stream_connections", "Open publish and consume WebSocket streams", []
         )
         connections.add_metric([], self.m.connections())
-        self.out += [errors, connections]
+        self.out += [*process_families(), connections]

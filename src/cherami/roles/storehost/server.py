@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from cherami.cluster.loadmeter import LatencyRing, disk_floor
 from cherami.periodic import Background
 from cherami.storage.base import AppendOp, ExtentStore, StorageError
+from cherami.telemetry import BATCH_BUCKETS, Histogram
 from cherami.wire import handshake as h
 from cherami.wire import store as w
 from cherami.wire.framing import READ_BUFFER, Cork, read_frame
@@ -109,6 +110,8 @@ class StoreHostService:
         # and how long the last synced append rounds took
         self._counts: dict[str, list[int]] = {}
         self.appends = LatencyRing()
+        self.round_seconds = Histogram()  # /metrics (roles/storehost/metrics.py)
+        self.round_messages = Histogram(BATCH_BUCKETS)
 
     @property
     def address(self) -> str:
@@ -210,7 +213,10 @@ class StoreHostService:
             return
         try:
             results = self.store.append([p.op for p in pending])
-            self.appends.add(time.perf_counter() - started)
+            took = time.perf_counter() - started
+            self.appends.add(took)
+            self.round_seconds.observe(took)
+            self.round_messages.observe(sum(len(p.op.records) for p in pending))
             counts = self._counts
             for p in pending:
                 c = counts.get(p.op.extent) or counts.setdefault(p.op.extent, [0, 0, 0, 0])
