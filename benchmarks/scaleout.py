@@ -295,10 +295,10 @@ async def input_addresses(url: str, n: int) -> list[str]:
 # --------------------------------------------------------------------------- the points
 
 
-def _counts(role: str, n: int) -> dict[str, int]:
+def _counts(role: str, n: int, stores: int) -> dict[str, int]:
     other = "outputhost" if role == "inputhost" else "inputhost"
-    return {"storehost": 2, "controller": 1, role: n, other: 2 if role == "outputhost" else 1,
-            "frontend": 1}  # fmt: skip
+    return {"storehost": stores, "controller": 1, role: n,
+            other: 2 if role == "outputhost" else 1, "frontend": 1}  # fmt: skip
 
 
 async def _make_queue(url: str, extents: int, replicas: int, groups: int) -> None:
@@ -411,7 +411,7 @@ async def consume_point(cluster: NetnsCluster, n: int, opts: argparse.Namespace)
 
 
 async def run_point(role: str, n: int, opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    counts = _counts(role, n)
+    counts = _counts(role, n, opts.stores or max(2, opts.replicas))
     quota = {f"{role}-{i}": opts.cpu for i in range(n)}
     with netns_cluster_on_pg(tmp / f"{role}-{n}", counts, cpu_quota=quota) as cluster:
         point = publish_point if role == "inputhost" else consume_point
@@ -500,6 +500,7 @@ def main() -> None:
         help="consume+ack msgs/s one capped output host is expected to reach",
     )
     parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--stores", type=int, help="store hosts (default: max(2, replicas))")
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--in-flight", type=int, default=32)
