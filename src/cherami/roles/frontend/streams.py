@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from typing import TYPE_CHECKING
 
@@ -101,6 +102,7 @@ class StreamHandlers:
         keys, header = self.f.r.keys, request.headers.get("Authorization")
 
         async def handle(frame: f.Publish) -> None:
+            started = time.perf_counter()
             try:
                 if not 1 <= len(frame.messages) <= MAX_BATCH:
                     raise InvalidRequest(f"a batch holds 1 to {MAX_BATCH} messages")
@@ -113,7 +115,7 @@ class StreamHandlers:
                 size = sum(len(m.body) for m in messages)
                 await self.f.throttle.admit(queue, key, len(messages), size, fresh=False)
                 ids = await inputs.publish(queue, messages)
-                self.f.r.metrics.published(queue.name, len(ids))
+                self.f.r.metrics.published(queue.name, len(ids), time.perf_counter() - started)
                 reply: f.ServerFrame = f.Published(frame.id, ids)
             except Moved:
                 # reconfigure: the producer reconnects and sends its unacked batches again,
