@@ -1,14 +1,19 @@
 """``cherami cluster up|down``: a local multi-process cluster on loopback, or with
-``--netns`` each process on a host of its own (a Linux network namespace)."""
+``--netns`` each process on a host of its own (a Linux network namespace), whose links
+``cluster cut|isolate|heal`` drop and restore."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from cherami.cli.main import cli
+
+if TYPE_CHECKING:
+    from cherami.cluster.netns import Network
 
 
 @cli.group()
@@ -59,6 +64,55 @@ def up(root: str, metadata: str | None, stores: int, inputs: int, outputs: int,
         zone = f"  zone {local.zones[name]}" if isinstance(local, NetnsCluster) else ""
         click.echo(f"{name:14} pid {proc.pid:<8} {proc.address}{zone}")
     click.echo(f"frontend: {local.url}")
+
+
+def _network(root: str) -> Network:
+    from cherami.cluster.netns import Network
+
+    path = Path(root).resolve() / "cluster.json"
+    if not path.exists():
+        raise click.ClickException(f"no cluster is up in {path.parent}")
+    state = json.loads(path.read_text()).get("netns")
+    if not state:
+        raise click.ClickException("this cluster was not started with --netns")
+    return Network.attach(state)
+
+
+@cluster.command()
+@click.option("--dir", "root", default="./cluster", show_default=True)
+@click.argument("side_a")
+@click.argument("side_b")
+def cut(root: str, side_a: str, side_b: str) -> None:
+    """Drop all traffic between SIDE_A and SIDE_B (--netns clusters): host names
+    (storehost-0), zones, or "root" (this machine's namespace: its clients, and a
+    metadata store on it)."""
+    network = _network(root)
+    try:
+        network.cut(side_a, side_b)
+    except KeyError as err:
+        raise click.ClickException(str(err)) from err
+    click.echo(f"cut {side_a} from {side_b}")
+
+
+@cluster.command()
+@click.option("--dir", "root", default="./cluster", show_default=True)
+@click.argument("zone")
+def isolate(root: str, zone: str) -> None:
+    """Cut a zone (or a host) off from every other host and from this machine."""
+    network = _network(root)
+    try:
+        network.isolate(zone)
+    except KeyError as err:
+        raise click.ClickException(str(err)) from err
+    click.echo(f"isolated {zone}")
+
+
+@cluster.command()
+@click.option("--dir", "root", default="./cluster", show_default=True)
+def heal(root: str) -> None:
+    """Undo every cut (--netns clusters)."""
+    _network(root).heal(everywhere=True)
+    click.echo("healed")
 
 
 @cluster.command()

@@ -244,10 +244,11 @@ class Network:
         for other in [*sorted(set(self.hosts) - inside), ROOT]:
             self.cut(zone, other)
 
-    def heal(self) -> None:
-        """Undo every ``cut``."""
-        names = {n for pair in self.cuts for n in pair} - {ROOT}
-        for name in names:
+    def heal(self, everywhere: bool = False) -> None:
+        """Undo every ``cut`` (``everywhere``: on every host, also those cut by another
+        process, such as ``cherami cluster cut``)."""
+        names = set(self.hosts) if everywhere else {n for pair in self.cuts for n in pair}
+        for name in sorted(names - {ROOT}):
             self.ipt(name, "-F", "CHINPUT")
             self.ipt(name, "-F", "CHOUTPUT")
         self.cuts.clear()
@@ -331,6 +332,18 @@ class Network:
         if not line.startswith("relay "):
             raise NetnsError(f"the relay to {target} did not start")
         return line.split()[1]
+
+    @classmethod
+    def attach(cls, state: dict[str, Any]) -> Network:
+        """The network that ``state`` (``Network.state()``, kept in a cluster's
+        cluster.json) describes, built by another process, to cut and heal it. This
+        object never tears it down."""
+        network = cls({n: h["zone"] for n, h in state["hosts"].items()}, run_id=state["id"],
+                      keep=True)  # fmt: skip
+        network.subnet, network.gateway = state["subnet"], state["gateway"]
+        network.hosts = {n: Host(**h) for n, h in state["hosts"].items()}
+        network._up = network._down = True
+        return network
 
     # teardown
     def teardown(self) -> None:
