@@ -1,10 +1,12 @@
 """Typed configuration of a node, loaded in one place: command-line arguments first,
-then a JSON config file, then CHERAMI_* environment variables, then defaults."""
+then a config file (JSON, or TOML when its name ends in ``.toml``), then CHERAMI_*
+environment variables, then defaults."""
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import tomllib
 from typing import Any
 
 import msgspec
@@ -79,6 +81,22 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def read_config_file(file: str) -> dict[str, Any]:
+    """The settings of a JSON file, or of a TOML file (by its ``.toml`` name); an
+    error names the file."""
+    try:
+        with open(file, "rb") as fh:
+            raw = fh.read()
+        if file.endswith(".toml"):
+            return tomllib.loads(raw.decode())
+        return msgspec.json.decode(raw, type=dict[str, Any])
+    except OSError as err:
+        raise InvalidRequest(f"config file {file}: {err.strerror or err}") from None
+    except (msgspec.ValidationError, msgspec.DecodeError, tomllib.TOMLDecodeError,
+            UnicodeDecodeError) as err:  # fmt: skip
+        raise InvalidRequest(f"config file {file}: {err}") from None
+
+
 def load_config(
     args: dict[str, Any], file: str | None = None, env: dict[str, str] | None = None
 ) -> NodeConfig:
@@ -89,14 +107,10 @@ def load_config(
         if value is not None:
             merged[name] = value
     if file:
-        with open(file, "rb") as fh:
-            raw = fh.read()
-        try:
-            merged.update(msgspec.json.decode(raw, type=dict[str, Any]))
-        except (msgspec.ValidationError, msgspec.DecodeError) as err:
-            raise InvalidRequest(f"config file {file}: {err}") from None
+        merged.update(read_config_file(file))
     merged.update({k: v for k, v in args.items() if v is not None})
     try:
         return msgspec.convert(merged, NodeConfig, strict=False)
     except msgspec.ValidationError as err:
-        raise InvalidRequest(f"configuration: {err}") from None
+        where = f" (flags, config file {file}, CHERAMI_* variables)" if file else ""
+        raise InvalidRequest(f"configuration{where}: {err}") from None

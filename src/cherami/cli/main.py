@@ -67,7 +67,7 @@ def cli() -> None:
     "--metrics-port", type=int,
     help="A store host's /metrics port in a cluster (0: a free one; other roles: the API port).",
 )  # fmt: skip
-@click.option("--config", "config_file", help="JSON config file.")
+@click.option("--config", "config_file", help="Config file: JSON, or TOML (name ends .toml).")
 @click.option("--log-level")
 def serve(config_file: str | None, **args: Any) -> None:
     """Start every role of a node on the embedded default."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from collections.abc import Iterable
 from types import TracebackType
@@ -24,6 +25,15 @@ PUBLISH_RETRY_SECONDS = 30.0
 # How long publish() keeps sending a batch again that was refused 429 (``throttled``,
 # ``backlog_full``: nothing of it was stored), each time after the wait the server names.
 THROTTLED_RETRY_SECONDS = 300.0
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def connection_defaults(url: str | None, api_key: str | None) -> tuple[str, str | None]:
+    """The URL and key a client uses: as given, else from the environment like the CLI."""
+    return (
+        url or os.environ.get("CHERAMI_URL") or DEFAULT_URL,
+        api_key if api_key is not None else os.environ.get("CHERAMI_API_KEY") or None,
+    )
 
 
 class AsyncClient:
@@ -31,12 +41,15 @@ class AsyncClient:
     queue's backlog full) keeps being sent again, each time after the wait the server
     names, before ``Throttled`` / ``BacklogFull`` is raised (0: raise at once).
     ``tls_ca``: for an ``https://`` URL, the PEM CA certificate the server's certificate
-    is verified with (default ``CHERAMI_TLS_CA``, else the system's trust store)."""
+    is verified with (default ``CHERAMI_TLS_CA``, else the system's trust store).
+    ``url`` and ``api_key`` default to ``CHERAMI_URL`` and ``CHERAMI_API_KEY``, as for
+    the CLI (then ``http://127.0.0.1:8080`` and no key)."""
 
-    def __init__(self, url: str = "http://127.0.0.1:8080", api_key: str | None = None,
+    def __init__(self, url: str | None = None, api_key: str | None = None,
                  timeout: float = 60.0,
                  throttled_retry_seconds: float = THROTTLED_RETRY_SECONDS, *,
                  tls_ca: str | None = None) -> None:  # fmt: skip
+        url, api_key = connection_defaults(url, api_key)
         self.url = url.rstrip("/")
         self._ssl = tls.public_client(self.url, tls_ca)
         self.throttled_retry_seconds = throttled_retry_seconds

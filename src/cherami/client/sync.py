@@ -70,8 +70,8 @@ class Client:
 
     def __init__(
         self,
-        url: str = "http://127.0.0.1:8080",
-        api_key: str | None = None,
+        url: str | None = None,  # default CHERAMI_URL, then http://127.0.0.1:8080
+        api_key: str | None = None,  # default CHERAMI_API_KEY
         timeout: float = 60.0,
         throttled_retry_seconds: float = THROTTLED_RETRY_SECONDS,
         *,
