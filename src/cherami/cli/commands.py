@@ -17,6 +17,7 @@ from typing import IO, Any, TypeVar
 import click
 
 from cherami.cli.main import cli
+from cherami.cli.output import emit
 from cherami.client.asyncclient import AsyncClient
 from cherami.client.models import OutgoingMessage, Received
 from cherami.errors import CheramiError, Unavailable
@@ -69,7 +70,7 @@ def run(factory: ClientFactory, call: Callable[[AsyncClient], Awaitable[T]]) -> 
 
 
 def echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+    emit(value)  # JSON, or tables with --output table (output.py)
 
 
 def message_json(message: Received) -> dict[str, Any]:

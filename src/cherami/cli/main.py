@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from cherami.cli.output import FORMATS, exit_code
 from cherami.errors import CheramiError
 
 
@@ -16,7 +17,7 @@ class _Cli(click.Group):
             return super().invoke(ctx)
         except CheramiError as err:
             click.echo(f"error: {err.code}: {err.message}", err=True)
-            sys.exit(1)
+            sys.exit(exit_code(err))
         except OSError as err:
             click.echo(f"error: {err}", err=True)
             sys.exit(1)
@@ -24,7 +25,11 @@ class _Cli(click.Group):
 
 @click.group(cls=_Cli)
 @click.version_option(package_name="cherami")
-def cli() -> None:
+@click.option(
+    "--output", "-o", type=click.Choice(FORMATS), default="json", envvar="CHERAMI_OUTPUT",
+    show_default=True, help="How answers print: json (for scripts) or table (env CHERAMI_OUTPUT).",
+)  # fmt: skip
+def cli(output: str) -> None:
     """Cherami: a durable task queue with consumer groups, DLQ and delayed messages."""
 
 
