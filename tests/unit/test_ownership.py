@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 
-from cherami.metadata.models import OPEN, Extent, Group, GroupConfig, Host, Queue, QueueConfig
+from cherami.metadata.models import (
+    OPEN,
+    AckLevel,
+    Extent,
+    Group,
+    GroupConfig,
+    Host,
+    Queue,
+    QueueConfig,
+)
 from cherami.metadata.sqlite import SqliteMetadataStore
 from cherami.roles.outputhost import ownership
 from cherami.roles.outputhost.ownership import ExtentOwnership, Unit
@@ -126,3 +135,20 @@ async def test_a_host_that_comes_back_gets_its_share(
     assert len(held) == 2 and len(a.held) == 1 and len(b.held) == 1
     await _ticks([a, b], meta, 3)  # and that is stable
     assert _held(a, b) == held
+
+
+async def test_merged_dead_letters_are_units_and_cp_groups_are_whole(
+    meta: SqliteMetadataStore,
+) -> None:
+    await _queue(meta, "q", ["g"], [PLAIN])
+    await _queue(meta, "q.g.dlq", [], [PLAIN])  # the group's DLQ, one extent
+    level = AckLevel(queue="q", group="g", extent="q.g.dlq-e0", limit=b"\x05")
+    await meta.put_ack_levels([level])  # a range of it merged back into the group
+    cp = Queue(name="c", config=QueueConfig(type="cp"), created_at=time.time())
+    await meta.insert_queue(cp)
+    await meta.insert_group(Group(queue="c", name="g", config=GroupConfig(),
+                                  created_at=time.time(), start_ms=0, dlq="c.g.dlq"))  # fmt: skip
+    a = _host(meta, "outputhost-a")
+    await _ticks([a], meta, 1)
+    assert set(a.held) == {("q", "g", "q-e0"), ("q", "g", "q.g.dlq-e0"), ("c", "g", "*")}
+    assert a.holds("c", "g", "any-extent") and a.fence("c", "g", "x") is not None

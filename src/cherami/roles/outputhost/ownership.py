@@ -51,6 +51,7 @@ LEASES = "group:"  # the prefix of every unit's lease
 # a unit nobody has held for this long is taken by any host, whatever its share (the
 # shares of one group's kinds and of all units together may leave one unit to nobody)
 ORPHAN_AFTER = 2 * TICK
+MERGED_REFRESH = 2.0  # how often a group's merged dead-letter ranges are read again
 
 Unit = tuple[str, str, str]  # queue, group, extent id (or WHOLE)
 
@@ -88,6 +89,7 @@ class ExtentOwnership:
         self._failing = False  # the last tick could not reach the metadata store
         self._taking_after = 0.0  # time.monotonic(): may take others' units from then
         self._unheld_since: dict[Unit, float] = {}  # units no lease holds, since when
+        self._merged_at: dict[tuple[str, str], tuple[float, list[str]]] = {}
 
     def _find(self, queue: str, group: str, extent: str) -> _Held | None:
         return self.held.get((queue, group, extent)) or self.held.get((queue, group, WHOLE))
@@ -148,14 +150,26 @@ class ExtentOwnership:
                 groups.add((group.queue, group.name))
                 merged = []
                 if queue.config.type != "cp" and group.config.type != STREAM:
-                    levels = await self.metadata.get_ack_levels(group.queue, group.name)
-                    merged = [lv.extent for lv in levels if lv.limit is not None]
-                    if merged:  # dead-letter ranges merged back, while their extents exist
-                        dlq = {e.id for e in await self.metadata.list_extents(group.dlq)}
-                        merged = [e for e in merged if e in dlq]
+                    merged = await self._merged(group)
                 for unit in group_units(queue, group, extents + merged):
                     units[unit] = kinds.get(unit[2], "dlq")
         return units, groups
+
+    async def _merged(self, group: Group) -> list[str]:
+        """The dead-letter extents with ranges merged back into the group, while they
+        exist; read again every MERGED_REFRESH seconds (a merge is rare, and this is
+        two reads per group)."""
+        key = (group.queue, group.name)
+        at, merged = self._merged_at.get(key, (-math.inf, []))
+        if time.monotonic() - at < MERGED_REFRESH:
+            return merged
+        levels = await self.metadata.get_ack_levels(group.queue, group.name)
+        merged = [lv.extent for lv in levels if lv.limit is not None]
+        if merged:
+            dlq = {e.id for e in await self.metadata.list_extents(group.dlq)}
+            merged = [e for e in merged if e in dlq]
+        self._merged_at[key] = (time.monotonic(), merged)
+        return merged
 
     async def tick(self) -> None:
         units, groups = await self._units()
@@ -171,6 +185,7 @@ class ExtentOwnership:
             shares.setdefault((unit[0], unit[1], kind), []).append(unit)
         for unit in sorted(set(self.held) - set(units)):
             await self._drop(unit, MOVED_CLOSE if unit[:2] in groups else DELETED_CLOSE)
+        self._merged_at = {k: v for k, v in self._merged_at.items() if k in groups}
         totals = Counter(held_by.values())
         shed = False
         taken: set[tuple[str, str]] = set()
