@@ -71,8 +71,19 @@ class AckListener(StreamingQueryListener):
     def onQueryProgress(self, event: Any) -> None:
         if self.query_id is not None and str(event.progress.id) != self.query_id:
             return
-        for source in event.progress.sources:
-            offsets = parse_offsets(source.endOffset)
+        self._commit([source.endOffset for source in event.progress.sources])
+
+    def settle(self, query: Any) -> None:
+        """Commit the query's last progress now: Spark hands progress to listeners
+        asynchronously, so a driver that exits right after an AvailableNow run ends
+        calls this first (or the group stays one batch behind its checkpoint)."""
+        progress = query.lastProgress
+        if progress is not None:
+            self._commit([source["endOffset"] for source in progress["sources"]])
+
+    def _commit(self, ends: list[str | None]) -> None:
+        for raw in ends:
+            offsets = parse_offsets(raw if isinstance(raw, str) or raw is None else json.dumps(raw))
             if offsets is not None and self._ours(offsets):
                 commit_offsets(self.control, self.queue, self.group, offsets, self.committed,
                                self._extents)  # fmt: skip
