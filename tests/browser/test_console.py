@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -47,15 +48,34 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 def wait(driver: WebDriver, what: Callable[[WebDriver], Any], timeout: float = 15) -> Any:
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(what)
+    # the page redraws its tables every 3 s: an element found a moment ago may be gone
+    ignored = (StaleElementReferenceException, NoSuchElementException)
+    return WebDriverWait(driver, timeout, 0.1, ignored_exceptions=ignored).until(what)
 
 
 def text_of(css: str) -> Callable[[WebDriver], str]:
+    """The text of the first element ``css`` selects, read in one step in the page."""
+
     def read(d: WebDriver) -> str:
-        found = d.find_elements(By.CSS_SELECTOR, css)
-        return found[0].text if found else ""
+        script = "const e = document.querySelector(arguments[0]); return e ? e.innerText : ''"
+        return str(d.execute_script(script, css))
 
     return read
+
+
+def texts(d: WebDriver, css: str) -> list[str]:
+    script = "return [...document.querySelectorAll(arguments[0])].map((e) => e.innerText)"
+    return list(d.execute_script(script, css))
+
+
+def click(d: WebDriver, by: str, value: str) -> None:
+    """Click, finding the element again if a redraw replaced it in between."""
+
+    def once(d: WebDriver) -> bool:
+        d.find_element(by, value).click()
+        return True
+
+    wait(d, once)
 
 
 def shot(driver: WebDriver, tmp_path: Path, name: str) -> None:
@@ -96,7 +116,7 @@ def test_console_workflow(browser: WebDriver, node: ServerProcess, tmp_path: Pat
     http = httpx.Client(base_url=node.url, timeout=30)
     d.get(node.url + "/ui/")
     wait(d, lambda d: d.find_elements(By.ID, "queues-table"))
-    assert "No queues yet" in d.find_element(By.ID, "queues").text
+    assert "No queues yet" in text_of("#queues")(d)
 
     # a queue and a group, made from the page
     fill(d, "#new-queue-name", q)
@@ -105,7 +125,7 @@ def test_console_workflow(browser: WebDriver, node: ServerProcess, tmp_path: Pat
     wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, row))
     assert http.get(f"/v1/queues/{q}").json()["type"] == "ap"
     assert wait(d, text_of(f'{row} [data-col="open"]')) != "0"  # its open extents
-    d.find_element(By.LINK_TEXT, q).click()
+    click(d, By.LINK_TEXT, q)
     wait(d, lambda d: d.find_elements(By.ID, "groups-table"))
     fill(d, "#new-group-name", g)
     fill(d, "#new-group-max", "1")
@@ -117,6 +137,7 @@ def test_console_workflow(browser: WebDriver, node: ServerProcess, tmp_path: Pat
     # publish from the page: the backlog follows
     for body in ("first", "second", "third"):
         fill(d, "#publish-body", body)
+        fill(d, '#publish [name="attrs"]', f"source=console, n={body}")
         d.find_element(By.ID, "publish-submit").click()
         wait(d, lambda d: "published" in d.find_element(By.ID, "note").text)
         wait(d, lambda d: d.find_element(By.ID, "note").text.startswith("published"))
@@ -132,9 +153,9 @@ def test_console_workflow(browser: WebDriver, node: ServerProcess, tmp_path: Pat
     shot(d, tmp_path, "queue")
 
     # browse the DLQ, merge back: delivered again to the group
-    d.find_element(By.CSS_SELECTOR, f'{grow} [data-col="dlq"] a').click()
-    msg = wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "tr[data-message]"))[0]
-    assert poisoned in msg.text
+    click(d, By.CSS_SELECTOR, f'{grow} [data-col="dlq"] a')
+    msg = wait(d, lambda d: texts(d, "tr[data-message]"))[0]
+    assert poisoned in msg and f"n={poisoned}" in msg and "source=console" in msg
     assert text_of('[data-col="deliveries"]')(d) == "1"
     shot(d, tmp_path, "dlq")
     d.find_element(By.ID, "dlq-merge").click()
@@ -155,8 +176,8 @@ def test_console_workflow(browser: WebDriver, node: ServerProcess, tmp_path: Pat
 
     # the cluster: every host alive
     d.find_element(By.ID, "nav-cluster").click()
-    hosts = wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, "tr[data-host]"))
-    assert len(hosts) == 5 and all("alive" in h.text for h in hosts)
+    hosts = wait(d, lambda d: texts(d, "tr[data-host]"))
+    assert len(hosts) == 5 and all("alive" in h for h in hosts)
     shot(d, tmp_path, "cluster")
 
     # the queues list, then edit and delete the queue from its page
@@ -164,7 +185,7 @@ def test_console_workflow(browser: WebDriver, node: ServerProcess, tmp_path: Pat
     wait(d, text_of(f'{row} [data-col="published"]'))
     assert text_of(f'{row} [data-col="published"]')(d) == "3"
     shot(d, tmp_path, "queues")
-    d.find_element(By.LINK_TEXT, q).click()
+    click(d, By.LINK_TEXT, q)
     wait(d, lambda d: d.find_elements(By.CSS_SELECTOR, grow))
     fill(d, '#edit-queue [name="retention_seconds"]', "7200")
     d.find_element(By.CSS_SELECTOR, '#edit-queue button[type="submit"]').click()
