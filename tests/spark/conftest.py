@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from cherami.wire.handshake import SECRET_FILE_ENV
+from cherami.wire.tls import TLS_CA_ENV
 from tests.support.server import ServerProcess
+from tests.support.tlscerts import Certs, make_certs
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -30,10 +32,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def spark(server: ServerProcess) -> Iterator[SparkSession]:
+def tls_certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    """A test CA and a certificate for 127.0.0.1 (test_spark_tls.py)."""
+    return make_certs(tmp_path_factory.mktemp("spark-certs"))
+
+
+@pytest.fixture(scope="session")
+def spark(server: ServerProcess, tls_certs: Certs) -> Iterator[SparkSession]:
     """After the node: Spark's Python workers inherit the JVM's environment, which must
-    name the node's cluster secret."""
+    name the node's cluster secret (and the CA that verifies a TLS cluster)."""
     from pyspark.sql import SparkSession
+
+    os.environ[TLS_CA_ENV] = str(tls_certs.ca)
 
     from cherami.spark import CheramiDataSource
 

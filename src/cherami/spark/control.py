@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ssl
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from urllib.parse import quote
 import msgspec
 
 from cherami.errors import Unavailable, error_from_response
+from cherami.wire import tls
 from cherami.wire.store import PLAIN
 
 Offsets = dict[str, int]
@@ -40,12 +42,14 @@ class ControlClient:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._timeout = timeout
+        context = tls.public_client(self.url, None)  # https: CHERAMI_TLS_CA, else the system's
+        self._tls = context if isinstance(context, ssl.SSLContext) else None
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         data = msgspec.json.encode(body) if body is not None else None
         req = urllib.request.Request(self.url + path, data, self._headers, method=method)
         try:
-            with urllib.request.urlopen(req, timeout=self._timeout) as resp:
+            with urllib.request.urlopen(req, timeout=self._timeout, context=self._tls) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as err:
             raise error_from_response(err.code, err.read()) from None

@@ -13,6 +13,7 @@ from pyspark.sql.types import StructType
 from cherami.errors import CheramiError
 from cherami.spark.schema import RecordFilter, arrow_batches
 from cherami.spark.storereader import DataLost, StoreReader
+from cherami.wire import tls
 from cherami.wire.handshake import cluster_key
 
 if TYPE_CHECKING:
@@ -48,12 +49,15 @@ class ExtentRange(InputPartition):
         # made on the driver: workers read with the driver's cluster key (its
         # CHERAMI_CLUSTER_SECRET or CHERAMI_CLUSTER_SECRET_FILE), not their own environment
         self.key = cluster_key()
+        # and the CA a TLS cluster's store hosts are verified with (the driver's
+        # CHERAMI_TLS_CA), for replicas listed as tls://host:port
+        self.tls_cadata = tls.ca_pem()
 
     def __repr__(self) -> str:
         return f"ExtentRange({self.extent}, {self.first_seq}..{self.end_seq})"
 
     def read(self, schema: StructType) -> Iterator[pa.RecordBatch]:
-        with StoreReader(self.stores, key=self.key) as reader:
+        with StoreReader(self.stores, key=self.key, tls_cadata=self.tls_cadata) as reader:
             if self.due:
                 batches = reader.read_due(self.extent, self.first_seq, self.end_seq)
             elif self.end_seq:

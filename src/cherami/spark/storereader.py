@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from cherami.errors import CheramiError, ProtocolError, Unavailable
 from cherami.wire import handshake as h
 from cherami.wire import store as w
+from cherami.wire import tls
 from cherami.wire.framing import MAX_FRAME, pack_frame
 from cherami.wire.keys import plain_key, seq_of, timer_key
 
@@ -44,11 +46,24 @@ class Batch:
 class _Connection:
     """One blocking connection to a store host; replies come back by request id."""
 
-    def __init__(self, address: str, timeout: float, key: bytes) -> None:
-        host, port = address.rsplit(":", 1)
+    def __init__(
+        self, address: str, timeout: float, key: bytes, tls_cadata: str | None = None
+    ) -> None:
+        """``address``: ``host:port``, or ``tls://host:port`` for a store host serving
+        TLS, verified with the PEM ``tls_cadata`` (else the system's trust store)."""
         self.address = address
-        self._sock = socket.create_connection((host, int(port)), timeout=timeout)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        secure = address.startswith("tls://")
+        host, port = address.removeprefix("tls://").rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if secure:
+            context = tls.client_context(cadata=tls_cadata)
+            try:
+                sock = context.wrap_socket(sock, server_hostname=host)
+            except (ssl.SSLError, OSError) as err:
+                sock.close()
+                raise Unavailable(f"store {address}: TLS: {err}") from err
+        self._sock = sock
         hello, nonce = h.hello(key)  # prove this worker belongs to the cluster
         self._sock.sendall(hello)
         try:
@@ -116,6 +131,7 @@ class StoreReader:
         timeout: float = 30.0,
         retries: int = 6,
         key: bytes | None = None,
+        tls_cadata: str | None = None,
     ) -> None:
         """``key``: the cluster key (wire/handshake.py); default this process's."""
         if not addresses:
@@ -124,6 +140,7 @@ class StoreReader:
         self._timeout = timeout
         self._retries = retries
         self._key = key if key is not None else h.cluster_key()
+        self._cadata = tls_cadata
         self._turn = 0
         self._conn: _Connection | None = None
 
@@ -141,7 +158,7 @@ class StoreReader:
     def _connection(self) -> _Connection:
         if self._conn is None:
             address = self._addresses[self._turn % len(self._addresses)]
-            self._conn = _Connection(address, self._timeout, self._key)
+            self._conn = _Connection(address, self._timeout, self._key, self._cadata)
         return self._conn
 
     def _failed(self, err: Exception, attempt: int) -> None:

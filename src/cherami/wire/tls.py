@@ -62,6 +62,15 @@ def ws_scheme() -> str:
     return "wss" if _client is not None else "ws"
 
 
+def ca_pem() -> str | None:
+    """The PEM text of the CA file CHERAMI_TLS_CA names (None when unset)."""
+    path = os.environ.get(TLS_CA_ENV)
+    if not path:
+        return None
+    with open(path) as f:
+        return f.read()
+
+
 def public_client(url: str, ca: str | None) -> ssl.SSLContext | bool:
     """What an API client passes as aiohttp's ``ssl``: a context verifying with ``ca``
     (or CHERAMI_TLS_CA) for https URLs; True (the default checks) otherwise."""

@@ -388,6 +388,7 @@ class Frontend:
     async def receive(self, request: web.Request) -> web.Response:
         group = await self.group_record(request, "consume")
         body = await decode(request, s.ReceiveRequest)
+
         def waiting(wait: float) -> s.ReceiveRequest:
             return msgspec.structs.replace(body, wait_seconds=wait)
 

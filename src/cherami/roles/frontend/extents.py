@@ -20,6 +20,7 @@ from cherami.roles.frontend.app import Frontend, decode, json_response
 from cherami.roles.frontend.clusterview import HostView, read_hosts
 from cherami.roles.frontend.convert import rfc3339
 from cherami.roles.frontend.schemas import OffsetsBody
+from cherami.wire import tls
 from cherami.wire.keys import plain_key
 from cherami.wire.store import PLAIN
 
@@ -66,10 +67,13 @@ class StreamGroupRoutes:
         return min(seqs) if seqs else 0
 
     def _address(self, store_id: str) -> str:
+        """A replica's address as a reader dials it: ``tls://host:port`` when this
+        cluster's store links run TLS (wire/tls.py), else ``host:port``."""
         try:
-            return self.f.r.stores.get(store_id).address
+            address = self.f.r.stores.get(store_id).address
         except CheramiError:
             return ""
+        return f"tls://{address}" if tls.internal_client() is not None else address
 
     async def _extent_json(
         self, extent: Extent, hosts: HostView, rates: dict[str, float]
