@@ -14,6 +14,7 @@ import msgspec
 from cherami.errors import InvalidRequest
 
 ROLES = ("frontend", "controller", "inputhost", "outputhost", "storehost")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -44,11 +45,21 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # other roles serve /metrics on their API port and ignore it
     metrics_port: int | None = None
 
+    def log_level_name(self) -> str:
+        """The logging level, checked: an unknown one is a one-line error."""
+        name = self.log_level.upper()
+        if name not in LOG_LEVELS:
+            raise InvalidRequest(
+                f"--log-level {self.log_level!r}: must be one of {', '.join(LOG_LEVELS)}"
+            )
+        return name
+
     def check(self, auth_enabled: bool) -> None:
         if self.role is not None and self.role not in ROLES:
             raise InvalidRequest(f"--role must be one of {', '.join(ROLES)}")
         if self.role is not None and not self.metadata:
             raise InvalidRequest("--role needs --metadata (sqlite:///path or postgresql://...)")
+        self.log_level_name()
         if self.extent_max_messages < 1:
             raise InvalidRequest("--extent-max-messages must be at least 1")
         if self.stores < 1:

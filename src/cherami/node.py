@@ -16,6 +16,7 @@ from cherami.cluster.loadmeter import LoadMeter, LoadSources
 from cherami.cluster.roles import delivered_counts
 from cherami.cluster.secret import node_secret
 from cherami.config import NodeConfig
+from cherami.datadir import lock_data_dir
 from cherami.metadata.models import Extent, Host
 from cherami.metadata.sqlite import SqliteMetadataStore
 from cherami.periodic import Periodic
@@ -65,7 +66,7 @@ class Node:
 
     async def start(self) -> None:
         cfg = self.config
-        os.makedirs(cfg.data_dir, exist_ok=True)
+        self._lock = lock_data_dir(cfg.data_dir)  # one server per data dir
         self.metadata = timed_metadata(
             SqliteMetadataStore(os.path.join(cfg.data_dir, "metadata.db"))
         )

@@ -61,7 +61,7 @@ def _tune_gc() -> None:
 
 def run_node(config: NodeConfig) -> None:
     logging.basicConfig(
-        level=config.log_level.upper(),
+        level=config.log_level_name(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     _tune_gc()

@@ -26,6 +26,7 @@ from cherami.cluster.membership import (
 )
 from cherami.cluster.secret import role_secret
 from cherami.config import NodeConfig
+from cherami.datadir import lock_data_dir
 from cherami.errors import Unauthorized, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import FAILING, OPEN, Extent
@@ -83,6 +84,7 @@ class RoleProcess:
     async def start(self) -> str:
         cfg = self.config
         assert cfg.metadata is not None
+        self._lock = lock_data_dir(cfg.data_dir)  # one process per data dir
         self.metadata = await open_metadata(cfg.metadata)
         if self.role == STOREHOST:
             await self._start_storehost()
