@@ -53,3 +53,22 @@ def test_tables_and_exit_codes(server: ServerProcess) -> None:
     assert down.returncode == 5 and down.stderr.startswith("error: unavailable")
     usage = cherami(server.url, "--output", "yaml", "queue", "list")
     assert usage.returncode == 2 and "yaml" in usage.stderr
+
+
+def test_update_commands(server: ServerProcess) -> None:
+    q = unique()
+    cherami(server.url, "queue", "create", q)
+    cherami(server.url, "group", "create", q, "billing")
+    updated = cherami(server.url, "queue", "update", q, "--retention-seconds", "7200")
+    assert updated.returncode == 0, updated.stderr
+    assert json.loads(updated.stdout)["retention_seconds"] == 7200
+    group = cherami(server.url, "group", "update", q, "billing", "--visibility-timeout", "5",
+                    "--max-delivery-count", "3")  # fmt: skip
+    assert group.returncode == 0, group.stderr
+    assert (json.loads(group.stdout)["visibility_timeout_seconds"],
+            json.loads(group.stdout)["max_delivery_count"]) == (5, 3)  # fmt: skip
+    nothing = cherami(server.url, "queue", "update", q)
+    assert nothing.returncode == 2 and "at least one setting" in nothing.stderr
+    bad = cherami(server.url, "group", "update", q, "billing", "--visibility-timeout", "0")
+    assert bad.returncode == 1
+    assert bad.stderr.startswith("error: invalid_request:") and "--visibility-timeout" in bad.stderr

@@ -24,11 +24,11 @@ def cluster() -> None:
 @cluster.command()
 @click.option("--dir", "root", default="./cluster", show_default=True, help="State, data and logs.")
 @click.option("--metadata", help="postgresql://... or sqlite:///path (default: SQLite in --dir).")
-@click.option("--stores", default=3, show_default=True)
-@click.option("--inputs", default=2, show_default=True)
-@click.option("--outputs", default=2, show_default=True)
-@click.option("--controllers", default=2, show_default=True)
-@click.option("--frontends", default=1, show_default=True)
+@click.option("--stores", default=3, show_default=True, help="Store host processes.")
+@click.option("--inputs", default=2, show_default=True, help="Input host processes.")
+@click.option("--outputs", default=2, show_default=True, help="Output host processes.")
+@click.option("--controllers", default=2, show_default=True, help="Controller processes.")
+@click.option("--frontends", default=1, show_default=True, help="Frontend processes.")
 @click.option("--port", default=8080, show_default=True, help="Port of the first frontend.")
 @click.option("--netns", is_flag=True, help="Each process in a network namespace (root).")
 @click.option("--zones", default="", help="With --netns: zone names (a,b,c), dealt in turn.")
@@ -79,7 +79,8 @@ def _network(root: str) -> Network:
 
 
 @cluster.command()
-@click.option("--dir", "root", default="./cluster", show_default=True)
+@click.option("--dir", "root", default="./cluster", show_default=True,
+              help="The cluster's directory (as given to cluster up).")  # fmt: skip
 @click.argument("side_a")
 @click.argument("side_b")
 def cut(root: str, side_a: str, side_b: str) -> None:
@@ -95,7 +96,8 @@ def cut(root: str, side_a: str, side_b: str) -> None:
 
 
 @cluster.command()
-@click.option("--dir", "root", default="./cluster", show_default=True)
+@click.option("--dir", "root", default="./cluster", show_default=True,
+              help="The cluster's directory (as given to cluster up).")  # fmt: skip
 @click.argument("zone")
 def isolate(root: str, zone: str) -> None:
     """Cut a zone (or a host) off from every other host and from this machine."""
@@ -108,7 +110,8 @@ def isolate(root: str, zone: str) -> None:
 
 
 @cluster.command()
-@click.option("--dir", "root", default="./cluster", show_default=True)
+@click.option("--dir", "root", default="./cluster", show_default=True,
+              help="The cluster's directory (as given to cluster up).")  # fmt: skip
 def heal(root: str) -> None:
     """Undo every cut (--netns clusters)."""
     _network(root).heal(everywhere=True)
@@ -116,7 +119,8 @@ def heal(root: str) -> None:
 
 
 @cluster.command()
-@click.option("--dir", "root", default="./cluster", show_default=True)
+@click.option("--dir", "root", default="./cluster", show_default=True,
+              help="The cluster's directory (as given to cluster up).")  # fmt: skip
 def down(root: str) -> None:
     """Stop the cluster started in --dir (and remove its namespaces, if it has them)."""
     from cherami.cluster.local import down_from_state

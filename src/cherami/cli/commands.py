@@ -104,24 +104,47 @@ def drop_unset(**options: Any) -> dict[str, Any]:
 # queues
 @cli.group()
 def queue() -> None:
-    """Create, list, show and delete queues."""
+    """Create, list, show, update and delete queues."""
 
 
 @queue.command("create")
 @click.argument("name")
 @click.option("--type", "type_", type=click.Choice(["ap", "cp"]), help="Consistency (default ap).")
-@click.option("--replicas", type=int)
-@click.option("--min-extents", type=int)
-@click.option("--max-extents", type=int)
+@click.option("--replicas", type=int, help="Copies of each message (default min(3, store hosts)).")
+@click.option("--min-extents", type=int, help="Open extents kept at the least (parallel writers).")
+@click.option("--max-extents", type=int, help="Open extents the queue may scale up to.")
 @click.option("--extent-target-rate", type=float, help="msgs/s one extent should carry.")
-@click.option("--delay-seconds", type=float)
-@click.option("--retention-seconds", type=float)
-@click.option("--max-message-bytes", type=int)
+@click.option("--delay-seconds", type=float, help="Every message waits this long first.")
+@click.option("--retention-seconds", type=float, help="How long unconsumed messages are kept.")
+@click.option("--max-message-bytes", type=int, help="Largest message body accepted.")
 @connection_options
 def queue_create(client: ClientFactory, name: str, type_: str | None, **options: Any) -> None:
     """Create queue NAME (no change if it exists with the same config)."""
     config = drop_unset(type=type_, **options)
     echo_json(run(client, lambda c: c.create_queue(name, **config)))
+
+
+@queue.command("update")
+@click.argument("name")
+@click.option("--min-extents", type=int, help="Open extents kept at the least.")
+@click.option("--max-extents", type=int, help="Open extents the queue may scale up to.")
+@click.option("--extent-target-rate", type=float, help="msgs/s one extent should carry.")
+@click.option("--delay-seconds", type=float, help="Every message waits this long first.")
+@click.option("--retention-seconds", type=float, help="How long unconsumed messages are kept.")
+@click.option("--consumed-retention-seconds", type=float,
+              help="How long messages every group has acked are kept.")  # fmt: skip
+@click.option("--max-message-bytes", type=int, help="Largest message body accepted.")
+@click.option("--publish-rate", type=float, help="Messages/s accepted (0: no limit).")
+@click.option("--publish-burst", type=float, help="Messages accepted at once above the rate.")
+@click.option("--max-backlog-bytes", type=int,
+              help="Refuse publishes over this many unconsumed bytes (0: no limit).")  # fmt: skip
+@connection_options
+def queue_update(client: ClientFactory, name: str, **options: Any) -> None:
+    """Change settings of queue NAME (the ones given; the rest stay)."""
+    patch = drop_unset(**options)
+    if not patch:
+        raise click.UsageError("give at least one setting to change")
+    echo_json(run(client, lambda c: c.update_queue(name, **patch)))
 
 
 @queue.command("list")
@@ -151,24 +174,54 @@ def queue_delete(client: ClientFactory, name: str, contents_only: bool) -> None:
 # consumer groups
 @cli.group()
 def group() -> None:
-    """Create, list, show and delete consumer groups."""
+    """Create, list, show, update and delete consumer groups."""
+
+
+def group_settings(with_defaults: bool = False) -> Callable[[F], F]:
+    """The options of a group's changeable settings (create, with their defaults; update)."""
+    visibility, deliveries = (" (default 60)", " (default 10)") if with_defaults else ("", "")
+
+    def add(command: F) -> F:
+        for option in reversed([
+            click.option("--visibility-timeout", "visibility_timeout_seconds", type=float,
+                          help=f"Seconds a delivery stays invisible{visibility}."),
+            click.option("--max-delivery-count", type=int,
+                         help=f"Deliveries before the DLQ{deliveries}."),
+            click.option("--delay-seconds", type=float,
+                         help="Deliveries to this group wait this long."),
+        ]):  # fmt: skip
+            command = option(command)
+        return command
+
+    return add
 
 
 @group.command("create")
 @click.argument("queue_name", metavar="QUEUE")
 @click.argument("name", metavar="GROUP")
-@click.option("--visibility-timeout", "visibility_timeout_seconds", type=float,
-              help="Seconds a delivery stays invisible (default 60).")  # fmt: skip
-@click.option("--max-delivery-count", type=int, help="Deliveries before the DLQ (default 10).")
+@group_settings(with_defaults=True)
 @click.option("--start-from", help="earliest (default), latest, or an RFC 3339 time.")
-@click.option("--delay-seconds", type=float)
-@click.option("--type", "type_", type=click.Choice(["competing", "stream"]))
+@click.option("--type", "type_", type=click.Choice(["competing", "stream"]),
+              help="competing (default: receive/ack) or stream (offsets, e.g. Spark).")  # fmt: skip
 @connection_options
 def group_create(client: ClientFactory, queue_name: str, name: str, type_: str | None,
                  **options: Any) -> None:  # fmt: skip
     """Create consumer group GROUP on QUEUE."""
     config = drop_unset(type=type_, **options)
     echo_json(run(client, lambda c: c.create_group(queue_name, name, **config)))
+
+
+@group.command("update")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("name", metavar="GROUP")
+@group_settings()
+@connection_options
+def group_update(client: ClientFactory, queue_name: str, name: str, **options: Any) -> None:
+    """Change settings of consumer group GROUP of QUEUE (the ones given; the rest stay)."""
+    patch = drop_unset(**options)
+    if not patch:
+        raise click.UsageError("give at least one setting to change")
+    echo_json(run(client, lambda c: c.update_group(queue_name, name, **patch)))
 
 
 @group.command("list")
@@ -335,7 +388,8 @@ def dlq() -> None:
 @dlq.command("show")
 @click.argument("queue_name", metavar="QUEUE")
 @click.argument("group_name", metavar="GROUP")
-@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True,
+              help="Messages to show at most.")  # fmt: skip
 @connection_options
 def dlq_show(client: ClientFactory, queue_name: str, group_name: str, limit: int) -> None:
     """Show the DLQ's depth and its first --limit messages (without consuming them)."""

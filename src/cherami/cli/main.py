@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from cherami.cli.output import FORMATS, exit_code
+from cherami.cli.output import FORMATS, exit_code, flag_names
 from cherami.errors import CheramiError
 
 
@@ -16,7 +16,7 @@ class _Cli(click.Group):
         try:
             return super().invoke(ctx)
         except CheramiError as err:
-            click.echo(f"error: {err.code}: {err.message}", err=True)
+            click.echo(f"error: {err.code}: {flag_names(err.message)}", err=True)
             sys.exit(exit_code(err))
         except OSError as err:
             click.echo(f"error: {err}", err=True)
@@ -39,7 +39,8 @@ def cli(output: str) -> None:
 @click.option("--port", type=int, help="Port (0 picks a free one and prints it).")
 @click.option("--stores", type=int, help="Number of store hosts (default 3).")
 @click.option("--auth-file", help="JSON list of API keys with scopes and prefixes.")
-@click.option("--allow-remote-without-auth", is_flag=True, default=None)
+@click.option("--allow-remote-without-auth", is_flag=True, default=None,
+              help="Listen beyond loopback without API keys (anyone may call).")  # fmt: skip
 @click.option(
     "--role",
     type=click.Choice(["frontend", "controller", "inputhost", "outputhost", "storehost"]),
@@ -73,7 +74,7 @@ def cli(output: str) -> None:
     help="A store host's /metrics port in a cluster (0: a free one; other roles: the API port).",
 )  # fmt: skip
 @click.option("--config", "config_file", help="Config file: JSON, or TOML (name ends .toml).")
-@click.option("--log-level")
+@click.option("--log-level", help="DEBUG, INFO (default), WARNING, ERROR or CRITICAL.")
 def serve(config_file: str | None, **args: Any) -> None:
     """Start every role of a node on the embedded default."""
     from cherami.cli.serve import run_node

@@ -4,6 +4,7 @@ indented) or ``--output table`` (rich tables for people), and its exit codes."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import click
@@ -30,6 +31,17 @@ EXIT_CODES: tuple[tuple[type[CheramiError], int], ...] = (
     (Unauthorized, 6),
     (Forbidden, 6),
 )
+
+
+# wire fields whose flag is not the field's name with dashes
+FLAGS = {"visibility_timeout_seconds": "--visibility-timeout"}
+_FIELD = re.compile(r"`\$\.([a-z_]+)`")
+
+
+def flag_names(message: str) -> str:
+    """A server's validation message with the flag for each field it names:
+    "... - at `$.retention_seconds`" -> "... - at --retention-seconds"."""
+    return _FIELD.sub(lambda m: FLAGS.get(m[1], "--" + m[1].replace("_", "-")), message)
 
 
 def exit_code(err: CheramiError) -> int:
