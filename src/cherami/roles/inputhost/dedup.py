@@ -45,7 +45,7 @@ class Window:
 
     def __init__(self) -> None:
         self.ids: dict[str, tuple[str, int]] = {}
-        self.pending: dict[str, asyncio.Future[str]] = {}
+        self.pending: dict[str, asyncio.Future[None]] = {}  # being stored: done when stored
         self.loaded = False
         self.lock = asyncio.Lock()
 
@@ -90,45 +90,57 @@ class Deduplicator:
         window.expire(now_ms)
         ids = [""] * len(messages)
         fresh: list[int] = []  # indexes of the messages to store
-        waits: list[tuple[int, asyncio.Future[str]]] = []
-        mine: dict[str, asyncio.Future[str]] = {}
+        waits: list[tuple[int, str, asyncio.Future[None]]] = []
+        mine: list[str] = []  # the dedup ids this call stores, all under one future
+        done: asyncio.Future[None] | None = None
+        pending, get = window.pending, window.ids.get
         for i, m in enumerate(messages):
             d = m.dedup_id
-            known = None if d is None else window.get(d, now_ms)
-            if known is not None:
-                ids[i] = known
-            elif d is not None and d in window.pending:
-                waits.append((i, window.pending[d]))
-            else:
+            if d is None:
                 fresh.append(i)
-                if d is not None:
-                    mine[d] = window.pending[d] = asyncio.get_running_loop().create_future()
+                continue
+            known = get(d)
+            if known is not None and known[1] > now_ms:
+                ids[i] = known[0]
+            elif d in pending:
+                waits.append((i, d, pending[d]))
+            else:
+                if done is None:
+                    done = asyncio.get_running_loop().create_future()
+                fresh.append(i)
+                mine.append(d)
+                pending[d] = done
         self.dropped += len(messages) - len(fresh)
         try:
             made = await append(queue, [messages[i] for i in fresh]) if fresh else []
         except BaseException:
-            for d, future in mine.items():
-                window.pending.pop(d, None)
-                future.cancel()
+            for d in mine:
+                pending.pop(d, None)
+            if done is not None:
+                done.cancel()
             raise
         expires = int(time.time() * 1000) + window_ms
         for i, msg_id in zip(fresh, made, strict=True):
             ids[i] = msg_id
             d = messages[i].dedup_id
-            if d is not None and d in mine:
+            if d is not None and pending.get(d) is done:
                 window.put(d, msg_id, expires)
-                window.pending.pop(d, None)
-                mine.pop(d).set_result(msg_id)
-        for i, future in waits:
+                del pending[d]
+        if done is not None:
+            done.set_result(None)
+        for i, d, future in waits:
             try:
-                ids[i] = await asyncio.shield(future)
+                await asyncio.shield(future)
             except asyncio.CancelledError:
                 if not future.cancelled():
                     raise
+            stored = window.get(d, int(time.time() * 1000))
+            if stored is None:
                 raise Unavailable(
                     f"messages[{i}]: the publish of the same dedup_id at the same time failed; "
                     "publish again"
-                ) from None
+                )
+            ids[i] = stored
         return ids
 
     async def _window(self, queue: Queue, window_ms: int) -> Window:
