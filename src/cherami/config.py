@@ -15,6 +15,7 @@ from cherami.errors import InvalidRequest
 
 ROLES = ("frontend", "controller", "inputhost", "outputhost", "storehost")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
 
 
 class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -25,6 +26,7 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     auth_file: str | None = None
     allow_remote_without_auth: bool = False
     log_level: str = "INFO"
+    log_format: str = "text"  # or "json": one JSON object a line (cli/serve.py)
     role: str | None = None  # one role per process (a cluster); None: every role (a node)
     metadata: str | None = None  # sqlite:///path or postgresql://...; node default DIR/metadata.db
     advertise: str | None = None  # HOST:PORT other hosts reach this one at
@@ -46,12 +48,15 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     metrics_port: int | None = None
 
     def log_level_name(self) -> str:
-        """The logging level, checked: an unknown one is a one-line error."""
+        """The logging level, checked with the log format: an unknown one is a one-line
+        error."""
         name = self.log_level.upper()
         if name not in LOG_LEVELS:
             raise InvalidRequest(
                 f"--log-level {self.log_level!r}: must be one of {', '.join(LOG_LEVELS)}"
             )
+        if self.log_format not in LOG_FORMATS:
+            raise InvalidRequest(f"--log-format must be one of {', '.join(LOG_FORMATS)}")
         return name
 
     def check(self, auth_enabled: bool) -> None:

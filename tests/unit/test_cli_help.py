@@ -3,6 +3,11 @@ message names the flag, not the wire field."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import click
 
 from cherami.cli import cluster, clusterstatus, commands, keys, top  # noqa: F401 (registers)
@@ -34,3 +39,12 @@ def test_errors_name_flags() -> None:
     )
     assert flag_names("at `$.visibility_timeout_seconds`") == "at --visibility-timeout"
     assert flag_names("at `$.messages[0].body`") == "at `$.messages[0].body`"
+
+
+def test_shell_completion() -> None:
+    """README "Shell completion": click's completion of the cherami command."""
+    env = {**os.environ, "_CHERAMI_COMPLETE": "bash_complete", "COMP_WORDS": "cherami queue up",
+           "COMP_CWORD": "2"}  # fmt: skip
+    command = str(Path(sys.executable).with_name("cherami"))  # the installed entry point
+    done = subprocess.run([command], env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["plain,update"]

@@ -75,6 +75,8 @@ def cli(output: str) -> None:
 )  # fmt: skip
 @click.option("--config", "config_file", help="Config file: JSON, or TOML (name ends .toml).")
 @click.option("--log-level", help="DEBUG, INFO (default), WARNING, ERROR or CRITICAL.")
+@click.option("--log-format", type=click.Choice(["text", "json"]),
+              help="text (default) or json: one JSON object a line.")  # fmt: skip
 def serve(config_file: str | None, **args: Any) -> None:
     """Start every role of a node on the embedded default."""
     from cherami.cli.serve import run_node

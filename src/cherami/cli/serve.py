@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import io
+import json
 import logging
 import signal
 import sys
@@ -59,10 +60,34 @@ def _tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, the fields a call passed
+    in ``extra`` (queue, group, extent, seq, ...), and the traceback if any."""
+
+    _plain = set(vars(logging.makeLogRecord({})))
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in self._plain and key not in entry:
+                entry[key] = value if isinstance(value, int | float | bool | None) else str(value)
+        if record.exc_info:
+            entry["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
 def run_node(config: NodeConfig) -> None:
-    logging.basicConfig(
-        level=config.log_level_name(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    level = config.log_level_name()
+    if config.log_format == "json":
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonLogFormatter())
+        logging.basicConfig(level=level, handlers=[handler])
+    else:
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _tune_gc()
     uvloop.run(_serve(config))
