@@ -72,3 +72,26 @@ def test_update_commands(server: ServerProcess) -> None:
     bad = cherami(server.url, "group", "update", q, "billing", "--visibility-timeout", "0")
     assert bad.returncode == 1
     assert bad.stderr.startswith("error: invalid_request:") and "--visibility-timeout" in bad.stderr
+
+
+def test_consume_prints_receipts_for_ack_and_nack(server: ServerProcess) -> None:
+    q, g = unique(), "workers"
+    cherami(server.url, "queue", "create", q)
+    cherami(server.url, "group", "create", q, g, "--visibility-timeout", "60")
+    cherami(server.url, "publish", q, "one", "two", "three")
+    out = cherami(server.url, "consume", q, g, "--max", "3", "--wait", "2").stdout
+    receipts = [json.loads(line)["receipt"] for line in out.splitlines()]
+    assert len(receipts) == 3
+    acked = cherami(server.url, "ack", q, g, receipts[0], receipts[1])
+    assert acked.returncode == 0 and json.loads(acked.stdout) == {"acked": 2, "stale": []}
+    nacked = subprocess.run(  # receipts one a line on stdin
+        [sys.executable, "-m", "cherami.cli.main", "nack", q, g, "--delay-seconds", "0"],
+        input=receipts[2] + "\n", capture_output=True, text=True, timeout=60,
+        env={**os.environ, "CHERAMI_URL": server.url},
+    )  # fmt: skip
+    assert nacked.returncode == 0 and json.loads(nacked.stdout)["nacked"] == 1
+    again = cherami(server.url, "ack", q, g, receipts[0])  # already acked: stale
+    assert json.loads(again.stdout) == {"acked": 0, "stale": [receipts[0]]}
+    redelivered = cherami(server.url, "consume", q, g, "--max", "1", "--wait", "5", "--ack")
+    message = json.loads(redelivered.stdout)
+    assert (message["body"], message["delivery_count"]) == ("three", 2)

@@ -383,6 +383,11 @@ class Tap:
     def closes(self) -> list[int | None]:
         return [c.close_code for c in self.conns if c.closed is not None]
 
+    def closes_since(self, moment: float) -> list[int | None]:
+        """The close codes of connections that closed at ``moment`` or later, in order."""
+        ended = sorted((c for c in self.conns if c.closed is not None), key=lambda c: c.closed or 0)
+        return [c.close_code for c in ended if c.closed is not None and c.closed >= moment]
+
 
 class TapClient(AsyncClient):
     """An AsyncClient whose stream connections report to a Tap."""

@@ -83,6 +83,7 @@ def message_json(message: Received) -> dict[str, Any]:
         **body,
         "delivery_count": message.delivery_count,
         "attributes": message.attributes,
+        **({"receipt": message.receipt} if message.receipt else {}),
     }
 
 
@@ -350,7 +351,7 @@ async def publish_stream(
 def consume(client: ClientFactory, queue_name: str, group_name: str, max_messages: int,
             wait_seconds: float, ack: bool) -> None:  # fmt: skip
     """Receive up to --max messages from GROUP of QUEUE; print each as one JSON line
-    (id, body or body_b64, delivery_count, attributes)."""
+    (id, body or body_b64, delivery_count, attributes, receipt: for cherami ack/nack)."""
 
     async def receive_all(c: AsyncClient) -> None:
         remaining = max_messages
@@ -365,6 +366,42 @@ def consume(client: ClientFactory, queue_name: str, group_name: str, max_message
             remaining -= len(messages)
 
     run(client, receive_all)
+
+
+def receipts_given(receipts: tuple[str, ...]) -> list[str]:
+    """The receipts given as arguments, else one a line on stdin."""
+    given = list(receipts) or [line.strip() for line in sys.stdin if line.strip()]
+    if not given:
+        raise click.UsageError("give receipts as arguments or one a line on stdin")
+    return given
+
+
+@cli.command("ack")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("group_name", metavar="GROUP")
+@click.argument("receipts", nargs=-1)
+@connection_options
+def ack_command(client: ClientFactory, queue_name: str, group_name: str,
+                receipts: tuple[str, ...]) -> None:  # fmt: skip
+    """Ack deliveries of GROUP by their RECEIPTS (from cherami consume; arguments, or one
+    a line on stdin). Prints how many were acked and the stale receipts."""
+    given = receipts_given(receipts)
+    echo_json(run(client, lambda c: c.ack(queue_name, group_name, given)))
+
+
+@cli.command("nack")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("group_name", metavar="GROUP")
+@click.argument("receipts", nargs=-1)
+@click.option("--delay-seconds", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Deliver them again after this long.")  # fmt: skip
+@connection_options
+def nack_command(client: ClientFactory, queue_name: str, group_name: str,
+                 receipts: tuple[str, ...], delay_seconds: float) -> None:  # fmt: skip
+    """Give deliveries of GROUP back by their RECEIPTS (arguments, or one a line on
+    stdin), to be delivered again after --delay-seconds."""
+    given = receipts_given(receipts)
+    echo_json(run(client, lambda c: c.nack(queue_name, group_name, given, delay_seconds)))
 
 
 async def receive_within(
