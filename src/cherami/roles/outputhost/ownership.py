@@ -32,6 +32,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from cherami.cluster.membership import OUTPUTHOST, live_hosts
+from cherami.errors import GroupNotFound, QueueNotFound
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import FAILING, OPEN, SEALED, STREAM, Fence, Group, Queue
 from cherami.periodic import Periodic
@@ -183,8 +184,15 @@ class ExtentOwnership:
         shares: dict[tuple[str, str, str], list[Unit]] = {}  # a group's units of one kind
         for unit, kind in units.items():
             shares.setdefault((unit[0], unit[1], kind), []).append(unit)
-        for unit in sorted(set(self.held) - set(units)):
-            await self._drop(unit, MOVED_CLOSE if unit[:2] in groups else DELETED_CLOSE)
+        gone = sorted(set(self.held) - set(units))
+        # a group left with no unit may have been deleted between the reads of _units
+        # (its extents read after the delete, its group before): ask again, so that its
+        # streams close with DELETED, not with a reconnect to nothing
+        emptied = {u[:2] for u in gone if u[:2] in groups} - {u[:2] for u in units}
+        deleted = {key for key in emptied if not await self._group_exists(*key)}
+        for unit in gone:
+            moved = unit[:2] in groups and unit[:2] not in deleted
+            await self._drop(unit, MOVED_CLOSE if moved else DELETED_CLOSE)
         self._merged_at = {k: v for k, v in self._merged_at.items() if k in groups}
         totals = Counter(held_by.values())
         shed = False
@@ -231,6 +239,13 @@ class ExtentOwnership:
                     held.acting_until = asked + LEASE_TTL - MARGIN
         for key in sorted(taken):
             await self.outputs.took(*key)
+
+    async def _group_exists(self, queue: str, group: str) -> bool:
+        try:
+            await self.metadata.get_group(queue, group)
+        except (GroupNotFound, QueueNotFound):
+            return False
+        return True
 
     async def _drop(self, unit: Unit, close_code: int) -> None:
         if self.held.pop(unit, None) is None:
