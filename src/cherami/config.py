@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from cherami.errors import InvalidRequest
+from cherami.timing import Timing
 
 ROLES = ("frontend", "controller", "inputhost", "outputhost", "storehost")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -39,6 +40,7 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     extent_max_messages: int = 1_000_000  # an open extent this large is sealed, a new one opens
     # the secret internal connections prove (wire/handshake.py); a node makes its own
     cluster_secret_file: str | None = None
+    timing: Timing = msgspec.field(default_factory=Timing)  # leases, ticks, read window
     # TLS on every listener (and, in a cluster, every internal client): wire/tls.py
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -60,6 +62,7 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return name
 
     def check(self, auth_enabled: bool) -> None:
+        self.timing.check()
         if self.role is not None and self.role not in ROLES:
             raise InvalidRequest(f"--role must be one of {', '.join(ROLES)}")
         if self.role is not None and not self.metadata:

@@ -12,6 +12,7 @@ from functools import partial
 
 from aiohttp import web
 
+from cherami import timing
 from cherami.cluster.loadmeter import LoadMeter, LoadSources
 from cherami.cluster.roles import delivered_counts
 from cherami.cluster.secret import node_secret
@@ -60,6 +61,7 @@ class Node:
         self.ready = False
         self.port = 0
         self._runner: web.AppRunner | None = None
+        timing.use(config.timing)
         self.secret = node_secret(config.data_dir, config.cluster_secret_file)
         self.stores = StoreDirectory(h.derive_key(self.secret))
         self.store_processes: list[StoreProcess] = []

@@ -9,8 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
+from cherami import timing
 from cherami.metadata.models import (
     OPEN,
     AckLevel,
@@ -120,8 +122,8 @@ async def test_no_unit_is_left_to_nobody(meta: SqliteMetadataStore) -> None:
 async def test_a_host_that_comes_back_gets_its_share(
     meta: SqliteMetadataStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ownership, "LEASE_TTL", 0.4)
-    monkeypatch.setattr(ownership, "MARGIN", 0.1)
+    short = msgspec.structs.replace(timing.DEFAULT, lease_ttl=0.4, lease_margin=0.1)
+    monkeypatch.setattr(timing, "current", short)  # the ticks are driven by hand here
     await _queue(meta, "q", ["g"], [PLAIN, PLAIN])
     a, b = _host(meta, "outputhost-a"), _host(meta, "outputhost-b")
     await _ticks([a], meta, 2)  # b is not alive yet: a holds both

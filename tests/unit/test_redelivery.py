@@ -7,6 +7,9 @@ import itertools
 import time
 from typing import Any
 
+import msgspec
+
+from cherami import timing
 from cherami.metadata.models import (
     AckLevel,
     Extent,
@@ -250,7 +253,7 @@ async def test_a_poison_message_goes_to_the_dlq_and_its_row_after_it() -> None:
 
 
 async def test_a_delivery_held_at_the_head_of_a_full_window_is_pinned(monkeypatch: Any) -> None:
-    monkeypatch.setattr(gc, "READ_AHEAD", 3)
+    monkeypatch.setattr(timing, "current", msgspec.structs.replace(timing.DEFAULT, read_ahead=3))
     consumer, meta = _consumer(), _Metadata()
     cursor = consumer.cursors["e1"]
     await consumer.admit(_read(cursor, range(1, 4)))

@@ -9,6 +9,7 @@ import os
 import secrets
 import time
 
+from cherami import timing
 from cherami.cluster.loadmeter import LoadMeter
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Host
@@ -16,8 +17,8 @@ from cherami.periodic import Periodic
 
 log = logging.getLogger("cherami.cluster.membership")
 
-HEARTBEAT_INTERVAL = 0.5
-DEAD_AFTER = 3.0
+HEARTBEAT_INTERVAL = timing.DEFAULT.heartbeat_interval  # the defaults; a process uses
+DEAD_AFTER = timing.DEFAULT.dead_after  # timing.current (its config's "timing")
 
 STOREHOST, INPUTHOST, OUTPUTHOST, CONTROLLER, FRONTEND = (
     "storehost", "inputhost", "outputhost", "controller", "frontend",
@@ -47,7 +48,7 @@ class Membership:
         self.metadata = metadata
         self.host = Host(id=host, role=role, address=address, heartbeat_at=0.0, zone=zone)
         self.meter = meter
-        self._beats = Periodic(f"heartbeat of {host}", HEARTBEAT_INTERVAL, self.beat)
+        self._beats = Periodic(f"heartbeat of {host}", timing.current.heartbeat_interval, self.beat)
 
     async def start(self) -> None:
         await self.beat()
@@ -64,4 +65,4 @@ class Membership:
 
 
 async def live_hosts(metadata: MetadataStore, role: str) -> list[Host]:
-    return await metadata.list_hosts(role, alive_within=DEAD_AFTER)
+    return await metadata.list_hosts(role, alive_within=timing.current.dead_after)

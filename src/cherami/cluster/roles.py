@@ -14,6 +14,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from cherami import timing
 from cherami.cluster.loadmeter import Counts, LoadMeter, LoadSources
 from cherami.cluster.membership import (
     CONTROLLER,
@@ -73,6 +74,7 @@ class RoleProcess:
         self.keys = KeyRing.load(config.auth_file)
         config.check(self.keys.enabled)
         h.use_secret(role_secret(config.cluster_secret_file))  # every internal link proves it
+        timing.use(config.timing)
         tls.use_tls(config.tls_cert, config.tls_key, config.tls_ca)
         self.id = host_id(config.data_dir, self.role)
         self.address = ""

@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 
+from cherami import timing
 from cherami.cluster.membership import INPUTHOST, live_hosts
 from cherami.errors import CheramiError
 from cherami.metadata.base import MetadataStore
@@ -33,9 +34,10 @@ from cherami.wire.store import PLAIN
 log = logging.getLogger("cherami.controller.leader")
 
 LEASE = "controller-leader"
-LEASE_TTL = 3.0
-MARGIN = 0.5  # seconds before the lease's end at which the leader stops acting
-TICK = 0.5
+# the defaults (timing.py); a process uses timing.current, from its config
+LEASE_TTL = timing.DEFAULT.lease_ttl
+MARGIN = timing.DEFAULT.lease_margin  # seconds before the lease's end the leader stops acting
+TICK = timing.DEFAULT.leader_tick
 RETENTION_EVERY = 10  # ticks
 # how long a tick waits for the seals it started before it goes on (they go on behind it)
 SEAL_WAIT = 1.0
@@ -66,7 +68,7 @@ class Leader:
         # off makes each of its calls wait out the store deadline (3 s), which inside the
         # tick held the lease renewal back until another controller took over
         self._behind: dict[str, asyncio.Task[None]] = {}
-        self._periodic = Periodic("controller tick", TICK, self._lead)
+        self._periodic = Periodic("controller tick", timing.current.leader_tick, self._lead)
 
     def start(self) -> None:
         self._periodic.start(first_now=True)
@@ -86,7 +88,7 @@ class Leader:
     async def _lead(self) -> None:
         asked = time.monotonic()
         try:
-            epoch = await self.metadata.try_lease(LEASE, self.id, LEASE_TTL)
+            epoch = await self.metadata.try_lease(LEASE, self.id, timing.current.lease_ttl)
         except Exception:
             self.controller.fence = None
             raise
@@ -95,7 +97,7 @@ class Leader:
             log.info("controller %s %s", self.id, "leads" if leading else "follows")
         self.leading = leading
         self.controller.fence = Fence(lease=LEASE, epoch=epoch) if epoch is not None else None
-        self._acting_until = asked + LEASE_TTL - MARGIN
+        self._acting_until = asked + timing.current.lease_ttl - timing.current.lease_margin
         if leading:
             await self.tick()
             self._ticks += 1

@@ -12,7 +12,7 @@ import msgspec
 from aiohttp import web
 
 from cherami.cluster.loadmeter import has_room
-from cherami.cluster.membership import DEAD_AFTER, STOREHOST
+from cherami.cluster.membership import STOREHOST, live_hosts
 from cherami.errors import CheramiError, InvalidRequest, MessageTooLarge, Throttled, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import (
@@ -211,7 +211,7 @@ class Frontend:
         if not self.r.ready():
             return json_response({"status": "starting"}, 503)
         try:
-            stores = await self.r.metadata.list_hosts(STOREHOST, DEAD_AFTER)
+            stores = await live_hosts(self.r.metadata, STOREHOST)
         except CheramiError:
             return json_response({"status": "ok"})  # the metadata store's health is its own
         full = sorted(h.id for h in stores if not has_room(h))

@@ -10,7 +10,8 @@ from typing import Any
 
 import msgspec
 
-from cherami.cluster.membership import DEAD_AFTER, INPUTHOST, OUTPUTHOST
+from cherami import timing
+from cherami.cluster.membership import INPUTHOST, OUTPUTHOST
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN, Extent, Host
 
@@ -27,7 +28,7 @@ class HostView:
         self._addresses = {h.id: h.address for h in self.hosts}
 
     def alive(self, host: Host) -> bool:
-        return self.now - host.heartbeat_at <= DEAD_AFTER
+        return self.now - host.heartbeat_at <= timing.current.dead_after
 
     def address(self, host_id: str) -> str:
         return self._addresses.get(host_id, "")

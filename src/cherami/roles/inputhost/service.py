@@ -9,8 +9,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from cherami import timing
 from cherami.cluster.loadmeter import has_room
-from cherami.cluster.membership import DEAD_AFTER, STOREHOST
+from cherami.cluster.membership import STOREHOST
 from cherami.errors import (
     CheramiError,
     ExtentSealed,
@@ -207,7 +208,7 @@ class InputHostService:
         now = time.monotonic()
         if now >= self._full_checked + ROOM_CHECK_INTERVAL:
             self._full_checked = now
-            hosts = await self.metadata.list_hosts(STOREHOST, DEAD_AFTER)
+            hosts = await self.metadata.list_hosts(STOREHOST, timing.current.dead_after)
             self._full = {h.id for h in hosts if not has_room(h)}
         return self._full
 

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from cherami import timing
 from cherami.errors import CheramiError
 from cherami.metadata.models import STREAM, AckLevel, Extent, Group, Queue, Redelivery
 from cherami.roles.outputhost.entry import Entry
@@ -25,7 +26,7 @@ from cherami.wire.records import message_id
 
 log = logging.getLogger("cherami.outputhost.groupconsumer")
 
-READ_AHEAD = 20_000  # messages read but not yet acked, per group
+READ_AHEAD = timing.DEFAULT.read_ahead  # messages read, not acked, per group (timing.py)
 TICK = 0.02
 PIN_CHECK = 0.5  # how often a full read window looks for deliveries held at its head
 RETRY_READ_MS = 1000  # a parked body that could not be read by key is tried again then
@@ -201,7 +202,7 @@ class GroupConsumer:
 
     async def wait_for_room(self) -> int:
         while not self.stopped:
-            room = READ_AHEAD - self.outstanding()
+            room = timing.current.read_ahead - self.outstanding()
             if room > 0:
                 return room
             self._room.clear()
@@ -425,7 +426,7 @@ class GroupConsumer:
         check (and every delivery made before them) get a row, so the window moves past
         them while they stay in flight."""
         self._pin_at = now + PIN_CHECK
-        if self.outstanding() < READ_AHEAD:
+        if self.outstanding() < timing.current.read_ahead:
             self._held.clear()
             return
         heads = {e.no for c in self.cursors.values() if (e := c.ack.oldest()) and e.no}

@@ -31,6 +31,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from cherami import timing
 from cherami.cluster.membership import OUTPUTHOST, live_hosts
 from cherami.errors import GroupNotFound, QueueNotFound
 from cherami.metadata.base import MetadataStore
@@ -40,9 +41,10 @@ from cherami.roles.outputhost.service import DELETED_CLOSE, MOVED_CLOSE, OutputH
 
 log = logging.getLogger("cherami.outputhost.ownership")
 
-LEASE_TTL = 3.0
-MARGIN = 0.5  # seconds before the lease's end at which a holder stops acting
-TICK = 0.5
+# the defaults (timing.py); a process uses timing.current, from its config
+LEASE_TTL = timing.DEFAULT.lease_ttl
+MARGIN = timing.DEFAULT.lease_margin  # seconds before the lease's end a holder stops acting
+TICK = timing.DEFAULT.ownership_tick
 # after this host could not reach the metadata store, it only renews its own leases for
 # this long: when an outage ends, each unit goes back to the holder that has its acks
 # in memory, not to whichever host ticks first (that would deliver them all again)
@@ -86,7 +88,9 @@ class ExtentOwnership:
         self.id = host_id
         self.held: dict[Unit, _Held] = {}
         self._groups: Counter[tuple[str, str]] = Counter()  # units held per group
-        self._periodic = Periodic("extent ownership tick", TICK, self._tick_noting_outages)
+        self._periodic = Periodic(
+            "extent ownership tick", timing.current.ownership_tick, self._tick_noting_outages
+        )
         self._failing = False  # the last tick could not reach the metadata store
         self._taking_after = 0.0  # time.monotonic(): may take others' units from then
         self._unheld_since: dict[Unit, float] = {}  # units no lease holds, since when
@@ -221,7 +225,8 @@ class ExtentOwnership:
                     if not orphaned and (mine >= fair_here or len(self.held) >= fair):
                         continue
                 asked = time.monotonic()
-                epoch = await self.metadata.try_lease(unit_lease(*unit), self.id, LEASE_TTL)
+                ttl, margin = timing.current.lease_ttl, timing.current.lease_margin
+                epoch = await self.metadata.try_lease(unit_lease(*unit), self.id, ttl)
                 if held is not None and epoch != held.epoch:  # lost, or lost and taken back
                     await self._drop(unit, MOVED_CLOSE)
                     held = None
@@ -229,14 +234,14 @@ class ExtentOwnership:
                 if epoch is None:
                     continue
                 if held is None:
-                    self.held[unit] = _Held(epoch, asked + LEASE_TTL - MARGIN)
+                    self.held[unit] = _Held(epoch, asked + ttl - margin)
                     self._groups[key] += 1
                     mine += 1
                     taken.add(key)
                     log.info("output host %s takes %s/%s extent %s (epoch %d)",
                              self.id, *unit, epoch)  # fmt: skip
                 else:
-                    held.acting_until = asked + LEASE_TTL - MARGIN
+                    held.acting_until = asked + ttl - margin
         for key in sorted(taken):
             await self.outputs.took(*key)
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
+from cherami import timing
 from cherami.errors import Fenced, GroupNotFound, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import CONSUMED, FAILING, OPEN, SEALED, Fence, Group
@@ -48,8 +49,8 @@ class Holdings(Protocol):
     def fence(self, queue: str, group: str, extent: str) -> Fence | None: ...
 
 
-FLUSH_INTERVAL = 0.01
-REFRESH_INTERVAL = 1.0
+FLUSH_INTERVAL = timing.DEFAULT.ack_flush_interval  # defaults; timing.current is used
+REFRESH_INTERVAL = timing.DEFAULT.extent_refresh_interval
 
 
 class OutputHostService:
@@ -79,7 +80,9 @@ class OutputHostService:
         self._loading: dict[str, asyncio.Lock] = {}
         self._flushed: dict[str, asyncio.Future[dict[str, Exception]]] = {}
         self._flusher: asyncio.Task[None] | None = None
-        self._refresher = Periodic("extent refresh", REFRESH_INTERVAL, self._refresh)
+        self._refresher = Periodic(
+            "extent refresh", timing.current.extent_refresh_interval, self._refresh
+        )
 
     def owns(self, queue: str, group: str) -> bool:
         return self._holdings is None or self._holdings.owns(queue, group)
@@ -262,7 +265,8 @@ class OutputHostService:
 
     async def _flush_loop(self) -> None:
         while True:
-            await asyncio.sleep(FLUSH_INTERVAL)  # acks gather meanwhile: one write for many
+            # acks gather meanwhile: one write for many
+            await asyncio.sleep(timing.current.ack_flush_interval)
             waiters, self._flushed = self._flushed, {}
             failed = await self._flush_once()
             for key, waiter in waiters.items():

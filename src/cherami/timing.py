@@ -1,0 +1,50 @@
+"""The timing knobs of a process, from the typed config (``"timing"`` in the config file,
+NodeConfig.timing): leases, ticks, heartbeats, the ack-level flush and the read window.
+
+Every process of a cluster must run with the same values (a holder's acting window and
+the others' view of a dead host are computed from them); the defaults suit a LAN. They
+are set once at start (``use``) and read where they are used (``current``)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from cherami.errors import InvalidRequest
+
+
+class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    lease_ttl: float = 3.0  # a group extent's or the controller lead's lease, in seconds
+    lease_margin: float = 0.5  # a holder stops acting this long before its lease may end
+    ownership_tick: float = 0.5  # output hosts renew and take extents of groups
+    leader_tick: float = 0.5  # the controllers race for the lead; the leader works
+    heartbeat_interval: float = 0.5  # every process heartbeats (cluster; a node: 2 s)
+    dead_after: float = 3.0  # a host silent this long is dead
+    ack_flush_interval: float = 0.01  # acks gather this long into one ack-level write
+    extent_refresh_interval: float = 1.0  # output hosts read a group's extents again
+    read_ahead: int = 20_000  # messages read and not acked yet, per group per host
+
+    def check(self) -> None:
+        if not 0 < self.lease_margin < self.lease_ttl <= 600:
+            raise InvalidRequest("timing: 0 < lease_margin < lease_ttl <= 600 seconds")
+        for name in ("ownership_tick", "leader_tick", "heartbeat_interval"):
+            if not 0 < getattr(self, name) < self.lease_ttl - self.lease_margin:
+                raise InvalidRequest(f"timing: 0 < {name} < lease_ttl - lease_margin")
+        if not self.dead_after >= 2 * self.heartbeat_interval:
+            raise InvalidRequest("timing: dead_after must be at least 2 heartbeat_interval")
+        if not 0 < self.ack_flush_interval <= 1 or not 0 < self.extent_refresh_interval <= 60:
+            raise InvalidRequest(
+                "timing: 0 < ack_flush_interval <= 1 and 0 < extent_refresh_interval <= 60"
+            )
+        if not 100 <= self.read_ahead <= 10_000_000:
+            raise InvalidRequest("timing: read_ahead must be 100 to 10,000,000 messages")
+
+
+DEFAULT = Timing()
+current = DEFAULT
+
+
+def use(timing: Timing) -> None:
+    """This process's timing, from its config (checked)."""
+    global current
+    timing.check()
+    current = timing
