@@ -26,6 +26,17 @@ PUBLISH_RETRY_SECONDS = 30.0
 # ``backlog_full``: nothing of it was stored), each time after the wait the server names.
 THROTTLED_RETRY_SECONDS = 300.0
 DEFAULT_URL = "http://127.0.0.1:8080"
+# an idempotent call that could not connect or was answered 503 is sent again this long
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
+IDEMPOTENT_RETRY_SECONDS = 2.0
+
+
+class _TimedOut(Unavailable):
+    """A call that got no answer in time: it may have been applied, so never resent."""
+
+
+class _Dropped(Unavailable):
+    """The connection broke after the call was sent: resent only when it only reads."""
 
 
 def connection_defaults(url: str | None, api_key: str | None) -> tuple[str, str | None]:
@@ -43,16 +54,21 @@ class AsyncClient:
     ``tls_ca``: for an ``https://`` URL, the PEM CA certificate the server's certificate
     is verified with (default ``CHERAMI_TLS_CA``, else the system's trust store).
     ``url`` and ``api_key`` default to ``CHERAMI_URL`` and ``CHERAMI_API_KEY``, as for
-    the CLI (then ``http://127.0.0.1:8080`` and no key)."""
+    the CLI (then ``http://127.0.0.1:8080`` and no key). ``idempotent_retry_seconds``:
+    how long an idempotent call (GET, PUT, DELETE) that could not connect or was
+    answered 503 is sent again, with backoff (0: never); a timeout is never retried, a
+    connection broken after the call was sent only for a GET."""
 
     def __init__(self, url: str | None = None, api_key: str | None = None,
                  timeout: float = 60.0,
                  throttled_retry_seconds: float = THROTTLED_RETRY_SECONDS, *,
-                 tls_ca: str | None = None) -> None:  # fmt: skip
+                 tls_ca: str | None = None,
+                 idempotent_retry_seconds: float = IDEMPOTENT_RETRY_SECONDS) -> None:  # fmt: skip
         url, api_key = connection_defaults(url, api_key)
         self.url = url.rstrip("/")
         self._ssl = tls.public_client(self.url, tls_ca)
         self.throttled_retry_seconds = throttled_retry_seconds
+        self.idempotent_retry_seconds = idempotent_retry_seconds
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
@@ -80,6 +96,27 @@ class AsyncClient:
 
     async def request(self, method: str, path: str, body: Any = None,
                       params: dict[str, str] | None = None) -> Any:  # fmt: skip
+        """One call; an idempotent one is sent again while it could not connect or was
+        answered 503, for up to ``idempotent_retry_seconds``."""
+        loop = asyncio.get_running_loop()
+        budget = self.idempotent_retry_seconds if method in IDEMPOTENT else 0.0
+        deadline = loop.time() + budget
+        pause = 0.1
+        while True:
+            try:
+                return await self._send(method, path, body, params)
+            except _TimedOut:
+                raise
+            except _Dropped:
+                if method not in ("GET", "HEAD") or loop.time() + pause > deadline:
+                    raise
+            except Unavailable:  # not connected, or answered 503: nothing was done
+                if loop.time() + pause > deadline:
+                    raise
+            await asyncio.sleep(pause * random.uniform(0.5, 1.0))
+            pause = min(2 * pause, 1.0)
+
+    async def _send(self, method: str, path: str, body: Any, params: dict[str, str] | None) -> Any:
         data = msgspec.json.encode(body) if body is not None else None
         try:
             async with self.session.request(
@@ -90,8 +127,12 @@ class AsyncClient:
                 if resp.status >= 400:
                     raise error_from_response(resp.status, raw)
                 return msgspec.json.decode(raw) if raw else None
-        except (aiohttp.ClientError, TimeoutError) as err:
-            raise Unavailable(f"{self.url}: {err or 'request timed out'}") from err
+        except TimeoutError as err:
+            raise _TimedOut(f"{self.url}: request timed out") from err
+        except aiohttp.ClientConnectorError as err:
+            raise Unavailable(f"{self.url}: {err}") from err
+        except aiohttp.ClientError as err:
+            raise _Dropped(f"{self.url}: {err}") from err
 
     # queues
     @staticmethod

@@ -16,7 +16,12 @@ import weakref
 from collections.abc import Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
-from cherami.client.asyncclient import PUBLISH_RETRY_SECONDS, THROTTLED_RETRY_SECONDS, AsyncClient
+from cherami.client.asyncclient import (
+    IDEMPOTENT_RETRY_SECONDS,
+    PUBLISH_RETRY_SECONDS,
+    THROTTLED_RETRY_SECONDS,
+    AsyncClient,
+)
 from cherami.client.models import OutgoingMessage, Received
 from cherami.client.stream import Publisher, StreamConsumer
 from cherami.client.worker import STOP_SIGNALS, Handler, Worker
@@ -76,8 +81,10 @@ class Client:
         throttled_retry_seconds: float = THROTTLED_RETRY_SECONDS,
         *,
         tls_ca: str | None = None,
+        idempotent_retry_seconds: float = IDEMPOTENT_RETRY_SECONDS,
     ) -> None:
-        self.aio = AsyncClient(url, api_key, timeout, throttled_retry_seconds, tls_ca=tls_ca)
+        self.aio = AsyncClient(url, api_key, timeout, throttled_retry_seconds, tls_ca=tls_ca,
+                               idempotent_retry_seconds=idempotent_retry_seconds)  # fmt: skip
         self._loop = _LoopThread()
         self._closed = False
         # a Client dropped without close() still ends its thread
