@@ -94,6 +94,11 @@ class _TimedMetadata:
     def __init__(self, store: Any) -> None:
         self._store = store
 
+    @property
+    def wrapped(self) -> Any:
+        """The store whose calls are timed."""
+        return self._store
+
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
         if name.startswith("_") or not inspect.iscoroutinefunction(attr) or name == "close":

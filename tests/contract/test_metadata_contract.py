@@ -364,7 +364,7 @@ async def test_open_metadata_sqlite(tmp_path: Path) -> None:
     for url in (f"sqlite://{tmp_path}/a.db", str(tmp_path / "b.db")):
         store = await open_metadata(url)
         try:
-            assert isinstance(store, SqliteMetadataStore)
+            assert isinstance(getattr(store, "wrapped", store), SqliteMetadataStore)
             await store.insert_queue(_queue())
         finally:
             await store.close()
@@ -376,7 +376,7 @@ async def test_open_metadata_postgres_uses_the_schema(pg_schema: str) -> None:
     sep = "&" if "?" in POSTGRES_URL else "?"
     store = await open_metadata(f"{POSTGRES_URL}{sep}schema={pg_schema}")
     try:
-        assert isinstance(store, PostgresMetadataStore)
+        assert isinstance(getattr(store, "wrapped", store), PostgresMetadataStore)
         await store.insert_queue(_queue())
     finally:
         await store.close()
