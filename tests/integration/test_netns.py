@@ -103,7 +103,10 @@ def test_network_gives_addresses_delay_cuts_quota_and_cleans_up() -> None:
 
         cpu = float(_out(network, "a1", SPIN))  # 1 s of spinning under a 0.1 CPU quota
         assert cpu < 0.3, f"the quota did not hold: {cpu:.2f} s of CPU in 1 s"
-        assert float(_out(network, "a0", SPIN)) > 0.5  # a host without a quota is not capped
+        # a host without a quota is not capped (relative: a busy machine gives it less
+        # than a whole core, 0.40 s once while other suites ran, but far more than a1)
+        free = float(_out(network, "a0", SPIN))
+        assert free > 2 * cpu, f"uncapped {free:.2f} s of CPU vs capped {cpu:.2f} s"
         run_id = network.id
     assert network.leftovers() == []
     assert f"ch{run_id}-" not in _netns_names()
