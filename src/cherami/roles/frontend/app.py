@@ -91,9 +91,26 @@ async def decode(request: web.Request, type_: type[T], empty_ok: bool = True) ->
     try:
         return msgspec.json.decode(raw, type=type_)
     except msgspec.ValidationError as err:
-        raise InvalidRequest(str(err)) from None
+        if "got `float`" not in str(err):
+            raise InvalidRequest(str(err)) from None
+        # JSON has one number type: 241.0 is the integer 241 (as JSON Schema says)
+        try:
+            return msgspec.convert(_integral(msgspec.json.decode(raw)), type_)
+        except msgspec.ValidationError as again:
+            raise InvalidRequest(str(again)) from None
     except msgspec.DecodeError as err:
         raise InvalidRequest(f"malformed JSON: {err}") from None
+
+
+def _integral(value: Any) -> Any:
+    """``value`` with every float that is a whole number made an int."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value
 
 
 def queue_json(queue: Queue) -> dict[str, Any]:
@@ -136,9 +153,12 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         if exc.status == 400:  # e.g. a plain GET on a WebSocket path
             return json_response({"error": {"code": "invalid_request", "message": exc.text}}, 400)
         if exc.status == 405:
-            return json_response(
+            answer = json_response(
                 {"error": {"code": "invalid_request", "message": "method not allowed"}}, 405
             )
+            allowed = getattr(exc, "allowed_methods", None) or ()
+            answer.headers["Allow"] = ", ".join(sorted(allowed))
+            return answer
         raise
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)

@@ -10,114 +10,152 @@ import msgspec
 from cherami.metadata.models import GroupConfig, GroupPatch, QueueConfig, QueuePatch
 from cherami.roles.frontend import schemas as s
 
-_ERRORS = {
+# every error an operation can answer, by status (docs/api.md "Errors")
+_ERROR_TEXT = {
     "400": "invalid_name or invalid_request",
-    "401": "unauthorized",
-    "403": "forbidden",
+    "401": "unauthorized: an API key is required",
+    "403": "forbidden: the key lacks the scope or does not cover the queue",
     "404": "queue_not_found or group_not_found",
-    "409": "already_exists",
+    "409": "already_exists (with a different config)",
     "413": "message_too_large",
-    "429": "throttled",
-    "503": "unavailable",
+    "429": "throttled, backlog_full or storage_full: send again after Retry-After",
+    "503": "unavailable: retry",
 }
+_ANY = ("400", "401", "403", "503")  # a name, a key, a scope, a host: any named call
+_NAMED = (*_ANY, "404")
 
 Q = "/v1/queues/{queue}"
 G = Q + "/groups/{group}"
+B64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+NAME = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", "maxLength": 128}
 
-# path, method, summary, request type, response type
-_OPERATIONS: list[tuple[str, str, str, type | None, type | None]] = [
-    ("/v1/queues", "get", "List queues", None, None),
-    (Q, "put", "Create a queue (201; 200 if the same exists; 409 if different)", QueueConfig, None),
-    (Q, "get", "Show a queue with stats", None, s.QueueStats),
-    (Q, "patch", "Change retention, delay, min_extents", QueuePatch, None),
-    (Q, "delete", "Delete a queue (?contents_only=true keeps queue and groups)", None, None),
-    (
-        Q + "/messages",
-        "post",
-        "Publish 1 to 1000 messages durably",
-        s.PublishRequest,
-        s.PublishResponse,
-    ),
-    (Q + "/publish", "get", "WebSocket: streaming publish (docs/protocol.md)", None, None),
-    (Q + "/publishers", "get", "The input hosts to publish a stream to (routing)", None, None),
-    (Q + "/groups", "get", "List consumer groups", None, None),
-    (G, "put", "Create a consumer group and its DLQ", GroupConfig, None),
-    (G, "get", "Show a group with stats", None, s.GroupStats),
-    (G, "patch", "Change a group", GroupPatch, None),
-    (G, "delete", "Delete a group and its DLQ", None, None),
-    (
-        G + "/receive",
-        "post",
-        "Receive with a visibility timeout (long poll)",
-        s.ReceiveRequest,
-        s.ReceiveResponse,
-    ),
-    (G + "/ack", "post", "Ack by receipts", s.AckRequest, s.AckResponse),
-    (
-        G + "/nack",
-        "post",
-        "Nack by receipts, visible again after a delay",
-        s.NackRequest,
-        s.NackResponse,
-    ),
-    (
-        G + "/visibility",
-        "post",
-        "Extend visibility timeouts",
-        s.VisibilityRequest,
-        s.VisibilityResponse,
-    ),
-    (G + "/consume", "get", "WebSocket: streaming consume (docs/protocol.md)", None, None),
-    (G + "/consumers", "get", "The output hosts to consume a stream from (routing)", None, None),
-    (G + "/dlq", "get", "Browse the group's DLQ", None, s.DlqResponse),
-    (G + "/dlq/merge", "post", "Deliver the DLQ's messages again to this group only", None, None),
-    (G + "/dlq/purge", "post", "Delete the DLQ's messages", None, None),
-    (Q + "/extents", "get", "List extents with replicas (stream-mode readers)", None, None),
-    (G + "/offsets", "get", "A stream-mode group's offsets {extent: next_seq}", None, None),
-    (G + "/offsets", "post", "Move a stream-mode group's offsets forward", s.OffsetsBody, None),
+
+class Op(msgspec.Struct, frozen=True):
+    path: str
+    method: str
+    id: str
+    summary: str
+    request: type | None = None
+    response: type | None = None
+    ok: tuple[str, ...] = ("200",)
+    errors: tuple[str, ...] = _NAMED
+    wrap: str | None = None  # the response is the queue's or group's record plus this key
+
+
+_OPERATIONS: list[Op] = [
+    Op("/v1/queues", "get", "listQueues", "List queues", errors=("401", "503")),
+    Op(Q, "put", "createQueue", "Create a queue (201; 200 if the same exists; 409 if different)",
+       QueueConfig, ok=("200", "201"), errors=(*_ANY, "409")),
+    Op(Q, "get", "getQueue", "Show a queue: its config and stats", None, s.QueueStats,
+       wrap="stats"),
+    Op(Q, "patch", "updateQueue", "Change a queue's config", QueuePatch),
+    Op(Q, "delete", "deleteQueue", "Delete a queue (?contents_only=true keeps queue and groups)",
+       ok=("204",)),
+    Op(Q + "/messages", "post", "publish", "Publish 1 to 1000 messages durably",
+       s.PublishRequest, s.PublishResponse, errors=(*_NAMED, "413", "429")),
+    Op(Q + "/publishers", "get", "publishers", "The input hosts to publish a stream to"),
+    Op(Q + "/groups", "get", "listGroups", "List consumer groups"),
+    Op(G, "put", "createGroup", "Create a consumer group and its DLQ", GroupConfig,
+       ok=("200", "201"), errors=(*_NAMED, "409")),
+    Op(G, "get", "getGroup", "Show a group: its config and stats", None, s.GroupStats,
+       wrap="stats"),
+    Op(G, "patch", "updateGroup", "Change a group", GroupPatch),
+    Op(G, "delete", "deleteGroup", "Delete a group and its DLQ", ok=("204",)),
+    Op(G + "/receive", "post", "receive", "Receive with a visibility timeout (long poll)",
+       s.ReceiveRequest, s.ReceiveResponse),
+    Op(G + "/ack", "post", "ack", "Ack by receipts", s.AckRequest, s.AckResponse),
+    Op(G + "/nack", "post", "nack", "Nack by receipts, visible again after a delay",
+       s.NackRequest, s.NackResponse),
+    Op(G + "/visibility", "post", "changeVisibility", "Extend visibility timeouts",
+       s.VisibilityRequest, s.VisibilityResponse),
+    Op(G + "/consumers", "get", "consumers", "The output hosts to consume a stream from"),
+    Op(G + "/dlq", "get", "browseDlq", "Browse the group's DLQ", None, s.DlqResponse),
+    Op(G + "/dlq/merge", "post", "mergeDlq", "Deliver the DLQ's messages again to this group"),
+    Op(G + "/dlq/purge", "post", "purgeDlq", "Delete the DLQ's messages"),
+    Op(Q + "/extents", "get", "listExtents", "List extents with replicas (stream-mode readers)"),
+    Op(G + "/offsets", "get", "getOffsets", "A stream-mode group's offsets {extent: next_seq}"),
+    Op(G + "/offsets", "post", "commitOffsets", "Move a stream-mode group's offsets forward",
+       s.OffsetsBody),
+]  # fmt: skip
+
+
+# the requests refused without a body (the others take an empty body as {})
+_BODY_REQUIRED = {s.PublishRequest, s.AckRequest, s.NackRequest, s.VisibilityRequest, s.OffsetsBody}
+
+# WebSocket endpoints (OpenAPI describes no WebSocket): listed beside the paths
+_WEBSOCKETS = [
+    {"path": Q + "/publish", "summary": "streaming publish (docs/protocol.md §3)"},
+    {"path": G + "/consume", "summary": "streaming consume (docs/protocol.md §4)"},
 ]
 
 
 @functools.cache
 def openapi_document() -> dict[str, Any]:
-    types = {t for _, _, _, a, b in _OPERATIONS for t in (a, b) if t is not None}
+    types = {t for op in _OPERATIONS for t in (op.request, op.response) if t is not None}
     ordered = sorted(types, key=lambda t: t.__name__)
     refs, components = msgspec.json.schema_components(
         ordered, ref_template="#/components/schemas/{name}"
     )
     ref = dict(zip(ordered, refs, strict=True))
+    # what the types cannot say: a message has exactly one of body and body_b64, and
+    # body_b64 is padded base64
+    # a group's start_from: earliest, latest, or an RFC 3339 time
+    start = {"anyOf": [{"enum": ["earliest", "latest"]}, {"type": "string", "format": "date-time"}]}
+    components["GroupConfig"]["properties"]["start_from"] = start
+    message = components["PublishMessage"]
+    text, b64, null = {"type": "string"}, {"type": "string", "pattern": B64}, {"type": "null"}
+    message["properties"]["body_b64"] = {"anyOf": [b64, null]}
+    message["oneOf"] = [
+        {"required": ["body"], "properties": {"body": text, "body_b64": null}},
+        {"required": ["body_b64"], "properties": {"body_b64": b64, "body": null}},
+    ]
     paths: dict[str, dict[str, Any]] = {}
-    for path, method, summary, req, resp in _OPERATIONS:
-        op: dict[str, Any] = {"summary": summary, "responses": {}}
-        params = [n for n in ("queue", "group") if "{" + n + "}" in path]
+    for op in _OPERATIONS:
+        spec: dict[str, Any] = {"operationId": op.id, "summary": op.summary, "responses": {}}
+        params = [n for n in ("queue", "group") if "{" + n + "}" in op.path]
         if params:
-            op["parameters"] = [
-                {"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
-                for n in params
+            spec["parameters"] = [
+                {"name": n, "in": "path", "required": True, "schema": NAME} for n in params
             ]
-        if req is not None:
-            op["requestBody"] = {"content": {"application/json": {"schema": ref[req]}}}
-        ok: dict[str, Any] = {"description": "success"}
-        if resp is not None:
-            ok["content"] = {"application/json": {"schema": ref[resp]}}
-        op["responses"]["200"] = ok
-        for status, codes in _ERRORS.items():
-            op["responses"][status] = {"description": codes}
-        paths.setdefault(path, {})[method] = op
+        if op.request is not None:
+            spec["requestBody"] = {
+                "required": op.request in _BODY_REQUIRED,
+                "content": {"application/json": {"schema": ref[op.request]}},
+            }
+        for status in op.ok:
+            ok: dict[str, Any] = {"description": "success"}
+            if op.response is not None and status == "200":
+                schema = ref[op.response]
+                if op.wrap is not None:  # the record's fields and the stats beside them
+                    schema = {"type": "object", "required": [op.wrap],
+                              "properties": {op.wrap: schema}}  # fmt: skip
+                ok["content"] = {"application/json": {"schema": schema}}
+            spec["responses"][status] = ok
+        for status in op.errors:
+            spec["responses"][status] = {"description": _ERROR_TEXT[status]}
+        paths.setdefault(op.path, {})[op.method] = spec
+    plain = {"security": [], "responses": {"200": {"description": "ok"}}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "Cherami HTTP API", "version": "1"},
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        # a key when the server has keys (docs/api.md "Auth"); none when it has none
+        "security": [{"bearer": []}, {}],
+        "x-websockets": _WEBSOCKETS,
         "paths": {
-            "/openapi.json": {
-                "get": {"summary": "This document", "responses": {"200": {"description": "ok"}}}
-            },
-            "/healthz": {
-                "get": {"summary": "200 once ready", "responses": {"200": {"description": "ok"}}}
-            },
-            "/metrics": {
-                "get": {"summary": "Prometheus text", "responses": {"200": {"description": "ok"}}}
-            },
+            "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document",
+                                      **plain}},
+            "/healthz": {"get": {"operationId": "health", "summary": "200 once ready; 503 "
+                                 "while starting", **plain,
+                                 "responses": {"200": {"description": "ok or degraded"},
+                                               "503": {"description": "starting"}}}},
+            "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus text",
+                                 "security": [{"bearer": []}, {}],
+                                 "responses": {"200": {"description": "ok"},
+                                               "401": {"description": _ERROR_TEXT["401"]}}}},
             **paths,
         },
-        "components": {"schemas": components},
-    }
+    }  # fmt: skip
