@@ -1,6 +1,7 @@
 """Typed configuration of a node, loaded in one place: command-line arguments first,
-then a config file (JSON, or TOML when its name ends in ``.toml``), then CHERAMI_*
-environment variables, then defaults."""
+then CHERAMI_* environment variables, then a config file (JSON, or TOML when its name
+ends in ``.toml``), then defaults (so a deployment's environment overrides the file it
+ships, and a flag overrides both)."""
 
 from __future__ import annotations
 
@@ -120,13 +121,11 @@ def load_config(
     args: dict[str, Any], file: str | None = None, env: dict[str, str] | None = None
 ) -> NodeConfig:
     env = dict(os.environ) if env is None else env
-    merged: dict[str, Any] = {}
+    merged: dict[str, Any] = read_config_file(file) if file else {}
     for name in NodeConfig.__struct_fields__:
         value = env.get(f"CHERAMI_{name.upper()}")
         if value is not None:
             merged[name] = value
-    if file:
-        merged.update(read_config_file(file))
     merged.update({k: v for k, v in args.items() if v is not None})
     try:
         return msgspec.convert(merged, NodeConfig, strict=False)

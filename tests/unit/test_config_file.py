@@ -18,11 +18,15 @@ def test_toml_and_json_give_the_same_config(tmp_path: Path) -> None:
     from_toml = load_config({}, str(toml), env={})
     assert from_toml == load_config({}, str(json_file), env={})
     assert (from_toml.port, from_toml.zone, from_toml.data_dir) == (9000, "a", "/var/lib/cherami")
-    # flags over the file, the file over CHERAMI_* (docs/operations.md §5)
+    # flags over CHERAMI_*, CHERAMI_* over the file (docs/operations.md §5)
     config = load_config(
-        {"port": 7000}, str(toml), env={"CHERAMI_ZONE": "b", "CHERAMI_STORES": "5"}
+        {"port": 7000},
+        str(toml),
+        env={"CHERAMI_ZONE": "b", "CHERAMI_STORES": "5", "CHERAMI_PORT": "7100"},
     )
-    assert (config.port, config.zone, config.stores) == (7000, "a", 5)
+    assert (config.port, config.zone, config.stores, config.data_dir) == (
+        7000, "b", 5, "/var/lib/cherami",
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(

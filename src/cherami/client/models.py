@@ -59,13 +59,9 @@ class Received(msgspec.Struct, array_like=True, kw_only=True, gc=False):
             self.attributes = {}
 
     @property
-    def enqueued_at(self) -> str:
-        """The enqueue time as RFC 3339 (as the HTTP API gives it)."""
-        return (
-            datetime.fromtimestamp(self.enqueued_ms / 1000, UTC)
-            .isoformat(timespec="milliseconds")
-            .replace("+00:00", "Z")
-        )
+    def enqueued_at(self) -> datetime:
+        """When the message was enqueued (UTC, millisecond precision)."""
+        return datetime.fromtimestamp(self.enqueued_ms / 1000, UTC)
 
     @property
     def text(self) -> str:

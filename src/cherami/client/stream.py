@@ -886,16 +886,34 @@ class StreamConsumer:
             by_conn.setdefault(conn, []).append(m.handle)
         return by_conn
 
-    def ack(self, *messages: Received) -> None:
+    # ack, nack and extend take effect when called; each returns an awaitable that ends
+    # once its frame is written, which a caller may await or leave (a task held here)
+
+    def ack(self, *messages: Received) -> asyncio.Future[None]:
+        """Acks go out with the next flush (a few milliseconds); ``await`` is optional
+        and returns at once."""
         for conn, handles in self._settled(messages).items():
             conn.acks += handles
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
 
-    async def nack(self, *messages: Received, delay_seconds: float = 0) -> None:
+    def nack(self, *messages: Received, delay_seconds: float = 0) -> asyncio.Task[None]:
+        """Deliver these again after ``delay_seconds``; ``await`` it to wait for the send."""
+        return _keep(self._tasks, self._nack(messages, delay_seconds), "nack")
+
+    def extend(self, *messages: Received, visibility_timeout_seconds: float) -> asyncio.Task[None]:
+        """Push back these deliveries' visibility timeouts; ``await`` is optional."""
+        return _keep(self._tasks, self._extend(messages, visibility_timeout_seconds), "extend")
+
+    async def _nack(self, messages: tuple[Received, ...], delay_seconds: float) -> None:
         delay_ms = int(delay_seconds * 1000)
         for conn, handles in self._settled(messages).items():
             await self._send(conn, f.Nack(handles, delay_ms))
 
-    async def extend(self, *messages: Received, visibility_timeout_seconds: float) -> None:
+    async def _extend(
+        self, messages: tuple[Received, ...], visibility_timeout_seconds: float
+    ) -> None:
         by_conn: dict[_Conn, list[int]] = {}
         for m in messages:
             held = self._via.get(m.id)

@@ -294,12 +294,10 @@ class SyncConsumer:
         self._client._loop.call_soon(self._inner.ack, *messages)
 
     def nack(self, *messages: Received, delay_seconds: float = 0) -> None:
-        self._client._run(self._inner.nack(*messages, delay_seconds=delay_seconds))
+        self._client._run(self._inner._nack(messages, delay_seconds))
 
     def extend(self, *messages: Received, visibility_timeout_seconds: float) -> None:
-        self._client._run(
-            self._inner.extend(*messages, visibility_timeout_seconds=visibility_timeout_seconds)
-        )
+        self._client._run(self._inner._extend(messages, visibility_timeout_seconds))
 
     def flush(self) -> None:
         """Send pending acks and credit now."""

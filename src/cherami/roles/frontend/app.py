@@ -541,6 +541,7 @@ def build_app(roles: Roles) -> web.Application:
     from cherami.roles.frontend.extents import add_stream_group_routes
     from cherami.roles.frontend.routing import add_routing_routes
     from cherami.roles.frontend.streams import StreamHandlers
+    from cherami.roles.frontend.swagger import add_docs_routes
 
     app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[errors_middleware])
     app[ROUTER] = roles.router
@@ -581,4 +582,5 @@ def build_app(roles: Roles) -> web.Application:
     add_stream_group_routes(app, f)
     add_routing_routes(app, f)
     add_console_routes(app)
+    add_docs_routes(app)
     return app
