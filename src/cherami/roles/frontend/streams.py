@@ -14,6 +14,7 @@ from aiohttp import WSMsgType, web
 
 from cherami.errors import (
     CheramiError,
+    GroupNotFound,
     InvalidRequest,
     Moved,
     QueueNotFound,
@@ -219,8 +220,12 @@ class _ConsumeStream:
             return
         c = self.consumer
         if isinstance(frame, f.Ack | f.Nack | f.Extend) and not self._may_settle(frame.handles):
-            # settling is fenced like delivering: the handles go stale with the move
-            await self.ws.close(code=close.RECONFIGURE, message=b"group moved; reconnect")
+            # settling is fenced like delivering: the handles go stale with the move, or
+            # with the group, when it was deleted (then the documented close says so)
+            if await self._deleted():
+                await self.ws.close(code=close.DELETED, message=b"deleted")
+            else:
+                await self.ws.close(code=close.RECONFIGURE, message=b"group moved; reconnect")
             return
         if isinstance(frame, f.Credit):
             self.credit = max(0, min(MAX_CREDIT, self.credit + frame.n))
@@ -242,6 +247,18 @@ class _ConsumeStream:
                 await self.ws.send_bytes(f.encode(f.Settled("extend", stale)))
         else:
             await self.ws.send_bytes(f.encode(f.Error(0, "invalid_request", "unexpected frame")))
+
+    async def _deleted(self) -> bool:
+        """Whether the stream's group is gone (a group made again under its name since
+        is another group)."""
+        group = self.consumer.group
+        try:
+            current = await self.outputs.metadata.get_group(group.queue, group.name)
+        except (GroupNotFound, QueueNotFound):
+            return True
+        except CheramiError:
+            return False  # the metadata store cannot tell: moved, reconnect
+        return current.created_at != group.created_at
 
     def _may_settle(self, handles: list[int]) -> bool:
         self.outputs.stamp_acting(self.consumer)
