@@ -785,6 +785,9 @@ class StreamConsumer:
                 if isinstance(frame, _Deliver):
                     via = self._via
                     for m in frame.messages:
+                        earlier = via.get(m.id)
+                        if earlier is not None:
+                            self._supersede(m.id, *earlier)
                         via[m.id] = (conn, m.handle)
                     self._buffer.extend(frame.messages)
                     self._arrived.set()
@@ -797,6 +800,18 @@ class StreamConsumer:
             self.lost.set()
             self._reroute_soon.set()
             self._arrived.set()
+
+    def _supersede(self, msg_id: str, conn: _Conn, handle: int | None) -> None:
+        """A message delivered again (by another output host after a failover, or after
+        its visibility timeout): the earlier delivery is void. Its credit returns to
+        the stream that delivered it (else every such delivery leaked one, and a stream
+        whose credit had leaked away got nothing more: its extents starved), and it
+        leaves the buffer if it was not taken yet."""
+        conn.granted = max(0, conn.granted - 1)
+        if any(m.id == msg_id and m.handle == handle for m in self._buffer):
+            kept = [m for m in self._buffer if not (m.id == msg_id and m.handle == handle)]
+            self._buffer.clear()
+            self._buffer.extend(kept)
 
     def _drop(self, conn: _Conn) -> None:
         """A stream ended: what it delivered is void here (the server delivers it again)."""
