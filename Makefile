@@ -15,7 +15,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,spark]'
+	$(PY) -m pip install --quiet -e '.[server,dev,spark]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -79,7 +79,13 @@ def cli(output: str) -> None:
               help="text (default) or json: one JSON object a line.")  # fmt: skip
 def serve(config_file: str | None, **args: Any) -> None:
     """Start every role of a node on the embedded default."""
-    from cherami.cli.serve import run_node
+    try:
+        from cherami.cli.serve import run_node
+    except ModuleNotFoundError as err:  # the client-only install
+        raise click.ClickException(
+            f"the server needs its extra dependencies ({err.name} is missing): "
+            "pip install 'cherami[server]'"
+        ) from None
     from cherami.config import load_config
 
     run_node(load_config(args, config_file))
