@@ -13,6 +13,8 @@ import click
 from cherami.cli.main import cli
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from cherami.cluster.netns import Network
 
 
@@ -87,11 +89,7 @@ def cut(root: str, side_a: str, side_b: str) -> None:
     """Drop all traffic between SIDE_A and SIDE_B (--netns clusters): host names
     (storehost-0), zones, or "root" (this machine's namespace: its clients, and a
     metadata store on it)."""
-    network = _network(root)
-    try:
-        network.cut(side_a, side_b)
-    except KeyError as err:
-        raise click.ClickException(str(err)) from err
+    _on_network(root, lambda network: network.cut(side_a, side_b))
     click.echo(f"cut {side_a} from {side_b}")
 
 
@@ -101,12 +99,18 @@ def cut(root: str, side_a: str, side_b: str) -> None:
 @click.argument("zone")
 def isolate(root: str, zone: str) -> None:
     """Cut a zone (or a host) off from every other host and from this machine."""
+    _on_network(root, lambda network: network.isolate(zone))
+    click.echo(f"isolated {zone}")
+
+
+def _on_network(root: str, change: Callable[[Network], object]) -> None:
+    """Apply a cut to a --netns cluster's network; an unknown host or zone is a one-line
+    error."""
     network = _network(root)
     try:
-        network.isolate(zone)
+        change(network)
     except KeyError as err:
         raise click.ClickException(str(err)) from err
-    click.echo(f"isolated {zone}")
 
 
 @cluster.command()
