@@ -9,7 +9,8 @@ import msgspec
 
 from cherami.errors import InvalidName
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # a queue's or group's name
+_NAME = re.compile(NAME_PATTERN)
 
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=365 * 86400)]
 Extents = Annotated[int, msgspec.Meta(ge=1, le=64)]

@@ -7,7 +7,13 @@ from typing import Any
 
 import msgspec
 
-from cherami.metadata.models import GroupConfig, GroupPatch, QueueConfig, QueuePatch
+from cherami.metadata.models import (
+    NAME_PATTERN,
+    GroupConfig,
+    GroupPatch,
+    QueueConfig,
+    QueuePatch,
+)
 from cherami.roles.frontend import schemas as s
 
 # every error an operation can answer, by status (docs/api.md "Errors")
@@ -27,7 +33,7 @@ _NAMED = (*_ANY, "404")
 Q = "/v1/queues/{queue}"
 G = Q + "/groups/{group}"
 B64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
-NAME = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", "maxLength": 128}
+NAME = {"type": "string", "pattern": NAME_PATTERN, "maxLength": 128}
 
 
 class Op(msgspec.Struct, frozen=True):
