@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 from cherami import timing
+from cherami.errors import Unavailable
 from cherami.metadata.models import (
     OPEN,
     AckLevel,
@@ -24,7 +25,7 @@ from cherami.metadata.models import (
     QueueConfig,
 )
 from cherami.metadata.sqlite import SqliteMetadataStore
-from cherami.roles.outputhost import ownership
+from cherami.roles.outputhost import outage, ownership
 from cherami.roles.outputhost.ownership import ExtentOwnership, Unit
 from cherami.wire.store import PLAIN, TIMER
 
@@ -154,3 +155,74 @@ async def test_merged_dead_letters_are_units_and_cp_groups_are_whole(
     await _ticks([a], meta, 1)
     assert set(a.held) == {("q", "g", "q-e0"), ("q", "g", "q.g.dlq-e0"), ("c", "g", "*")}
     assert a.holds("c", "g", "any-extent") and a.fence("c", "g", "x") is not None
+
+
+class _Peers:
+    """The answers of a host's peers, as the outage watch would get them."""
+
+    def __init__(self, answers: dict[str, bool]) -> None:
+        self.answers = answers
+
+    async def ask(self, address: str) -> bool:
+        return self.answers[address]
+
+
+async def _failing_tick(host: ExtentOwnership) -> None:
+    """A tick that cannot reach the metadata store."""
+
+    async def unreachable() -> None:
+        raise Unavailable("metadata store unreachable")
+
+    real = host.tick
+    host.tick = unreachable  # type: ignore[method-assign]
+    with pytest.raises(Unavailable):
+        await host._tick_noting_outages()
+    host.tick = real  # type: ignore[method-assign]
+
+
+async def test_outage_acting_goes_on_only_on_every_peers_word(
+    meta: SqliteMetadataStore,
+) -> None:
+    await _queue(meta, "q", ["g"], [PLAIN, PLAIN])
+    a, b = _host(meta, "outputhost-a"), _host(meta, "outputhost-b")
+    await _ticks([a, b], meta, 2)
+    assert a.peers == {"outputhost-b": "outputhost-b"} and len(a.held) == 1
+    unit = next(iter(a.held))
+    await _failing_tick(a)
+    assert a.store_unreachable() and not a.riding_out()
+
+    peers = _Peers({"outputhost-b": False})  # b reaches the store: a stops with its lease
+    a.outage._ask = peers.ask  # type: ignore[method-assign]
+    until = a.held[unit].acting_until
+    await a.outage.check()
+    assert a.held[unit].acting_until == until and not a.riding_out()
+
+    peers.answers["outputhost-b"] = True  # nobody reaches it: acting goes on
+    until = a.held[unit].acting_until = time.monotonic() + 0.2  # its lease's last moments
+    await a.outage.check()
+    extended = a.held[unit].acting_until
+    assert extended > until and a.riding_out()
+    assert extended <= time.monotonic() + outage.RECOVERY_GRACE - timing.current.lease_margin
+
+    a.held[unit].acting_until = time.monotonic() - 0.01  # a window that ran out
+    await a.outage.check()  # is never extended: the unit may have been taken meanwhile
+    assert not a.acting(*unit)
+
+
+async def test_no_taking_while_a_tick_is_slow_or_after_an_outage(
+    meta: SqliteMetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _queue(meta, "q", ["g"], [PLAIN])
+    a = _host(meta, "outputhost-a")
+    await _alive(meta, a.id)
+    await _failing_tick(a)
+    await a._tick_noting_outages()  # reaches the store again: renews only, for a while
+    assert not a.held and not a.store_unreachable()
+    monkeypatch.setattr(ownership, "SLOW_TICK", 0.0)  # every tick is slow from its start
+    a._taking_after = 0.0
+    await a._tick_noting_outages()
+    assert not a.held  # a slow tick may be one that waited out an outage: takes nothing
+    monkeypatch.setattr(ownership, "SLOW_TICK", 60.0)
+    a._taking_after = 0.0
+    await a._tick_noting_outages()
+    assert len(a.held) == 1

@@ -42,6 +42,7 @@ from cherami.roles.frontend.auth import KeyRing
 from cherami.roles.frontend.metrics import Metrics
 from cherami.roles.frontend.proxy import Router
 from cherami.roles.inputhost.service import InputHostService
+from cherami.roles.outputhost.outage import add_outage_route
 from cherami.roles.outputhost.ownership import ExtentOwnership
 from cherami.roles.outputhost.receipts import host_tag
 from cherami.roles.outputhost.service import OutputHostService
@@ -180,6 +181,8 @@ class RoleProcess:
         self._load_sources.connections = app[STREAMS].count
         if inputs is not None:
             app.router.add_post(INTERNAL_PUBLISH, _internal_publish(inputs, reads))
+        if self.role == OUTPUTHOST:  # peers ask it during a metadata outage
+            add_outage_route(app, self.ownership.store_unreachable)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.config.host, self.config.port, ssl_context=tls.listener())

@@ -2,7 +2,8 @@
 
 Publishing to a queue's open extents needs the metadata store only to read what it
 already read a moment ago: the queue's record, its open extents, which input hosts are
-alive. ``RememberingReads`` wraps a store: each such read is answered by the store, and
+alive; and so does routing a receive or a consume stream to the output hosts that hold
+a group's extents (who holds which lease, which hosts are alive). ``RememberingReads`` wraps a store: each such read is answered by the store, and
 when the store fails (``Unavailable``: it is down or unreachable, which a call finds out
 within the pool's 5 s) from the last answer it gave for the same arguments. From then on
 every remembered read is answered from memory at once, so the rest of an outage costs
@@ -67,6 +68,11 @@ class RememberingReads:
 
     async def lease_holder(self, name: str) -> str | None:
         return await self._read(("lease", name), lambda: self.store.lease_holder(name))
+
+    async def lease_holders(self, prefix: str) -> dict[str, str]:
+        """Which output hosts hold a group's extents: nobody can take a lease while the
+        store is out, and the holders act on through it (outage.py)."""
+        return await self._read(("leases", prefix), lambda: self.store.lease_holders(prefix))
 
     async def delete_queue(self, name: str) -> None:
         await self.store.delete_queue(name)

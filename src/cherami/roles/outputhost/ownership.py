@@ -21,7 +21,12 @@ while its own clock says the unit's lease cannot have expired yet: from the mome
 clock from a later moment (when it served the request), so a holder always stops before
 anyone else can take the lease, whatever happens to it meanwhile (a pause, a slow or
 lost metadata store). Its writes for the extent carry the lease's epoch as well, and the
-store refuses them once the lease has passed to another holder."""
+store refuses them once the lease has passed to another holder.
+
+One exception, outage.py: while *every* live output host says it cannot reach the
+metadata store, nobody can take a lease, so a holder acts on past its window for as
+long as its peers keep saying so (and ``RECOVERY_GRACE`` after: a host whose tick failed
+or was slow, or that has just started, renews only its own leases for that long)."""
 
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ from cherami.errors import GroupNotFound, QueueNotFound
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import FAILING, OPEN, SEALED, STREAM, Fence, Group, Queue
 from cherami.periodic import Periodic
+from cherami.roles.outputhost.outage import RECOVERY_GRACE, OutageWatch
 from cherami.roles.outputhost.service import DELETED_CLOSE, MOVED_CLOSE, OutputHostService
 
 log = logging.getLogger("cherami.outputhost.ownership")
@@ -45,10 +51,12 @@ log = logging.getLogger("cherami.outputhost.ownership")
 LEASE_TTL = timing.DEFAULT.lease_ttl
 MARGIN = timing.DEFAULT.lease_margin  # seconds before the lease's end a holder stops acting
 TICK = timing.DEFAULT.ownership_tick
-# after this host could not reach the metadata store, it only renews its own leases for
-# this long: when an outage ends, each unit goes back to the holder that has its acks
-# in memory, not to whichever host ticks first (that would deliver them all again)
-RECOVERY_GRACE = 2.0
+# after this host could not reach the metadata store (or a tick of it was slow, or it has
+# just started), it only renews its own leases for RECOVERY_GRACE: when an outage ends,
+# each unit goes back to the holder that has its acks in memory, not to whichever host
+# ticks first (that would deliver them all again), and a holder that rode the outage out
+# on its peers' word (outage.py) has stopped or renewed before anyone takes its units
+SLOW_TICK = 1.0  # a tick still running after this long counts as not reaching the store
 WHOLE = "*"  # the extent of a unit that is the whole group
 LEASES = "group:"  # the prefix of every unit's lease
 # a unit nobody has held for this long is taken by any host, whatever its share (the
@@ -92,7 +100,11 @@ class ExtentOwnership:
             "extent ownership tick", timing.current.ownership_tick, self._tick_noting_outages
         )
         self._failing = False  # the last tick could not reach the metadata store
-        self._taking_after = 0.0  # time.monotonic(): may take others' units from then
+        self._taking_after = 0.0  # time.monotonic(): may take others' units from then (start)
+        self._tick_started: float | None = None  # time.monotonic() of the running tick
+        self.peers: dict[str, str] = {}  # the other live output hosts' addresses
+        self._riding_until = 0.0  # acting on past the leases' end until (outage.py)
+        self.outage = OutageWatch(self)
         self._unheld_since: dict[Unit, float] = {}  # units no lease holds, since when
         self._merged_at: dict[tuple[str, str], tuple[float, list[str]]] = {}
 
@@ -123,19 +135,59 @@ class ExtentOwnership:
         return Fence(lease=unit_lease(*unit), epoch=held.epoch)
 
     def start(self) -> None:
+        self._taking_after = time.monotonic() + RECOVERY_GRACE  # see SLOW_TICK
         self._periodic.start(first_now=True)
+        self.outage.start()
 
     async def stop(self) -> None:
+        await self.outage.stop()
         await self._periodic.stop()
 
+    # a metadata outage (outage.py)
+    def _slow(self) -> bool:
+        started = self._tick_started
+        return started is not None and time.monotonic() - started > SLOW_TICK
+
+    def store_unreachable(self) -> bool:
+        """Whether this host cannot reach the metadata store now, by its last tick (it
+        failed) or the running one (it has been waiting for over SLOW_TICK)."""
+        return self._failing or self._slow()
+
+    def riding_out(self) -> bool:
+        """Whether this host acts on a metadata outage's terms now: it does not try to
+        write ack levels and parked rows (they wait in memory for the store)."""
+        return self.store_unreachable() and time.monotonic() < self._riding_until
+
+    def ride_out(self, until: float) -> int:
+        """Every peer said it cannot reach the store: act until ``until`` for each unit
+        whose window has not run out (one that has may have been taken meanwhile).
+        Returns how many units that is."""
+        now = time.monotonic()
+        extended = 0
+        for held in self.held.values():
+            if held.acting_until > now:
+                held.acting_until = max(held.acting_until, until)
+                extended += 1
+        if extended:
+            self._riding_until = max(self._riding_until, until)
+        return extended
+
     async def _tick_noting_outages(self) -> None:
+        self._tick_started = time.monotonic()
         try:
             await self.tick()
         except Exception:
             self._failing = True
             self._taking_after = math.inf  # the first tick that succeeds renews only
             raise
-        if self._failing:
+        finally:
+            slow = self._slow()
+            if slow:
+                took = time.monotonic() - (self._tick_started or 0.0)
+                log.info("ownership tick took %.1f s: taking nothing for %.0f s", took,
+                         RECOVERY_GRACE)  # fmt: skip
+            self._tick_started = None
+        if self._failing or slow:
             self._failing = False
             self._taking_after = time.monotonic() + RECOVERY_GRACE
 
@@ -178,7 +230,9 @@ class ExtentOwnership:
 
     async def tick(self) -> None:
         units, groups = await self._units()
-        live = {h.id for h in await live_hosts(self.metadata, OUTPUTHOST)} | {self.id}
+        hosts = await live_hosts(self.metadata, OUTPUTHOST)
+        self.peers = {h.id: h.address for h in hosts if h.id != self.id}
+        live = {h.id for h in hosts} | {self.id}
         fair = math.ceil(len(units) / len(live))
         held_by = await self.metadata.lease_holders(LEASES)  # lease -> holder, every unit's
         now = time.monotonic()
@@ -219,8 +273,8 @@ class ExtentOwnership:
                     holder = held_by.get(unit_lease(*unit))
                     if holder is not None and holder != self.id:
                         continue  # another host's
-                    if time.monotonic() < self._taking_after:
-                        continue
+                    if time.monotonic() < self._taking_after or self._slow():
+                        continue  # after an outage, or in what may be one
                     orphaned = now - self._unheld_since.get(unit, now) >= ORPHAN_AFTER
                     if not orphaned and (mine >= fair_here or len(self.held) >= fair):
                         continue

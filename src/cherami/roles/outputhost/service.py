@@ -48,6 +48,8 @@ class Holdings(Protocol):
 
     def fence(self, queue: str, group: str, extent: str) -> Fence | None: ...
 
+    def riding_out(self) -> bool: ...
+
 
 FLUSH_INTERVAL = timing.DEFAULT.ack_flush_interval  # defaults; timing.current is used
 REFRESH_INTERVAL = timing.DEFAULT.extent_refresh_interval
@@ -251,7 +253,14 @@ class OutputHostService:
         except Exception:
             log.exception("group %s: extent refresh failed", consumer.key)
 
+    def riding_out(self) -> bool:
+        """Whether this host acts through a metadata outage now (outage.py): it leaves
+        the store alone until it answers again."""
+        return self._holdings is not None and self._holdings.riding_out()
+
     async def _refresh(self) -> None:
+        if self.riding_out():
+            return
         for consumer in list(self.groups.values()):
             await self._sync_quietly(consumer)
 
@@ -285,6 +294,8 @@ class OutputHostService:
         extent's, or a whole group's). Returns, per group, the extents whose write
         failed or that this host may no longer act for, with the error."""
         failed: dict[str, dict[str, Exception]] = {}
+        if self.riding_out():  # written once the store answers again (outage.py)
+            return failed
         if self._holdings is None:
             unfenced = list(self.groups.values())
             err = await self._write_levels(unfenced, None, None)

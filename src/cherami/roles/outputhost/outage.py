@@ -1,0 +1,121 @@
+"""Riding out a metadata outage: an output host goes on delivering and settling the
+extents it holds while the metadata store is unreachable *for every output host*, and
+stops at its leases' end as before when only it is cut off.
+
+A host cannot tell those two apart by itself, so it asks its peers: every output host
+that was alive at its last successful read of the hosts table. When each of them answers
+that it cannot reach the store either, nobody can take a lease now, and nobody will for
+``RECOVERY_GRACE`` after it reaches the store again (ownership.py: after a failed or slow
+tick a host only renews its own leases for that long, and a host that starts waits that
+long before it takes anything). So the asker may act for that long from the moment it
+asked, less the lease margin for clock drift: it extends the acting window of every unit
+whose window has not run out yet (a unit whose window ran out may have been taken while
+this host was cut off), and asks again every tick. A peer that does not answer, answers
+late, or can reach the store ends it: the host then stops at the end of its window, as
+the fencing rule says.
+
+While it rides an outage out, ack levels and parked rows wait in memory (the output
+host does not try to write them) and are written with the lease's epoch when the store
+answers again; an ack answered meanwhile is lost only if this host dies before then,
+and then its message is delivered again (at least once, never lost)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import aiohttp
+from aiohttp import web
+
+from cherami import timing
+from cherami.errors import Unauthorized
+from cherami.periodic import Periodic
+from cherami.wire import handshake as h
+from cherami.wire import tls
+
+log = logging.getLogger("cherami.outputhost.outage")
+
+ROUTE = "/internal/v1/outputhost/metadata"
+ASK_TIMEOUT = 0.5  # a peer that has not answered by then counts as reaching the store
+RECOVERY_GRACE = 2.0  # see ownership.py: no taking for this long after an outage
+
+
+class Riding(Protocol):
+    """What the watch needs of ExtentOwnership."""
+
+    peers: dict[str, str]  # host id -> address of the other live output hosts
+
+    def store_unreachable(self) -> bool: ...
+
+    def ride_out(self, until: float) -> int: ...
+
+
+class OutageWatch:
+    def __init__(self, owner: Riding) -> None:
+        self.owner = owner
+        self._session: aiohttp.ClientSession | None = None
+        tick = timing.current.ownership_tick
+        self._periodic = Periodic("metadata outage watch", tick, self.check)
+        self.riding = False
+
+    def start(self) -> None:
+        self._periodic.start()
+
+    async def stop(self) -> None:
+        await self._periodic.stop()
+        if self._session is not None:
+            await self._session.close()
+
+    async def check(self) -> None:
+        if not self.owner.store_unreachable():
+            if self.riding:
+                log.info("metadata store reachable again: acting by lease")
+            self.riding = False
+            return
+        asked = time.monotonic()
+        peers = dict(self.owner.peers)
+        answers = await asyncio.gather(*(self._ask(a) for a in peers.values()))
+        if all(answers) and self.owner.store_unreachable():
+            units = self.owner.ride_out(asked + RECOVERY_GRACE - timing.current.lease_margin)
+            if not self.riding:
+                log.warning("metadata store unreachable from every output host (%d peers): "
+                            "acting on for %d extents", len(peers), units)  # fmt: skip
+            self.riding = True
+        elif self.riding:
+            cut = sorted(p for p, ok in zip(peers, answers, strict=True) if not ok)
+            log.warning("metadata outage: peers %s reach the store or do not answer: "
+                        "acting stops with the leases", cut)  # fmt: skip
+            self.riding = False
+
+    async def _ask(self, address: str) -> bool:
+        """Whether the peer at ``address`` says it cannot reach the store."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=tls.internal_client() or False)
+            )
+        url = f"{tls.http_scheme()}://{address}{ROUTE}"
+        try:
+            async with self._session.get(
+                url, timeout=aiohttp.ClientTimeout(total=ASK_TIMEOUT),
+                headers={h.INTERNAL_HEADER: h.internal_token(h.cluster_key())},
+            ) as resp:  # fmt: skip
+                if resp.status != 200:
+                    return False
+                body = await resp.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return False
+        return body.get("store_unreachable") is True
+
+
+def add_outage_route(app: web.Application, unreachable: Callable[[], bool]) -> None:
+    """The route peers ask (internal token only)."""
+
+    async def handler(request: web.Request) -> web.Response:
+        if not h.internal_ok(h.cluster_key(), request.headers.get(h.INTERNAL_HEADER)):
+            raise Unauthorized("internal route: the cluster's internal token is required")
+        return web.json_response({"store_unreachable": unreachable()})
+
+    app.router.add_get(ROUTE, handler)
