@@ -33,7 +33,7 @@ from cherami.roles.frontend import schemas as s
 from cherami.roles.frontend.auth import KeyRing, Scope
 from cherami.roles.frontend.clusterview import cluster_json
 from cherami.roles.frontend.consumerrouting import ConsumerRouting
-from cherami.roles.frontend.convert import body_fields, rfc3339, to_messages
+from cherami.roles.frontend.convert import body_fields, received, rfc3339, to_messages
 from cherami.roles.frontend.lag import stream_lag
 from cherami.roles.frontend.metrics import Metrics
 from cherami.roles.frontend.openapi import openapi_document
@@ -425,18 +425,8 @@ class Frontend:
         taken = await self._outputs().receive(
             consumer, body.max_messages, body.wait_seconds, body.visibility_timeout_seconds
         )
-        messages = [
-            {
-                "id": e.msg_id,
-                "receipt": receipt,
-                **body_fields(e.record.body, e.record.text),
-                "attributes": e.record.attributes or {},
-                "delivery_count": e.count,
-                "enqueued_at": rfc3339(e.record.enqueued_ms),
-            }
-            for e, receipt in taken
-        ]
-        return json_response({"messages": messages})
+        messages = [received(e.msg_id, receipt, e.record, e.count) for e, receipt in taken]
+        return json_response(s.ReceiveResponse(messages))
 
     async def _settle(
         self,

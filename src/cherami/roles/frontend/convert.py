@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import base64
 import binascii
-from datetime import UTC, datetime
+import time
 
 from cherami.errors import InvalidRequest, MessageTooLarge
 from cherami.metadata.models import Queue
-from cherami.roles.frontend.schemas import PublishMessage
-from cherami.wire.records import Message
+from cherami.roles.frontend.schemas import PublishMessage, ReceivedMessage
+from cherami.wire.records import Message, Record
+
+_SECONDS: dict[int, str] = {}  # whole seconds -> "YYYY-MM-DDTHH:MM:SS" (UTC)
 
 
 def rfc3339(ms: int) -> str:
-    return (
-        datetime.fromtimestamp(ms / 1000, UTC)
-        .isoformat(timespec="milliseconds")
-        .replace("+00:00", "Z")
-    )
+    """``ms`` since the epoch as RFC 3339 in UTC with milliseconds (…T12:00:00.250Z).
+    Called for every message a receive returns: a batch's messages share their second,
+    so the date part is formatted once per second."""
+    seconds, millis = divmod(ms, 1000)
+    prefix = _SECONDS.get(seconds)
+    if prefix is None:
+        if len(_SECONDS) >= 4096:
+            _SECONDS.clear()
+        prefix = _SECONDS[seconds] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    return f"{prefix}.{millis:03d}Z"
 
 
 def body_fields(body: bytes, text: bool | None = None) -> dict[str, str]:
@@ -29,6 +36,22 @@ def body_fields(body: bytes, text: bool | None = None) -> dict[str, str]:
         except UnicodeDecodeError:
             pass
     return {"body_b64": base64.b64encode(body).decode()}
+
+
+def received(msg_id: str, receipt: str, record: Record, count: int) -> ReceivedMessage:
+    """A delivery as a receive returns it (the fields of body_fields)."""
+    body = record.body
+    if record.text is not False:
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+        else:
+            return ReceivedMessage(msg_id, receipt, record.attributes or {}, count,
+                                   rfc3339(record.enqueued_ms), body=text)  # fmt: skip
+    return ReceivedMessage(msg_id, receipt, record.attributes or {}, count,
+                           rfc3339(record.enqueued_ms),
+                           body_b64=base64.b64encode(body).decode())  # fmt: skip
 
 
 def to_messages(queue: Queue, items: list[PublishMessage]) -> list[Message]:

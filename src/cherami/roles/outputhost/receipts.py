@@ -1,14 +1,16 @@
 """Receipts: the signed token of one delivery.
 
 A receipt names the output host's epoch and the delivery number, and is signed with a
-keyed BLAKE2b over the group's name. Every delivery (a redelivery too) gets a new
-number, so a receipt is current only while its delivery is; a receipt from an earlier
-run of the output host carries another epoch; a forged one fails the signature.
+keyed BLAKE2b over the group's name and them (the keyed state after the group's name is
+kept per group and copied for each receipt: a receive signs one receipt a message).
+Every delivery (a redelivery too) gets a new number, so a receipt is current only while
+its delivery is; a receipt from an earlier run of the output host carries another epoch;
+a forged one fails the signature.
 
 In a cluster a receipt starts with the issuing output host's tag and a dot
 (``tag.signed``), so that a frontend can send its settlement to that host (``tag_of``);
-the signature does not cover the tag (a receipt with another tag goes to another
-host, whose key it fails)."""
+the signature does not cover the tag (a receipt with another tag goes to another host,
+whose key it fails)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import binascii
 import hashlib
 import secrets
 import struct
+from typing import Any
 
 _BODY = struct.Struct(">IQ")
 _MAC_SIZE = 10
@@ -41,9 +44,18 @@ class ReceiptSigner:
         self._secret = secret or secrets.token_bytes(32)
         self.epoch = epoch if epoch is not None else secrets.randbits(32)
         self._prefix = f"{tag}." if tag else ""
+        self._scoped: dict[bytes, Any] = {}  # scope -> keyed BLAKE2b state after it
 
     def _mac(self, scope: bytes, body: bytes) -> bytes:
-        return hashlib.blake2b(body + scope, key=self._secret, digest_size=_MAC_SIZE).digest()
+        state = self._scoped.get(scope)
+        if state is None:
+            if len(self._scoped) >= 65536:
+                self._scoped.clear()
+            state = hashlib.blake2b(scope, key=self._secret, digest_size=_MAC_SIZE)
+            self._scoped[scope] = state
+        mac = state.copy()
+        mac.update(body)
+        return mac.digest()
 
     def sign(self, scope: bytes, delivery_no: int) -> str:
         body = _BODY.pack(self.epoch, delivery_no)
