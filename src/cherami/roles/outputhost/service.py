@@ -82,6 +82,7 @@ class OutputHostService:
         self._loading: dict[str, asyncio.Lock] = {}
         self._flushed: dict[str, asyncio.Future[dict[str, Exception]]] = {}
         self._flusher: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()  # a settlement waits for the next flush
         self._refresher = Periodic(
             "extent refresh", timing.current.extent_refresh_interval, self._refresh
         )
@@ -272,6 +273,7 @@ class OutputHostService:
         waiter = self._flushed.get(consumer.key)
         if waiter is None or waiter.done():
             waiter = self._flushed[consumer.key] = asyncio.get_running_loop().create_future()
+        self._wake.set()  # a settlement waits: flush now, not at the next interval
         failed = await asyncio.shield(waiter)
         if extents is not None:
             failed = {e: failed[e] for e in extents if e in failed}
@@ -279,9 +281,16 @@ class OutputHostService:
             raise next(iter(failed.values()))
 
     async def _flush_loop(self) -> None:
+        """Group commit: a flush starts when a settlement waits for one (at once when
+        none is under way; the settlements that arrive during a write share the next
+        one) or every ack_flush_interval for the acks nobody waits for (streams)."""
         while True:
-            # acks gather meanwhile: one write for many
-            await asyncio.sleep(timing.current.ack_flush_interval)
+            try:
+                async with asyncio.timeout(timing.current.ack_flush_interval):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
             waiters, self._flushed = self._flushed, {}
             failed = await self._flush_once()
             for key, waiter in waiters.items():
