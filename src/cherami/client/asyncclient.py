@@ -13,7 +13,7 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from cherami.client.models import OutgoingMessage, Received, outgoing
+from cherami.client.models import OutgoingMessage, ReceiveAnswer, Received, outgoing
 from cherami.client.stream import Publisher, StreamConsumer
 from cherami.errors import Throttled, Unavailable, error_from_response
 from cherami.wire import tls
@@ -95,7 +95,8 @@ class AsyncClient:
         await self.close()
 
     async def request(self, method: str, path: str, body: Any = None,
-                      params: dict[str, str] | None = None) -> Any:  # fmt: skip
+                      params: dict[str, str] | None = None,
+                      answer_type: Any = Any) -> Any:  # fmt: skip
         """One call; an idempotent one is sent again while it could not connect or was
         answered 503, for up to ``idempotent_retry_seconds``."""
         loop = asyncio.get_running_loop()
@@ -104,7 +105,7 @@ class AsyncClient:
         pause = 0.1
         while True:
             try:
-                return await self._send(method, path, body, params)
+                return await self._send(method, path, body, params, answer_type)
             except _TimedOut:
                 raise
             except _Dropped:
@@ -116,7 +117,10 @@ class AsyncClient:
             await asyncio.sleep(pause * random.uniform(0.5, 1.0))
             pause = min(2 * pause, 1.0)
 
-    async def _send(self, method: str, path: str, body: Any, params: dict[str, str] | None) -> Any:
+    async def _send(
+        self, method: str, path: str, body: Any, params: dict[str, str] | None,
+        answer_type: Any = Any,
+    ) -> Any:  # fmt: skip
         data = msgspec.json.encode(body) if body is not None else None
         try:
             async with self.session.request(
@@ -126,7 +130,7 @@ class AsyncClient:
                 raw = await resp.read()
                 if resp.status >= 400:
                     raise error_from_response(resp.status, raw)
-                return msgspec.json.decode(raw) if raw else None
+                return msgspec.json.decode(raw, type=answer_type) if raw else None
         except TimeoutError as err:
             raise _TimedOut(f"{self.url}: request timed out") from err
         except aiohttp.ClientConnectorError as err:
@@ -234,8 +238,10 @@ class AsyncClient:
         body: dict[str, Any] = {"max_messages": max_messages, "wait_seconds": wait_seconds}
         if visibility_timeout_seconds is not None:
             body["visibility_timeout_seconds"] = visibility_timeout_seconds
-        reply = await self.request("POST", self._g(queue, group) + "/receive", body)
-        return [Received.from_json(m) for m in reply["messages"]]
+        answer = await self.request(
+            "POST", self._g(queue, group) + "/receive", body, answer_type=ReceiveAnswer
+        )
+        return answer.received()  # type: ignore[no-any-return]
 
     async def ack(self, queue: str, group: str, receipts: list[str]) -> dict[str, Any]:
         return await self.request("POST", self._g(queue, group) + "/ack", {"receipts": receipts})  # type: ignore[no-any-return]

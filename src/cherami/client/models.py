@@ -77,7 +77,50 @@ class Received(msgspec.Struct, array_like=True, kw_only=True, gc=False):
         )  # fmt: skip
 
 
+class _Delivered(msgspec.Struct, gc=False):
+    """One message of a receive's answer, as the server sends it (docs/api.md)."""
+
+    id: str
+    receipt: str
+    delivery_count: int = 0
+    enqueued_at: str = ""
+    attributes: dict[str, str] | None = None
+    body: str | None = None
+    body_b64: str | None = None
+
+    def received(self) -> Received:
+        if self.body is not None:
+            body = self.body.encode()
+        else:
+            body = base64.b64decode(self.body_b64 or "")
+        return Received(id=self.id, body=body, attributes=self.attributes or {},
+                        delivery_count=self.delivery_count, enqueued_ms=_ms(self.enqueued_at),
+                        receipt=self.receipt)  # fmt: skip
+
+
+class ReceiveAnswer(msgspec.Struct, gc=False):
+    """The body of a receive's answer."""
+
+    messages: list[_Delivered]
+
+    def received(self) -> list[Received]:
+        return [m.received() for m in self.messages]
+
+
+_SECONDS: dict[str, int] = {}  # "YYYY-MM-DDTHH:MM:SS" -> seconds since the epoch
+
+
 def _ms(rfc3339: str | None) -> int:
+    """Milliseconds since the epoch of an RFC 3339 time; the server's form
+    (…T12:00:00.250Z) parses with the date part looked up once per second."""
     if not rfc3339:
         return 0
+    if len(rfc3339) == 24 and rfc3339[19] == "." and rfc3339[23] == "Z":
+        seconds = _SECONDS.get(rfc3339[:19])
+        if seconds is None:
+            if len(_SECONDS) >= 4096:
+                _SECONDS.clear()
+            when = datetime.fromisoformat(rfc3339[:19] + "+00:00")
+            seconds = _SECONDS[rfc3339[:19]] = int(when.timestamp())
+        return seconds * 1000 + int(rfc3339[20:23])
     return int(datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp() * 1000)
