@@ -1,6 +1,7 @@
 """The connectionless path of one node: HTTP publish, then HTTP receive+ack, by N clients
-in batches (issue 17's workload: 4 clients, batches of 500, 256 B, 3 replicas, fsync
-before the publish ack).
+(``--stream``: the streaming path, publisher and consumer, with the same counts) in
+batches (issue 17's workload: 4 clients, batches of 500, 256 B, 3 replicas, fsync before
+the publish ack).
 
     python benchmarks/http_path.py [--messages 100000] [--clients 4] [--batch 500]
                                    [--size 256] [--replicas 3] [--runs 1] [--profile DIR]
@@ -111,6 +112,45 @@ async def receive_ack(url: str, queue: str, total: int, clients: int, batch: int
     return acked / (time.perf_counter() - start)
 
 
+async def stream_publish(
+    url: str, queue: str, total: int, clients: int, batch: int, size: int
+) -> float:
+    body = b"x" * size
+    share = total // clients
+
+    async def one() -> None:
+        async with AsyncClient(url) as client, client.publisher(queue, max_in_flight=16) as pub:
+            futures = [await pub.send([body] * min(batch, share - sent))
+                       for sent in range(0, share, batch)]  # fmt: skip
+            await asyncio.gather(*futures)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(clients)))
+    return share * clients / (time.perf_counter() - start)
+
+
+async def stream_consume(url: str, queue: str, total: int, clients: int, batch: int) -> float:
+    done = 0
+    finished = asyncio.Event()
+
+    async def one() -> None:
+        nonlocal done
+        async with AsyncClient(url) as client, client.consumer(queue, "workers",
+                                                               credit=4 * batch) as c:  # fmt: skip
+            while not finished.is_set():
+                got = await c.get_batch(batch, timeout=0.5)
+                if got:
+                    c.ack(*got)
+                    done += len(got)
+                    if done >= total:
+                        finished.set()
+            await c.flush()
+
+    start = time.perf_counter()
+    await asyncio.wait_for(asyncio.gather(*(one() for _ in range(clients))), 600)
+    return done / (time.perf_counter() - start)
+
+
 async def run(url: str, pid: int, args: argparse.Namespace, run_no: int) -> dict[str, Any]:
     queue = f"http-{run_no}-{int(time.time())}"
     async with AsyncClient(url) as client:
@@ -121,11 +161,17 @@ async def run(url: str, pid: int, args: argparse.Namespace, run_no: int) -> dict
     prof.start(f"publish-{run_no}")
     me = psutil.Process()
     cpu0, mine0 = _cpu(pid), sum(me.cpu_times()[:2])
-    pub = await publish(url, queue, total, args.clients, args.batch, args.size)
+    if args.stream:
+        pub = await stream_publish(url, queue, total, args.clients, args.batch, args.size)
+    else:
+        pub = await publish(url, queue, total, args.clients, args.batch, args.size)
     cpu1, mine1 = _cpu(pid), sum(me.cpu_times()[:2])
     prof.stop()
     prof.start(f"receive-ack-{run_no}")
-    con = await receive_ack(url, queue, total, args.clients, args.batch)
+    if args.stream:
+        con = await stream_consume(url, queue, total, args.clients, args.batch)
+    else:
+        con = await receive_ack(url, queue, total, args.clients, args.batch)
     cpu2, mine2 = _cpu(pid), sum(me.cpu_times()[:2])
     prof.stop()
     async with AsyncClient(url) as client:
@@ -144,6 +190,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--stream", action="store_true",
+                        help="the streaming path instead (publisher, consumer: same counts)")
     parser.add_argument("--profile", help="directory for py-spy profiles of the node")
     parser.add_argument("--url", help="an already running node (then no profile, no CPU)")
     args = parser.parse_args()
@@ -153,7 +201,8 @@ def main() -> None:
         try:
             for i in range(args.runs):
                 r = uvloop.run(run(server.url, server.proc.pid, args, i))
-                print(f"run {i + 1}: HTTP publish {r['publish_msgs_s']:,.0f} msgs/s "
+                path = "stream" if args.stream else "HTTP"
+                print(f"run {i + 1}: {path} publish {r['publish_msgs_s']:,.0f} msgs/s "
                       f"(CPU s: node {r['publish_node_cpu_s']:.2f}, clients "
                       f"{r['publish_client_cpu_s']:.2f}), receive+ack "
                       f"{r['receive_ack_msgs_s']:,.0f} msgs/s (CPU s: node "
