@@ -10,7 +10,7 @@ PORT   ?= 8080
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: install sysdeps run demo test test-fast test-spark lint bench bench-quick bench-throughput bench-floor bench-spark bench-scaleout clean
+.PHONY: install sysdeps run demo test test-fast test-spark lint bench bench-quick bench-throughput bench-floor bench-ratio bench-spark bench-scaleout clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,10 @@ bench-throughput: $(STAMP)
 
 bench-floor: $(STAMP)
 	$(PY) benchmarks/storage_floor.py
+
+## bench-ratio: streaming publish at 3 replicas, then the 3-writer floor at once, and the ratio
+bench-ratio: $(STAMP)
+	$(PY) benchmarks/throughput.py --replicas 3 --floor
 
 ## bench-scaleout: publish and consume+ack with 1, 2, 4 capped hosts in network namespaces
 ## (root); ARGS=--quick for a short run

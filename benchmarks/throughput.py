@@ -2,8 +2,10 @@
 then 2 competing consumers in one group consume and ack them. Run for replicas 1 and 3.
 
     python benchmarks/throughput.py [--messages 200000] [--size 256] [--replicas 1,3]
-                                    [--cluster] [--tls]
+                                    [--cluster] [--tls] [--floor]
 
+``--floor`` measures the storage floor (storage_floor.py: as many synced RocksDB writers
+as replicas, at once) right after each node setup and prints publishing's share of it.
 ``--tls`` runs every setup twice, plain and with TLS on every listener (a cluster's
 internal links too; a test CA made with openssl), and prints the cost in percent.
 
@@ -27,9 +29,11 @@ import psutil
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tests.support.tlscerts import Certs, make_certs  # noqa: E402
 
+import storage_floor  # noqa: E402
 from cherami.client.asyncclient import AsyncClient  # noqa: E402
 from cherami.cluster.local import LocalCluster  # noqa: E402
 from cherami.cluster.nodeproc import NodeProcess as ServerProcess  # noqa: E402
@@ -162,6 +166,11 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--metadata", help="metadata URL for --cluster (default SQLite)")
     parser.add_argument("--tls", action="store_true", help="each setup plain, then with TLS")
+    parser.add_argument(
+        "--floor", action="store_true",
+        help="after each node setup, the storage floor for as many synced writers as it "
+        "has replicas (storage_floor.py, same message count), and the ratio",
+    )  # fmt: skip
     args = parser.parse_args()
     print(
         f"{args.messages} messages of {args.size} B, batches of {args.batch}, "
@@ -201,7 +210,9 @@ def main() -> None:
             f"{r['consume_ack_msgs_s']:,.0f}",
             f"{peak / 2**20:.0f}",
         ]
-        print(" ".join(f"{c:>14}" for c in cells))
+        print(" ".join(f"{c:>14}" for c in cells), flush=True)
+        if args.floor and setup == "node":
+            _print_floor(replicas, args.messages, r["publish_msgs_s"])
         base = setup.removesuffix("+tls")
         if with_tls is None:
             plain[(base, replicas)] = r
@@ -212,6 +223,16 @@ def main() -> None:
                 f"consume+ack {_cost(p['consume_ack_msgs_s'], r['consume_ack_msgs_s'])}"
             )
     certs_dir.cleanup()
+
+
+def _print_floor(replicas: int, messages: int, published: float) -> None:
+    """The floor for ``replicas`` synced writers measured now, beside the publish rate
+    just measured: the fraction of the disk's ceiling that publishing reached."""
+    with tempfile.TemporaryDirectory(prefix="cherami-floor-") as tmp:
+        rates = storage_floor.run(replicas, max(messages, 400_000), 400, 290, Path(tmp))
+    floor = rates[0][0]  # the slowest writer: an R-replica publish waits for all R
+    print(f"{'':>14} floor for {replicas} synced writer(s): {floor:,.0f} msgs/s; "
+          f"publish reached {published / floor * 100:.0f}% of it", flush=True)  # fmt: skip
 
 
 def _cost(plain: float, tls: float) -> str:
