@@ -226,3 +226,15 @@ async def test_no_taking_while_a_tick_is_slow_or_after_an_outage(
     a._taking_after = 0.0
     await a._tick_noting_outages()
     assert len(a.held) == 1
+
+
+async def test_an_only_output_host_does_not_act_on(meta: SqliteMetadataStore) -> None:
+    await _queue(meta, "q", ["g"], [PLAIN])
+    a = _host(meta, "outputhost-a")
+    await _ticks([a], meta, 2)
+    assert a.peers == {} and len(a.held) == 1
+    unit = next(iter(a.held))
+    await _failing_tick(a)
+    until = a.held[unit].acting_until = time.monotonic() + 0.2
+    await a.outage.check()  # nobody to ask: a host started to replace it may take over
+    assert a.held[unit].acting_until == until and not a.riding_out()

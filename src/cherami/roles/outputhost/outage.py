@@ -1,23 +1,24 @@
-"""Riding out a metadata outage: an output host goes on delivering and settling the
-extents it holds while the metadata store is unreachable *for every output host*, and
-stops at its leases' end as before when only it is cut off.
+"""Riding out a metadata outage: an output host goes on delivering and settling the extents
+it holds while the metadata store is unreachable *for every output host*, and stops at
+its leases' end as before when only it is cut off.
 
 A host cannot tell those two apart by itself, so it asks its peers: every output host
 that was alive at its last successful read of the hosts table. When each of them answers
 that it cannot reach the store either, nobody can take a lease now, and nobody will for
-``RECOVERY_GRACE`` after it reaches the store again (ownership.py: after a failed or slow
-tick a host only renews its own leases for that long, and a host that starts waits that
-long before it takes anything). So the asker may act for that long from the moment it
-asked, less the lease margin for clock drift: it extends the acting window of every unit
-whose window has not run out yet (a unit whose window ran out may have been taken while
-this host was cut off), and asks again every tick. A peer that does not answer, answers
-late, or can reach the store ends it: the host then stops at the end of its window, as
-the fencing rule says.
+``RECOVERY_GRACE`` after it reaches the store again (ownership.py: after a failed or
+slow tick a host only renews its own leases for that long, and a host that starts waits
+that long before it takes anything). So the asker may act for that long from the moment
+it asked, less the lease margin for clock drift: it extends the acting window of every
+unit whose window has not run out yet (a unit whose window ran out may have been taken
+while this host was cut off), and asks again every tick. A peer that does not answer,
+answers late, or can reach the store ends it: the host then stops at the end of its
+window, as the fencing rule says. So does a host with no peer to ask (a cluster's only
+output host).
 
-While it rides an outage out, ack levels and parked rows wait in memory (the output
-host does not try to write them) and are written with the lease's epoch when the store
-answers again; an ack answered meanwhile is lost only if this host dies before then,
-and then its message is delivered again (at least once, never lost)."""
+While it rides an outage out, ack levels and parked rows wait in memory (the output host
+does not try to write them) and are written with the lease's epoch when the store
+answers again; an ack answered meanwhile is lost only if this host dies before then, and
+then its message is delivered again (at least once, never lost)."""
 
 from __future__ import annotations
 
@@ -78,7 +79,9 @@ class OutageWatch:
         asked = time.monotonic()
         peers = dict(self.owner.peers)
         answers = await asyncio.gather(*(self._ask(a) for a in peers.values()))
-        if all(answers) and self.owner.store_unreachable():
+        # alone, a host cannot tell an outage from being cut off (a host started to
+        # replace it, which reaches the store, would take its extents): it stops
+        if peers and all(answers) and self.owner.store_unreachable():
             units = self.owner.ride_out(asked + RECOVERY_GRACE - timing.current.lease_margin)
             if not self.riding:
                 log.warning("metadata store unreachable from every output host (%d peers): "
