@@ -36,7 +36,8 @@ class CheramiDriver:
         self.name = f"cherami-{mode}"
         self.durability = (
             f"{replicas} replicas, each batch fsynced (RocksDB sync write) on every replica "
-            "before the publish ack; acks persisted every 10 ms"
+            "before the publish ack; an HTTP ack answered once persisted (group commit), stream "
+            "acks persisted within 10 ms"
         )
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._server: ServerProcess | None = None
