@@ -14,7 +14,6 @@ from aiohttp import web
 
 from cherami import timing
 from cherami.cluster.loadmeter import LoadMeter, LoadSources
-from cherami.cluster.roles import delivered_counts
 from cherami.cluster.secret import node_secret
 from cherami.config import NodeConfig
 from cherami.datadir import lock_data_dir
@@ -26,14 +25,15 @@ from cherami.roles.controller.service import ControllerService
 from cherami.roles.frontend.app import Roles, build_app
 from cherami.roles.frontend.auth import KeyRing
 from cherami.roles.frontend.metrics import Metrics
+from cherami.roles.inputhost.client import LocalInputHost
 from cherami.roles.inputhost.service import InputHostService
+from cherami.roles.outputhost.client import LocalOutputHost
 from cherami.roles.outputhost.service import OutputHostService
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.roles.storehost.process import StoreProcess
 from cherami.telemetry import timed_metadata
 from cherami.wire import handshake as h
 from cherami.wire import tls
-from cherami.wire.records import Message
 
 log = logging.getLogger("cherami.node")
 
@@ -86,7 +86,8 @@ class Node:
         self.inputs = InputHostService(
             INPUT_HOST_ID, self.metadata, self.stores, self._replace_extent, self._ensure_extents
         )
-        self.outputs = OutputHostService(self.metadata, self.stores, self._publish_internal)
+        self.outputs = OutputHostService(self.metadata, self.stores, LocalInputHost(self.inputs))
+        self.output_client = LocalOutputHost(self.outputs)
         self.controller = ControllerService(
             self.metadata, self.stores, self._input_host, self._extents_changed
         )
@@ -98,7 +99,8 @@ class Node:
         self._hosts: list[tuple[Host, LoadMeter]] = []
         roles = Roles(
             metadata=self.metadata, stores=self.stores, controller=self.controller,
-            inputs=self.inputs, outputs=self.outputs, keys=self.keys, metrics=Metrics(),
+            inputs=LocalInputHost(self.inputs), outputs=self.output_client, keys=self.keys,
+            metrics=Metrics(),
             ready=lambda: self.ready,
         )  # fmt: skip
         self._runner = web.AppRunner(build_app(roles), access_log=None)
@@ -137,7 +139,7 @@ class Node:
         address = f"{cfg.host}:{self.port}"
         data = cfg.data_dir
         inputs = LoadSources(counters=self.inputs.extent_counts, data_dir=data)
-        outputs = LoadSources(counters=lambda: delivered_counts(self.outputs), data_dir=data)
+        outputs = LoadSources(counters=self.output_client.delivered_counts, data_dir=data)
         interval = cfg.load_report_interval
         hosts = [
             (Host(id=host_id, role=role, address=address, heartbeat_at=0.0, zone=cfg.zone),
@@ -178,9 +180,6 @@ class Node:
     def _extents_changed(self, queue: str) -> None:
         self.inputs.extents_changed(queue)
         self.outputs.extents_changed(queue)
-
-    async def _publish_internal(self, queue: str, messages: list[Message]) -> list[str]:
-        return await self.inputs.publish(await self.metadata.get_queue(queue), messages)
 
     async def stop(self) -> None:
         self.ready = False

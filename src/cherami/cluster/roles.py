@@ -10,12 +10,10 @@ import logging
 import os
 from typing import Any, cast
 
-import aiohttp
-import msgspec
 from aiohttp import web
 
 from cherami import timing
-from cherami.cluster.loadmeter import Counts, LoadMeter, LoadSources
+from cherami.cluster.loadmeter import LoadMeter, LoadSources
 from cherami.cluster.membership import (
     CONTROLLER,
     INPUTHOST,
@@ -28,7 +26,7 @@ from cherami.cluster.membership import (
 from cherami.cluster.secret import role_secret
 from cherami.config import NodeConfig
 from cherami.datadir import lock_data_dir
-from cherami.errors import Unauthorized, Unavailable
+from cherami.errors import Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import FAILING, OPEN, Extent
 from cherami.metadata.open import open_metadata
@@ -41,7 +39,14 @@ from cherami.roles.frontend.app import STREAMS, Roles, build_app
 from cherami.roles.frontend.auth import KeyRing
 from cherami.roles.frontend.metrics import Metrics
 from cherami.roles.frontend.proxy import Router
+from cherami.roles.inputhost.client import (
+    INTERNAL_PUBLISH,
+    LocalInputHost,
+    RemoteInputHost,
+    internal_publish,
+)
 from cherami.roles.inputhost.service import InputHostService
+from cherami.roles.outputhost.client import LocalOutputHost
 from cherami.roles.outputhost.ownership import ExtentOwnership
 from cherami.roles.outputhost.receipts import host_tag
 from cherami.roles.outputhost.service import OutputHostService
@@ -51,17 +56,8 @@ from cherami.roles.storehost.server import StoreHostService
 from cherami.storage.rocks import RocksExtentStore
 from cherami.wire import handshake as h
 from cherami.wire import tls
-from cherami.wire.records import Message
 
 log = logging.getLogger("cherami.cluster.roles")
-
-INTERNAL_PUBLISH = "/internal/v1/queues/{queue}/messages"
-# An internal publish (to a DLQ) that is not answered by then fails Unavailable and is
-# retried by its caller, by when the route leads to the input host that took over. Long
-# enough for the input host's own wait for an extent and one append with its timeout.
-PUBLISH_REMOTE_TIMEOUT = 10.0
-_messages = msgspec.msgpack.Decoder(list[Message])
-_encoder = msgspec.msgpack.Encoder()
 
 
 class RoleProcess:
@@ -146,6 +142,7 @@ class RoleProcess:
         )  # fmt: skip
         self.controller = controller
         inputs = outputs = None
+        router = self.router
         if self.role == INPUTHOST:
             inputs = InputHostService(
                 self.id, reads, stores, self._mark_failing, _nothing,
@@ -155,11 +152,12 @@ class RoleProcess:
             self._stoppers.append(inputs.stop)
         if self.role == OUTPUTHOST:
             self.ownership = ExtentOwnership(None, self.metadata, self.id)  # type: ignore[arg-type]
+            dlq = RemoteInputHost(router.input_host, lambda: router.session)
             outputs = OutputHostService(
-                self.metadata, stores, self._publish_remote, self.ownership, host_tag(self.id)
+                self.metadata, stores, dlq, self.ownership, host_tag(self.id)
             )
             self.ownership.outputs = outputs
-            self._load_sources.counters = lambda: delivered_counts(outputs)
+            self._load_sources.counters = LocalOutputHost(outputs).delivered_counts
             await outputs.start()
             self.ownership.start()
             self._stoppers += [self.ownership.stop, outputs.stop]
@@ -172,14 +170,15 @@ class RoleProcess:
             self.leader.start()
             self._stoppers.append(self.leader.stop)
         roles = Roles(
-            metadata=reads, stores=stores, controller=controller, inputs=inputs,
-            outputs=outputs, keys=self.keys, metrics=Metrics(), ready=lambda: self.ready,
-            router=self.router,
+            metadata=reads, stores=stores, controller=controller,
+            inputs=LocalInputHost(inputs) if inputs else None,
+            outputs=LocalOutputHost(outputs) if outputs else None,
+            keys=self.keys, metrics=Metrics(), ready=lambda: self.ready, router=self.router,
         )  # fmt: skip
         app = build_app(roles)
         self._load_sources.connections = app[STREAMS].count
         if inputs is not None:
-            app.router.add_post(INTERNAL_PUBLISH, _internal_publish(inputs, reads))
+            app.router.add_post(INTERNAL_PUBLISH, internal_publish(inputs, reads))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.config.host, self.config.port, ssl_context=tls.listener())
@@ -204,23 +203,6 @@ class RoleProcess:
         if extent is not None and extent.status == OPEN:
             await self.metadata.set_extent_status(extent_id, FAILING)
 
-    async def _publish_remote(self, queue: str, messages: list[Message]) -> list[str]:
-        """Publish (to a DLQ) through an input host that serves the queue."""
-        address = await self.router.input_host(queue)
-        url = f"{tls.http_scheme()}://{address}{INTERNAL_PUBLISH.format(queue=queue)}"
-        timeout = aiohttp.ClientTimeout(total=PUBLISH_REMOTE_TIMEOUT)
-        try:
-            async with self.router.session.post(
-                url, data=_encoder.encode(messages), timeout=timeout,
-                headers={h.INTERNAL_HEADER: h.internal_token(h.cluster_key())},
-            ) as resp:  # fmt: skip
-                body = await resp.read()
-        except (aiohttp.ClientError, TimeoutError) as err:
-            raise Unavailable(f"publish to {queue} via {address}: {err!r}") from err
-        if resp.status != 200:
-            raise Unavailable(f"publish to {queue} via {address} failed: {resp.status}")
-        return msgspec.msgpack.decode(body, type=list[str])
-
     async def stop(self) -> None:
         self.ready = False
         for stop in self._stoppers:
@@ -231,29 +213,5 @@ class RoleProcess:
         await self.metadata.close()
 
 
-def delivered_counts(outputs: OutputHostService) -> dict[str, Counts]:
-    """Messages and bytes delivered from each extent, over every group served here."""
-    counts: dict[str, Counts] = {}
-    for consumer in outputs.groups.values():
-        for cursor in consumer.cursors.values():
-            _, _, n, b = counts.get(cursor.id, (0, 0, 0, 0))
-            counts[cursor.id] = (0, 0, n + cursor.delivered, b + cursor.delivered_bytes)
-    return counts
-
-
 async def _nothing(queue: str) -> None:
     """In a cluster only the leading controller opens extents."""
-
-
-def _internal_publish(inputs: InputHostService, metadata: MetadataStore) -> Any:
-    async def handler(request: web.Request) -> web.Response:
-        # only a process of the cluster may publish here (never an API key)
-        if not h.internal_ok(h.cluster_key(), request.headers.get(h.INTERNAL_HEADER)):
-            raise Unauthorized("internal route: the cluster's internal token is required")
-        queue = await metadata.get_queue(request.match_info["queue"])
-        if not await inputs.serves(queue.name):
-            raise Unavailable(f"queue {queue.name} has no extent on this input host")
-        ids = await inputs.publish(queue, _messages.decode(await request.read()))
-        return web.Response(body=_encoder.encode(ids), content_type="application/msgpack")
-
-    return handler
