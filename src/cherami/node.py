@@ -88,9 +88,7 @@ class Node:
         )
         self.outputs = OutputHostService(self.metadata, self.stores, LocalInputHost(self.inputs))
         self.output_client = LocalOutputHost(self.outputs)
-        self.controller = ControllerService(
-            self.metadata, self.stores, self._input_host, self._extents_changed
-        )
+        self.controller = ControllerService(self.metadata, self.stores, self._input_host)
         await self.controller.recover()
         await self.outputs.start()
         retention = Retention(self.controller, self.metadata, self.stores, cfg.extent_max_messages)
@@ -176,10 +174,6 @@ class Node:
 
     async def _ensure_extents(self, queue: str) -> None:
         await self.controller.ensure_extents(queue, patience=0)
-
-    def _extents_changed(self, queue: str) -> None:
-        self.inputs.extents_changed(queue)
-        self.outputs.extents_changed(queue)
 
     async def stop(self) -> None:
         self.ready = False

@@ -34,7 +34,6 @@ log = logging.getLogger("cherami.inputhost.service")
 MAX_ATTEMPTS = 5
 ROOM_CHECK_INTERVAL = 1.0  # how often the store hosts' free disk is looked at
 STORAGE_FULL_RETRY = 2.0  # seconds a publish refused storage_full is told to wait
-RELOAD_INTERVAL = 1.0
 
 
 class _QueueWriters:
@@ -59,8 +58,9 @@ class InputHostService:
         serves_every_queue: bool = True,
     ) -> None:
         """``replace_extent`` is called with an extent whose replica failed;
-        ``ensure_extents`` when a queue has no open extent here. In a cluster an input
-        host serves only the queues that have extents placed on it."""
+        ``ensure_extents`` when a queue has no open extent here. The queue's extents are
+        read again every ``extent_refresh_interval``. In a cluster an input host serves
+        only the queues that have extents placed on it."""
         self.host_id = host_id
         self.metadata = metadata
         self.stores = stores
@@ -92,17 +92,10 @@ class InputHostService:
             if w is not None and (store is None or store in w.extent.stores)
         }
 
-    def extents_changed(self, queue: str) -> None:
-        writers = self._queues.get(queue)
-        if writers is not None:
-            writers.loaded = False
-        self.dedup.stale(queue)
-
     def _fresh(self, writers: _QueueWriters) -> bool:
-        # in a cluster the controller moves extents between input hosts: look again often
-        return writers.loaded and (
-            self._serves_every_queue or time.monotonic() - writers.loaded_at < RELOAD_INTERVAL
-        )
+        # the controller seals, opens and moves extents: look again often
+        age = time.monotonic() - writers.loaded_at
+        return writers.loaded and age < timing.current.extent_refresh_interval
 
     async def _writers(self, queue: str) -> _QueueWriters:
         writers = self._queues.setdefault(queue, _QueueWriters())
@@ -130,6 +123,8 @@ class InputHostService:
                     timer = writer
                 else:
                     plain.append(writer)
+            if {w.id for w in [*plain, timer] if w is not None} != set(known):
+                self.dedup.stale(queue)  # one may hold records another input host took
             writers.plain, writers.timer = plain, timer
             writers.created_at = (await self.metadata.get_queue(queue)).created_at
             writers.loaded = True

@@ -242,11 +242,6 @@ class OutputHostService:
         if consumer is not None:
             consumer.group = group
 
-    def extents_changed(self, queue: str) -> None:
-        for consumer in list(self.groups.values()):
-            if consumer.group.queue == queue or consumer.group.dlq == queue:
-                asyncio.create_task(self._sync_quietly(consumer))
-
     async def _sync_quietly(self, consumer: GroupConsumer) -> None:
         try:
             await self._sync(consumer)
