@@ -1,8 +1,9 @@
 """The leading controller of a cluster. Controllers race for a lease in the metadata
 store; the holder seals the extents that lost their input host or a replica (or that
 their input host reported failing), opens extents up to each queue's minimum on live
-hosts, opens or seals one more by the queue's rate (scaling.py), and seals the replicas
-of store hosts that come back."""
+hosts, opens or seals one more by the queue's rate (scaling.py; not on a single node,
+whose one input host gains nothing from more extents), seals the replicas of store hosts
+that come back, and runs retention every RETENTION_EVERY ticks. A node runs one too."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ class Leader:
         self._acting_until = 0.0
         self._seen_stores: set[str] = set()
         self.retention = Retention(controller, metadata, stores.stores, max_extent_messages)
-        self.scaling = scaling or ScalingPolicy()
+        self.scaling = scaling  # None: extents by min_extents only
         self._ticks = 0
         self._sealing: dict[str, asyncio.Task[None]] = {}
         # slow chores run behind the tick, one of each at a time: a store host that is cut
@@ -119,7 +120,8 @@ class Leader:
         await self.controller.restore_replication(rescan=bool(back))
         self._run_behind("sealing straggling replicas", self.controller.seal_stragglers)
         queues = await self.metadata.list_queues()
-        self.scaling.forget({q.name for q in queues})
+        if self.scaling is not None:
+            self.scaling.forget({q.name for q in queues})
         extents = {
             q.name: await self.metadata.list_extents(q.name, (OPEN, FAILING)) for q in queues
         }
@@ -185,6 +187,8 @@ class Leader:
 
     async def _scale(self, queue: Queue, extents: list[Extent], rates: dict[str, float]) -> None:
         """Open or seal one plain extent when the queue's rate says so (scaling.py)."""
+        if self.scaling is None:
+            return
         plain = [e for e in extents if e.kind == PLAIN and e.status == OPEN]
         load = QueueLoad(
             extents=len(plain), rate=sum(rates.get(e.id, 0.0) for e in plain),
