@@ -35,7 +35,8 @@ log = logging.getLogger("cherami.node")
 INPUT_HOST_ID = "inputhost-0"
 FRONTEND_ID, CONTROLLER_ID, OUTPUT_HOST_ID = "frontend-0", "controller-0", "outputhost-0"
 # the node's roles in the hosts table: its leading controller seals the extents of a host
-# it does not see alive (within dead_after, 3 s), so well within that: 7 writes/s
+# it does not see alive (within dead_after, 3 s), so well within that (or a third of
+# dead_after): 7 writes/s with 3 store hosts
 NODE_HEARTBEAT = 1.0
 
 
@@ -104,7 +105,8 @@ class Node:
         assert server is not None
         self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
         self._hosts = self._role_hosts()
-        self._heartbeats = Periodic("node heartbeat", NODE_HEARTBEAT, self._beat)
+        every = min(NODE_HEARTBEAT, timing.current.dead_after / 3)
+        self._heartbeats = Periodic("node heartbeat", every, self._beat)
         await self._beat()
         self._heartbeats.start()
         await self.roles.start()
