@@ -157,19 +157,19 @@ class InputHostService:
         )
         ids: list[str] = [""] * len(messages)
         # find every extent the batch needs before writing any of it
-        plain = await self._pick(queue.name, PLAIN) if plain_records else None
-        timer = await self._pick(queue.name, TIMER) if timer_records else None
+        plain = await self._pick(queue, PLAIN) if plain_records else None
+        timer = await self._pick(queue, TIMER) if timer_records else None
         parts = []
         if plain is not None:
-            parts.append(self._append(queue.name, plain, plain_idx, plain_records, None, ids))
+            parts.append(self._append(queue, plain, plain_idx, plain_records, None, ids))
         if timer is not None:
-            parts.append(self._append(queue.name, timer, timer_idx, timer_records, timer_due, ids))
+            parts.append(self._append(queue, timer, timer_idx, timer_records, timer_due, ids))
         await asyncio.gather(*parts)
         return ids
 
     async def _append(
         self,
-        queue: str,
+        queue: Queue,
         writer: ExtentWriter,
         indexes: list[int],
         records: list[bytes],
@@ -181,20 +181,20 @@ class InputHostService:
             try:
                 first = await writer.append(records, due)
             except ExtentSealed:
-                self._queues[queue].loaded = False
+                self._queues[queue.name].loaded = False
                 await self._failed(writer.id)
                 await asyncio.sleep(0.05 * attempt)
                 writer = await self._pick(queue, kind)
                 continue
             except StorageFull:  # a replica's disk reached its floor before a report said
-                self._queues[queue].loaded = False
+                self._queues[queue.name].loaded = False
                 self.background.spawn(self._failed(writer.id), f"fail {writer.id}")
                 raise
             made = message_ids(writer.id, first, len(indexes))
             for index, msg_id in zip(indexes, made, strict=True):
                 ids[index] = msg_id
             return
-        raise Unavailable(f"queue {queue}: no extent accepted the append")
+        raise Unavailable(f"queue {queue.name}: no extent accepted the append")
 
     async def _full_stores(self) -> set[str]:
         """The store hosts whose latest load report shows free disk below the floor
@@ -219,12 +219,14 @@ class InputHostService:
             raise _storage_full(full)
         return roomy
 
-    async def _pick(self, queue: str, kind: str) -> ExtentWriter:
+    async def _pick(self, queue: Queue, kind: str) -> ExtentWriter:
         # in a cluster the queue's extents may have moved to another input host: after a
         # short wait the producer is told to reconnect (through a frontend) instead
         attempts = 100 if self._serves_every_queue else 20
         for _ in range(attempts):
-            writers = await self._writers(queue)
+            writers = await self._writers(queue.name)
+            if writers.created_at != queue.created_at:  # read again since the publish began
+                raise QueueNotFound(f"queue {queue.name} was deleted")
             if kind == TIMER:
                 if writers.timer is not None and not writers.timer.failed:
                     (timer,) = await self._with_room([writers.timer])
@@ -236,8 +238,8 @@ class InputHostService:
             writers.loaded = False  # the leading controller opens one meanwhile
             await asyncio.sleep(0.1)
         if not self._serves_every_queue:
-            raise Moved(f"queue {queue} has no open {kind} extent on this input host")
-        raise Unavailable(f"queue {queue} has no open {kind} extent")
+            raise Moved(f"queue {queue.name} has no open {kind} extent on this input host")
+        raise Unavailable(f"queue {queue.name} has no open {kind} extent")
 
 
 def _storage_full(full: set[str]) -> StorageFull:
