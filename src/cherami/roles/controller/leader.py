@@ -3,7 +3,7 @@ store; the holder seals the extents that lost their input host or a replica (or 
 their input host reported failing), opens extents up to each queue's minimum on live
 hosts, opens or seals one more by the queue's rate (scaling.py; not on a single node,
 whose one input host gains nothing from more extents), seals the replicas of store hosts
-that come back, and runs retention every RETENTION_EVERY ticks. A node runs one too."""
+that come back, and runs retention every RETENTION_INTERVAL. A node runs one too."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ LEASE = "controller-leader"
 LEASE_TTL = timing.DEFAULT.lease_ttl
 MARGIN = timing.DEFAULT.lease_margin  # seconds before the lease's end the leader stops acting
 TICK = timing.DEFAULT.leader_tick
-RETENTION_EVERY = 10  # ticks
+RETENTION_INTERVAL = 2.0  # seconds between retention passes (each behind the tick)
 # how long a tick waits for the seals it started before it goes on (they go on behind it)
 SEAL_WAIT = 1.0
 
@@ -63,7 +63,7 @@ class Leader:
         self._seen_stores: set[str] = set()
         self.retention = Retention(controller, metadata, stores.stores, max_extent_messages)
         self.scaling = scaling  # None: extents by min_extents only
-        self._ticks = 0
+        self._retained_at = time.monotonic()  # the first pass RETENTION_INTERVAL in
         self._sealing: dict[str, asyncio.Task[None]] = {}
         # slow chores run behind the tick, one of each at a time: a store host that is cut
         # off makes each of its calls wait out the store deadline (3 s), which inside the
@@ -101,8 +101,8 @@ class Leader:
         self._acting_until = asked + timing.current.lease_ttl - timing.current.lease_margin
         if leading:
             await self.tick()
-            self._ticks += 1
-            if self._ticks % RETENTION_EVERY == 0:
+            if time.monotonic() - self._retained_at >= RETENTION_INTERVAL:
+                self._retained_at = time.monotonic()
                 self._run_behind("retention", self.retention.tick)
 
     async def tick(self) -> None:
