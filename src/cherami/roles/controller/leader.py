@@ -30,7 +30,7 @@ from cherami.roles.controller.scaling import (
 )
 from cherami.roles.controller.service import ControllerService
 from cherami.roles.storehost.directory import StoreWatcher
-from cherami.wire.store import PLAIN
+from cherami.wire.store import PLAIN, TIMER
 
 log = logging.getLogger("cherami.controller.leader")
 
@@ -146,7 +146,8 @@ class Leader:
             ]
             if live_inputs:
                 try:
-                    await self.controller.ensure_extents(queue.name, patience=0)
+                    if _short_of_extents(queue, healthy):  # read under the queue's lock
+                        await self.controller.ensure_extents(queue.name, patience=0)
                     await self._scale(queue, healthy, rates)
                 except CheramiError as err:
                     log.warning("queue %s: cannot open extents: %s", queue.name, err)
@@ -215,6 +216,16 @@ async def _logged(what: str, chore: Callable[[], Awaitable[None]]) -> None:
         await chore()
     except Exception as err:
         log.warning("%s failed: %s", what, err, exc_info=not isinstance(err, CheramiError))
+
+
+def _short_of_extents(queue: Queue, healthy: list[Extent]) -> bool:
+    """Whether the queue's healthy open extents are fewer than its minimum, or an input
+    host holds a plain one without a timer extent beside it (what ensure_extents opens):
+    a steady queue costs the tick no more reads."""
+    plain = [e for e in healthy if e.kind == PLAIN]
+    with_timer = {e.input_host for e in healthy if e.kind == TIMER}
+    short = len(plain) < (queue.config.min_extents or 1)
+    return short or any(e.input_host not in with_timer for e in plain)
 
 
 def _needs_seal(extent: Extent, live_inputs: set[str], live_stores: set[str]) -> bool:
