@@ -1,6 +1,7 @@
 """A node on the embedded default: every role from one command. Store hosts run as
 child processes (each its own RocksDB directory); the frontend, controller, input host
-and output host share this process's event loop; metadata lives in SQLite."""
+and output host share this process's event loop, assembled as a cluster's processes
+are (assembly.py) with in-process clients; metadata lives in SQLite."""
 
 from __future__ import annotations
 
@@ -13,34 +14,30 @@ from functools import partial
 from aiohttp import web
 
 from cherami import timing
+from cherami.assembly import EVERY_ROLE, Assembly, Surroundings, assemble
 from cherami.cluster.loadmeter import LoadMeter, LoadSources
-from cherami.cluster.roles import delivered_counts
+from cherami.cluster.membership import CONTROLLER, INPUTHOST, OUTPUTHOST
 from cherami.cluster.secret import node_secret
 from cherami.config import NodeConfig
 from cherami.datadir import lock_data_dir
 from cherami.metadata.models import Extent, Host
 from cherami.metadata.sqlite import SqliteMetadataStore
 from cherami.periodic import Periodic
-from cherami.roles.controller.retention import Retention
-from cherami.roles.controller.service import ControllerService
-from cherami.roles.frontend.app import Roles, build_app
 from cherami.roles.frontend.auth import KeyRing
-from cherami.roles.frontend.metrics import Metrics
-from cherami.roles.inputhost.service import InputHostService
-from cherami.roles.outputhost.service import OutputHostService
-from cherami.roles.storehost.directory import StoreDirectory
+from cherami.roles.storehost.directory import StoreDirectory, StoreWatcher
 from cherami.roles.storehost.process import StoreProcess
 from cherami.telemetry import timed_metadata
 from cherami.wire import handshake as h
 from cherami.wire import tls
-from cherami.wire.records import Message
 
 log = logging.getLogger("cherami.node")
 
 INPUT_HOST_ID = "inputhost-0"
 FRONTEND_ID, CONTROLLER_ID, OUTPUT_HOST_ID = "frontend-0", "controller-0", "outputhost-0"
-RETENTION_INTERVAL = 2.0
-NODE_HEARTBEAT = 2.0  # the node's roles in the hosts table (alive within 3 s): 3.5 writes/s
+# the node's roles in the hosts table: its leading controller seals the extents of a host
+# it does not see alive (within dead_after, 3 s), so well within that (or a third of
+# dead_after): 7 writes/s with 3 store hosts
+NODE_HEARTBEAT = 1.0
 
 
 def _cpu_seconds(proc: StoreProcess) -> float:
@@ -83,25 +80,21 @@ class Node:
             for i in range(cfg.stores)
         ]
         await asyncio.gather(*(p.start() for p in self.store_processes))
-        self.inputs = InputHostService(
-            INPUT_HOST_ID, self.metadata, self.stores, self._replace_extent, self._ensure_extents
-        )
-        self.outputs = OutputHostService(self.metadata, self.stores, self._publish_internal)
-        self.controller = ControllerService(
-            self.metadata, self.stores, self._input_host, self._extents_changed
-        )
-        await self.controller.recover()
-        await self.outputs.start()
-        retention = Retention(self.controller, self.metadata, self.stores, cfg.extent_max_messages)
-        self._retention = Periodic("retention", RETENTION_INTERVAL, retention.tick)
-        self._retention.start()
-        self._hosts: list[tuple[Host, LoadMeter]] = []
-        roles = Roles(
-            metadata=self.metadata, stores=self.stores, controller=self.controller,
-            inputs=self.inputs, outputs=self.outputs, keys=self.keys, metrics=Metrics(),
-            ready=lambda: self.ready,
+        self._watcher = StoreWatcher(self.metadata, self.stores)
+        await self._watcher.start()
+        self.roles: Assembly = await assemble(
+            Surroundings(
+                config=cfg, metadata=self.metadata, reads=self.metadata, stores=self.stores,
+                watcher=self._watcher, keys=self.keys, ready=lambda: self.ready,
+                pick_input_host=self._input_host,
+                ids={INPUTHOST: INPUT_HOST_ID, CONTROLLER: CONTROLLER_ID,
+                     OUTPUTHOST: OUTPUT_HOST_ID},
+            ),
+            EVERY_ROLE,
         )  # fmt: skip
-        self._runner = web.AppRunner(build_app(roles), access_log=None)
+        self.controller = self.roles.controller
+        self._hosts: list[tuple[Host, LoadMeter]] = []
+        self._runner = web.AppRunner(self.roles.app, access_log=None)
         await self._runner.setup()
         context = None
         if cfg.tls_cert and cfg.tls_key:  # the API listener; store hosts stay on loopback
@@ -112,9 +105,11 @@ class Node:
         assert server is not None
         self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
         self._hosts = self._role_hosts()
-        self._heartbeats = Periodic("node heartbeat", NODE_HEARTBEAT, self._beat)
+        every = min(NODE_HEARTBEAT, timing.current.dead_after / 3)
+        self._heartbeats = Periodic("node heartbeat", every, self._beat)
         await self._beat()
         self._heartbeats.start()
+        await self.roles.start()
         self.ready = True
 
     async def _store_up(self, store_id: str, address: str) -> None:
@@ -136,8 +131,10 @@ class Node:
         cfg = self.config
         address = f"{cfg.host}:{self.port}"
         data = cfg.data_dir
-        inputs = LoadSources(counters=self.inputs.extent_counts, data_dir=data)
-        outputs = LoadSources(counters=lambda: delivered_counts(self.outputs), data_dir=data)
+        assert self.roles.inputs is not None and self.roles.outputs is not None
+        extent_counts = self.roles.inputs.extent_counts
+        inputs = LoadSources(counters=extent_counts, data_dir=data)
+        outputs = LoadSources(counters=self.roles.outputs.delivered_counts, data_dir=data)
         interval = cfg.load_report_interval
         hosts = [
             (Host(id=host_id, role=role, address=address, heartbeat_at=0.0, zone=cfg.zone),
@@ -151,7 +148,7 @@ class Node:
         ]  # fmt: skip
         for proc in self.store_processes:
             meter = LoadMeter(
-                LoadSources(counters=partial(self.inputs.extent_counts, proc.store_id),
+                LoadSources(counters=partial(extent_counts, proc.store_id),
                             data_dir=proc.data_dir),
                 interval, cpu_clock=partial(_cpu_seconds, proc),
             )  # fmt: skip
@@ -162,38 +159,26 @@ class Node:
 
     async def _beat(self) -> None:
         now = time.time()
+        # a store host's address from its process, never from the directory: the store
+        # watcher (as in a cluster) sets the directory from what was heartbeated last
+        addresses = {p.store_id: p.address for p in self.store_processes}
         for host, meter in self._hosts:
             host.heartbeat_at = now
             if host.role == "storehost":
-                host.address = self.stores.get(host.id).address
+                host.address = addresses[host.id]
             host.load = meter.report()
             await self.metadata.heartbeat(host)
 
-    async def _replace_extent(self, extent_id: str) -> None:
-        await self.controller.replace_extent(extent_id)
-
-    async def _ensure_extents(self, queue: str) -> None:
-        await self.controller.ensure_extents(queue, patience=0)
-
-    def _extents_changed(self, queue: str) -> None:
-        self.inputs.extents_changed(queue)
-        self.outputs.extents_changed(queue)
-
-    async def _publish_internal(self, queue: str, messages: list[Message]) -> list[str]:
-        return await self.inputs.publish(await self.metadata.get_queue(queue), messages)
-
     async def stop(self) -> None:
         self.ready = False
-        if hasattr(self, "_retention"):
-            await self._retention.stop()
         if hasattr(self, "_heartbeats"):
             await self._heartbeats.stop()
+        if hasattr(self, "roles"):
+            await self.roles.stop()
         if self._runner is not None:
             await self._runner.cleanup()
-        if hasattr(self, "outputs"):
-            await self.outputs.stop()
-        if hasattr(self, "inputs"):
-            await self.inputs.stop()
+        if hasattr(self, "_watcher"):
+            await self._watcher.stop()
         await self.stores.close()
         await asyncio.gather(*(p.stop() for p in self.store_processes))
         if hasattr(self, "metadata"):

@@ -17,7 +17,7 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     lease_margin: float = 0.5  # a holder stops acting this long before its lease may end
     ownership_tick: float = 0.5  # output hosts renew and take extents of groups
     leader_tick: float = 0.5  # the controllers race for the lead; the leader works
-    heartbeat_interval: float = 0.5  # every process heartbeats (cluster; a node: 2 s)
+    heartbeat_interval: float = 0.5  # every process heartbeats (a node: 1 s, node.py)
     dead_after: float = 3.0  # a host silent this long is dead
     ack_flush_interval: float = 0.01  # acks gather this long into one ack-level write
     extent_refresh_interval: float = 1.0  # output hosts read a group's extents again

@@ -2,7 +2,8 @@
 
 Every process heartbeats into the shared metadata store. Processes other than store
 hosts also serve the whole HTTP API: what they do not serve themselves (a queue's input
-host, a group's output host) they forward to the host that does."""
+host, a group's output host) they forward to the host that does. The roles are built
+as a node's are (assembly.py), with network clients for the roles elsewhere."""
 
 from __future__ import annotations
 
@@ -10,16 +11,13 @@ import logging
 import os
 from typing import Any, cast
 
-import aiohttp
-import msgspec
 from aiohttp import web
 
 from cherami import timing
-from cherami.cluster.loadmeter import Counts, LoadMeter, LoadSources
+from cherami.assembly import Surroundings, assemble
+from cherami.cluster.loadmeter import LoadMeter, LoadSources
 from cherami.cluster.membership import (
-    CONTROLLER,
     INPUTHOST,
-    OUTPUTHOST,
     STOREHOST,
     Membership,
     host_id,
@@ -28,41 +26,24 @@ from cherami.cluster.membership import (
 from cherami.cluster.secret import role_secret
 from cherami.config import NodeConfig
 from cherami.datadir import lock_data_dir
-from cherami.errors import Unauthorized, Unavailable
+from cherami.errors import Unavailable
 from cherami.metadata.base import MetadataStore
-from cherami.metadata.models import FAILING, OPEN, Extent
+from cherami.metadata.models import Extent
 from cherami.metadata.open import open_metadata
 from cherami.metadata.remembered import RememberingReads
-from cherami.roles.controller.leader import Leader
 from cherami.roles.controller.placement import pick_input_host
 from cherami.roles.controller.scaling import ScalingPolicy
-from cherami.roles.controller.service import ControllerService
-from cherami.roles.frontend.app import STREAMS, Roles, build_app
+from cherami.roles.frontend.app import STREAMS
 from cherami.roles.frontend.auth import KeyRing
-from cherami.roles.frontend.metrics import Metrics
 from cherami.roles.frontend.proxy import Router
-from cherami.roles.inputhost.service import InputHostService
-from cherami.roles.outputhost.outage import add_outage_route
-from cherami.roles.outputhost.ownership import ExtentOwnership
-from cherami.roles.outputhost.receipts import host_tag
-from cherami.roles.outputhost.service import OutputHostService
 from cherami.roles.storehost.directory import StoreDirectory, StoreWatcher
 from cherami.roles.storehost.metrics import storehost_metrics_app
 from cherami.roles.storehost.server import StoreHostService
 from cherami.storage.rocks import RocksExtentStore
 from cherami.wire import handshake as h
 from cherami.wire import tls
-from cherami.wire.records import Message
 
 log = logging.getLogger("cherami.cluster.roles")
-
-INTERNAL_PUBLISH = "/internal/v1/queues/{queue}/messages"
-# An internal publish (to a DLQ) that is not answered by then fails Unavailable and is
-# retried by its caller, by when the route leads to the input host that took over. Long
-# enough for the input host's own wait for an extent and one append with its timeout.
-PUBLISH_REMOTE_TIMEOUT = 10.0
-_messages = msgspec.msgpack.Decoder(list[Message])
-_encoder = msgspec.msgpack.Encoder()
 
 
 class RoleProcess:
@@ -140,49 +121,25 @@ class RoleProcess:
         # publish to an open extent needs nothing new from it); the rest asks the store
         reads = cast(MetadataStore, RememberingReads(self.metadata))
         self.router = Router(reads)
-        controller = ControllerService(
-            self.metadata, stores, self._pick_input_host,
-            manage_extents=self.role == CONTROLLER,
-            live_stores=lambda: watcher.live, default_min_extents=2,
+        self.roles = roles = await assemble(
+            Surroundings(
+                config=self.config, ids={self.role: self.id}, metadata=self.metadata,
+                reads=reads, stores=stores, watcher=watcher, keys=self.keys,
+                ready=lambda: self.ready, pick_input_host=self._pick_input_host,
+                router=self.router, default_min_extents=2,
+                scaling=ScalingPolicy(self.config.scale_up_window, self.config.scale_down_window),
+            ),
+            frozenset({self.role}),
         )  # fmt: skip
-        self.controller = controller
-        inputs = outputs = None
-        if self.role == INPUTHOST:
-            inputs = InputHostService(
-                self.id, reads, stores, self._mark_failing, _nothing,
-                serves_every_queue=False,
-            )  # fmt: skip
-            self._load_sources.counters = inputs.extent_counts
-            self._stoppers.append(inputs.stop)
-        if self.role == OUTPUTHOST:
-            self.ownership = ExtentOwnership(None, self.metadata, self.id)  # type: ignore[arg-type]
-            outputs = OutputHostService(
-                self.metadata, stores, self._publish_remote, self.ownership, host_tag(self.id)
-            )
-            self.ownership.outputs = outputs
-            self._load_sources.counters = lambda: delivered_counts(outputs)
-            await outputs.start()
-            self.ownership.start()
-            self._stoppers += [self.ownership.stop, outputs.stop]
-        if self.role == CONTROLLER:
-            scaling = ScalingPolicy(self.config.scale_up_window, self.config.scale_down_window)
-            self.leader = Leader(
-                controller, self.metadata, self.id, watcher, self.config.extent_max_messages,
-                scaling,
-            )  # fmt: skip
-            self.leader.start()
-            self._stoppers.append(self.leader.stop)
-        roles = Roles(
-            metadata=reads, stores=stores, controller=controller, inputs=inputs,
-            outputs=outputs, keys=self.keys, metrics=Metrics(), ready=lambda: self.ready,
-            router=self.router,
-        )  # fmt: skip
-        app = build_app(roles)
+        self.controller = roles.controller
+        if roles.inputs is not None:
+            self._load_sources.counters = roles.inputs.extent_counts
+        if roles.outputs is not None:
+            self._load_sources.counters = roles.outputs.delivered_counts
+        await roles.start()
+        self._stoppers.append(roles.stop)
+        app = roles.app
         self._load_sources.connections = app[STREAMS].count
-        if inputs is not None:
-            app.router.add_post(INTERNAL_PUBLISH, _internal_publish(inputs, reads))
-        if self.role == OUTPUTHOST:  # peers ask it during a metadata outage
-            add_outage_route(app, self.ownership.store_unreachable)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.config.host, self.config.port, ssl_context=tls.listener())
@@ -200,30 +157,6 @@ class RoleProcess:
             raise Unavailable("no input host is alive")
         return pick_input_host(hosts, queue_extents, self.controller.placed)
 
-    async def _mark_failing(self, extent_id: str) -> None:
-        """A replica failed under this input host: the leading controller seals it
-        (unless it is sealing it already, e.g. to scale the queue down)."""
-        extent = await self.metadata.get_extent(extent_id)
-        if extent is not None and extent.status == OPEN:
-            await self.metadata.set_extent_status(extent_id, FAILING)
-
-    async def _publish_remote(self, queue: str, messages: list[Message]) -> list[str]:
-        """Publish (to a DLQ) through an input host that serves the queue."""
-        address = await self.router.input_host(queue)
-        url = f"{tls.http_scheme()}://{address}{INTERNAL_PUBLISH.format(queue=queue)}"
-        timeout = aiohttp.ClientTimeout(total=PUBLISH_REMOTE_TIMEOUT)
-        try:
-            async with self.router.session.post(
-                url, data=_encoder.encode(messages), timeout=timeout,
-                headers={h.INTERNAL_HEADER: h.internal_token(h.cluster_key())},
-            ) as resp:  # fmt: skip
-                body = await resp.read()
-        except (aiohttp.ClientError, TimeoutError) as err:
-            raise Unavailable(f"publish to {queue} via {address}: {err!r}") from err
-        if resp.status != 200:
-            raise Unavailable(f"publish to {queue} via {address} failed: {resp.status}")
-        return msgspec.msgpack.decode(body, type=list[str])
-
     async def stop(self) -> None:
         self.ready = False
         for stop in self._stoppers:
@@ -232,31 +165,3 @@ class RoleProcess:
             except Exception:
                 log.exception("stopping %s failed", self.role)
         await self.metadata.close()
-
-
-def delivered_counts(outputs: OutputHostService) -> dict[str, Counts]:
-    """Messages and bytes delivered from each extent, over every group served here."""
-    counts: dict[str, Counts] = {}
-    for consumer in outputs.groups.values():
-        for cursor in consumer.cursors.values():
-            _, _, n, b = counts.get(cursor.id, (0, 0, 0, 0))
-            counts[cursor.id] = (0, 0, n + cursor.delivered, b + cursor.delivered_bytes)
-    return counts
-
-
-async def _nothing(queue: str) -> None:
-    """In a cluster only the leading controller opens extents."""
-
-
-def _internal_publish(inputs: InputHostService, metadata: MetadataStore) -> Any:
-    async def handler(request: web.Request) -> web.Response:
-        # only a process of the cluster may publish here (never an API key)
-        if not h.internal_ok(h.cluster_key(), request.headers.get(h.INTERNAL_HEADER)):
-            raise Unauthorized("internal route: the cluster's internal token is required")
-        queue = await metadata.get_queue(request.match_info["queue"])
-        if not await inputs.serves(queue.name):
-            raise Unavailable(f"queue {queue.name} has no extent on this input host")
-        ids = await inputs.publish(queue, _messages.decode(await request.read()))
-        return web.Response(body=_encoder.encode(ids), content_type="application/msgpack")
-
-    return handler

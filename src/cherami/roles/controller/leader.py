@@ -1,8 +1,9 @@
 """The leading controller of a cluster. Controllers race for a lease in the metadata
 store; the holder seals the extents that lost their input host or a replica (or that
 their input host reported failing), opens extents up to each queue's minimum on live
-hosts, opens or seals one more by the queue's rate (scaling.py), and seals the replicas
-of store hosts that come back."""
+hosts, opens or seals one more by the queue's rate (scaling.py; not on a single node,
+whose one input host gains nothing from more extents), seals the replicas of store hosts
+that come back, and runs retention every RETENTION_INTERVAL. A node runs one too."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from cherami.roles.controller.scaling import (
 )
 from cherami.roles.controller.service import ControllerService
 from cherami.roles.storehost.directory import StoreWatcher
-from cherami.wire.store import PLAIN
+from cherami.wire.store import PLAIN, TIMER
 
 log = logging.getLogger("cherami.controller.leader")
 
@@ -38,7 +39,7 @@ LEASE = "controller-leader"
 LEASE_TTL = timing.DEFAULT.lease_ttl
 MARGIN = timing.DEFAULT.lease_margin  # seconds before the lease's end the leader stops acting
 TICK = timing.DEFAULT.leader_tick
-RETENTION_EVERY = 10  # ticks
+RETENTION_INTERVAL = 2.0  # seconds between retention passes (each behind the tick)
 # how long a tick waits for the seals it started before it goes on (they go on behind it)
 SEAL_WAIT = 1.0
 
@@ -61,8 +62,8 @@ class Leader:
         self._acting_until = 0.0
         self._seen_stores: set[str] = set()
         self.retention = Retention(controller, metadata, stores.stores, max_extent_messages)
-        self.scaling = scaling or ScalingPolicy()
-        self._ticks = 0
+        self.scaling = scaling  # None: extents by min_extents only
+        self._retained_at = time.monotonic()  # the first pass RETENTION_INTERVAL in
         self._sealing: dict[str, asyncio.Task[None]] = {}
         # slow chores run behind the tick, one of each at a time: a store host that is cut
         # off makes each of its calls wait out the store deadline (3 s), which inside the
@@ -100,8 +101,8 @@ class Leader:
         self._acting_until = asked + timing.current.lease_ttl - timing.current.lease_margin
         if leading:
             await self.tick()
-            self._ticks += 1
-            if self._ticks % RETENTION_EVERY == 0:
+            if time.monotonic() - self._retained_at >= RETENTION_INTERVAL:
+                self._retained_at = time.monotonic()
                 self._run_behind("retention", self.retention.tick)
 
     async def tick(self) -> None:
@@ -119,7 +120,8 @@ class Leader:
         await self.controller.restore_replication(rescan=bool(back))
         self._run_behind("sealing straggling replicas", self.controller.seal_stragglers)
         queues = await self.metadata.list_queues()
-        self.scaling.forget({q.name for q in queues})
+        if self.scaling is not None:
+            self.scaling.forget({q.name for q in queues})
         extents = {
             q.name: await self.metadata.list_extents(q.name, (OPEN, FAILING)) for q in queues
         }
@@ -144,7 +146,8 @@ class Leader:
             ]
             if live_inputs:
                 try:
-                    await self.controller.ensure_extents(queue.name, patience=0)
+                    if _short_of_extents(queue, healthy):  # read under the queue's lock
+                        await self.controller.ensure_extents(queue.name, patience=0)
                     await self._scale(queue, healthy, rates)
                 except CheramiError as err:
                     log.warning("queue %s: cannot open extents: %s", queue.name, err)
@@ -185,6 +188,8 @@ class Leader:
 
     async def _scale(self, queue: Queue, extents: list[Extent], rates: dict[str, float]) -> None:
         """Open or seal one plain extent when the queue's rate says so (scaling.py)."""
+        if self.scaling is None:
+            return
         plain = [e for e in extents if e.kind == PLAIN and e.status == OPEN]
         load = QueueLoad(
             extents=len(plain), rate=sum(rates.get(e.id, 0.0) for e in plain),
@@ -211,6 +216,16 @@ async def _logged(what: str, chore: Callable[[], Awaitable[None]]) -> None:
         await chore()
     except Exception as err:
         log.warning("%s failed: %s", what, err, exc_info=not isinstance(err, CheramiError))
+
+
+def _short_of_extents(queue: Queue, healthy: list[Extent]) -> bool:
+    """Whether the queue's healthy open extents are fewer than its minimum, or an input
+    host holds a plain one without a timer extent beside it (what ensure_extents opens):
+    a steady queue costs the tick no more reads."""
+    plain = [e for e in healthy if e.kind == PLAIN]
+    with_timer = {e.input_host for e in healthy if e.kind == TIMER}
+    short = len(plain) < (queue.config.min_extents or 1)
+    return short or any(e.input_host not in with_timer for e in plain)
 
 
 def _needs_seal(extent: Extent, live_inputs: set[str], live_stores: set[str]) -> bool:

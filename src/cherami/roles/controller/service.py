@@ -97,7 +97,6 @@ class ControllerService:
         metadata: MetadataStore,
         stores: StoreDirectory,
         pick_input_host: Callable[[list[Extent]], Awaitable[str]],
-        on_extents_changed: Callable[[str], None] = lambda queue: None,
         manage_extents: bool = True,
         live_stores: Callable[[], set[str]] | None = None,
         default_min_extents: int = 1,
@@ -109,7 +108,6 @@ class ControllerService:
         self.metadata = metadata
         self.stores = stores
         self._pick_input_host = pick_input_host
-        self._on_extents_changed = on_extents_changed
         self.manage_extents = manage_extents
         self._live_stores = live_stores
         self.default_min_extents = default_min_extents
@@ -185,7 +183,6 @@ class ControllerService:
         if not contents_only:
             for group in groups:
                 await self._delete_dlq(group)
-        self._on_extents_changed(name)
 
     async def drop_replicas(self, extent: Extent) -> None:
         for store_id in extent.stores:
@@ -254,8 +251,6 @@ class ControllerService:
                 )
             )
         created += await self._timers_beside(queue, open_extents, created)
-        if created:
-            self._on_extents_changed(queue.name)
         return created
 
     async def _timers_beside(
@@ -285,7 +280,6 @@ class ControllerService:
                 queue, PLAIN, predecessor=heads[0].id if heads else None, beside=open_extents
             )
             await self._timers_beside(queue, open_extents, [extent])
-        self._on_extents_changed(queue_name)
         return extent
 
     async def scale_down(self, extent: Extent) -> None:
@@ -409,7 +403,6 @@ class ControllerService:
                 self.unsealed_replicas.add((extent.id, store_id))
         await self.metadata.set_extent_status(extent.id, SEALED, sealed_seq=at, fence=self.fence)
         log.info("extent %s of queue %s sealed at %d", extent.id, extent.queue, at)
-        self._on_extents_changed(extent.queue)
         return at
 
     async def replace_extent(self, extent_id: str) -> None:
@@ -550,6 +543,4 @@ class ControllerService:
             )
         if cursor_rows:
             await self.metadata.put_ack_levels(cursor_rows + merged_rows)
-        if merge_into is not None and merged_rows:
-            self._on_extents_changed(merge_into.queue)
         return moved

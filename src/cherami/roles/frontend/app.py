@@ -28,7 +28,7 @@ from cherami.metadata.models import (
     QueuePatch,
     check_name,
 )
-from cherami.roles.controller.service import ControllerService
+from cherami.roles.controller.client import ControllerClient
 from cherami.roles.frontend import schemas as s
 from cherami.roles.frontend.auth import KeyRing, Scope
 from cherami.roles.frontend.clusterview import cluster_json
@@ -39,9 +39,14 @@ from cherami.roles.frontend.metrics import Metrics
 from cherami.roles.frontend.openapi import openapi_document
 from cherami.roles.frontend.proxy import Forward, Router, forward
 from cherami.roles.frontend.throttle import Throttle
-from cherami.roles.inputhost.service import InputHostService
-from cherami.roles.outputhost.groupconsumer import GroupConsumer
-from cherami.roles.outputhost.service import DELETED_CLOSE, MOVED_CLOSE, OutputHostService
+from cherami.roles.inputhost.client import InputHostClient
+from cherami.roles.outputhost.client import (
+    DELETED_CLOSE,
+    MOVED_CLOSE,
+    GroupState,
+    OutputHostClient,
+    Settlement,
+)
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.wire.records import decode_record
 
@@ -56,11 +61,13 @@ _json = msgspec.json.Encoder()
 
 @dataclass
 class Roles:
+    """What the frontend uses: the other roles only through their clients."""
+
     metadata: MetadataStore
     stores: StoreDirectory
-    controller: ControllerService
-    inputs: InputHostService | None  # None: another process serves publishes
-    outputs: OutputHostService | None  # None: other processes serve the groups
+    controller: ControllerClient
+    inputs: InputHostClient | None  # this process's; None: another process's (forwarded)
+    outputs: OutputHostClient | None  # this process's; None: other processes' (forwarded)
     keys: KeyRing
     metrics: Metrics
     ready: Callable[[], bool]
@@ -190,33 +197,23 @@ class Frontend:
         self.auth(request, scope, name)
         return await self.r.metadata.get_queue(name)
 
-    async def consumer(self, request: web.Request, scope: Scope | None) -> GroupConsumer:
-        """The group's consumer here, or Forward to an output host that serves it."""
-        queue = await self.queue(request, scope)
-        name = check_name("group", request.match_info["group"])
-        outputs = self.r.outputs
-        if outputs is not None and outputs.owns(queue.name, name):
-            return await outputs.group(queue.name, name)
-        await self.r.metadata.get_group(queue.name, name)
-        raise Forward(await self._router().output_host(queue.name, name))
+    async def served_group(self, request: web.Request, scope: Scope | None) -> Group:
+        """The group, when this process's output host serves it; else Forward to an
+        output host that does."""
+        group = await self.group_record(request, scope)
+        if self.r.outputs is not None and self.r.outputs.owns(group.queue, group.name):
+            return group
+        raise Forward(await self._router().output_host(group.queue, group.name))
 
-    async def local_consumer(self, group: Group) -> GroupConsumer | None:
-        """The group's consumer in this process, when it serves extents of the group."""
-        outputs = self.r.outputs
-        if outputs is None or not outputs.owns(group.queue, group.name):
-            return None
-        return await outputs.group(group.queue, group.name)
-
-    async def input_host(self, queue: Queue) -> InputHostService:
+    async def input_host(self, queue: Queue) -> InputHostClient:
         """The input host here, or Forward to one that serves the queue."""
         inputs = self.r.inputs
         if inputs is not None and await inputs.serves(queue.name):
             return inputs
         raise Forward(await self._router().input_host(queue.name))
 
-    def _outputs(self) -> OutputHostService:
-        assert self.r.outputs is not None  # consumer() forwarded otherwise
-        return self.r.outputs
+    async def _state(self, group: Group) -> GroupState | None:
+        return None if self.r.outputs is None else await self.r.outputs.state(group)
 
     def _router(self) -> Router:
         if self.r.router is None:
@@ -291,9 +288,7 @@ class Frontend:
         queue.config = config
         await self.r.controller.update_queue(queue)
         if self.r.outputs is not None:
-            for consumer in self.r.outputs.groups.values():
-                if consumer.group.queue == queue.name:
-                    consumer.queue = queue
+            self.r.outputs.update_queue(queue)
         return json_response(queue_json(queue))
 
     async def delete_queue(self, request: web.Request) -> web.Response:
@@ -313,8 +308,8 @@ class Frontend:
         name = check_name("group", request.match_info["group"])
         config = await decode(request, GroupConfig)
         group, created = await self.r.controller.create_group(queue.name, name, config)
-        if self.r.outputs is not None and self.r.outputs.owns(queue.name, name):
-            await self.r.outputs.group(queue.name, name)
+        if self.r.outputs is not None:
+            await self.r.outputs.load(queue.name, name)
         return json_response(group_json(group), 201 if created else 200)
 
     async def list_groups(self, request: web.Request) -> web.Response:
@@ -327,8 +322,8 @@ class Frontend:
         stats = await self.routing.stats(
             request, group, lambda: self._group_stats(group), lambda: self._group_stats(group, True)
         )
-        consumer = await self.local_consumer(group)
-        body = {**group_json(consumer.group if consumer else group), "stats": stats}
+        served = await self.r.outputs.load(group.queue, group.name) if self.r.outputs else None
+        body = {**group_json(served or group), "stats": stats}
         if group.config.type == STREAM:
             body["lag"] = (await stream_lag(self.r.metadata, self.r.stores, group)).json()
         return json_response(body)
@@ -338,22 +333,17 @@ class Frontend:
         ``persisted`` the group's backlog by its persisted ack levels."""
         ranges = await self.r.controller.dlq_ranges(group.dlq)
         dlq_depth = sum(max(0, last - level.acked) for _, level, last in ranges)
-        consumer = await self.local_consumer(group)
-        if consumer is None:
+        state = await self._state(group)
+        if state is None:
             return await self._persisted_stats(group, dlq_depth, persisted)
-        counts: dict[str, int] = {}
-        for cursor in consumer.cursors.values():
-            info = await self.r.stores.info(cursor.extent)
-            counts[cursor.id] = info.count
-        oldest = consumer.oldest_unacked_ms()
         return s.GroupStats(
-            backlog=consumer.backlog_above(counts),
-            in_flight=len(consumer.inflight),
+            backlog=state.backlog,
+            in_flight=state.in_flight,
             dlq_depth=dlq_depth,
-            oldest_unacked_age_seconds=max(0.0, time.time() - oldest / 1000) if oldest else 0.0,
-            delivered=consumer.delivered,
-            acked=consumer.acked,
-            redelivered=consumer.redelivered,
+            oldest_unacked_age_seconds=state.oldest_unacked_age_seconds,
+            delivered=state.delivered,
+            acked=state.acked,
+            redelivered=state.redelivered,
         )
 
     async def _persisted_stats(self, group: Group, dlq_depth: int, read: bool) -> s.GroupStats:
@@ -419,11 +409,10 @@ class Frontend:
         return routed or await self._receive_here(group, body)
 
     async def _receive_here(self, group: Group, body: s.ReceiveRequest) -> web.Response:
-        consumer = await self.local_consumer(group)
-        if consumer is None:  # a direct receive to a host that holds none of its extents
+        if self.r.outputs is None:  # a direct receive to a host that serves no group
             return json_response({"messages": []})
-        taken = await self._outputs().receive(
-            consumer, body.max_messages, body.wait_seconds, body.visibility_timeout_seconds
+        taken = await self.r.outputs.receive(
+            group, body.max_messages, body.wait_seconds, body.visibility_timeout_seconds
         )
         messages = [received(e.msg_id, receipt, e.record, e.count) for e, receipt in taken]
         return json_response(s.ReceiveResponse(messages))
@@ -433,7 +422,7 @@ class Frontend:
         request: web.Request,
         group: Group,
         receipts: list[str],
-        action: Callable[[GroupConsumer], Callable[[list[int]], list[int]]],
+        how: Settlement,
         body_for: Callable[[list[str]], Any],
         durable: bool = True,
     ) -> tuple[int, list[str]]:
@@ -441,14 +430,9 @@ class Frontend:
         ``durable``, answered once what was applied is persisted."""
 
         async def local(part: list[str]) -> tuple[int, list[str]]:
-            consumer = await self.local_consumer(group)
-            if consumer is None:
+            if self.r.outputs is None:
                 return 0, part
-            outputs = self._outputs()
-            n, stale, extents = outputs.settle(consumer, part, action(consumer))
-            if n and durable:
-                await outputs.flushed(consumer, extents)
-            return n, stale
+            return await self.r.outputs.settle(group, part, how, durable)
 
         return await self.routing.settle(request, receipts, local, body_for)
 
@@ -456,8 +440,9 @@ class Frontend:
         group = await self.group_record(request, "consume")
         body = await decode(request, s.AckRequest, empty_ok=False)
         n, stale = await self._settle(
-            request, group, body.receipts, lambda c: c.ack, lambda part: s.AckRequest(receipts=part)
-        )
+            request, group, body.receipts, Settlement("ack"),
+            lambda part: s.AckRequest(receipts=part),
+        )  # fmt: skip
         return json_response(s.AckResponse(n, stale))
 
     async def nack(self, request: web.Request) -> web.Response:
@@ -466,7 +451,7 @@ class Frontend:
         # answered once the messages are parked durably (their rows are written)
         n, stale = await self._settle(
             request, group, body.receipts,
-            lambda c: lambda nos: c.nack(nos, body.delay_seconds),
+            Settlement("nack", body.delay_seconds),
             lambda part: s.NackRequest(receipts=part, delay_seconds=body.delay_seconds),
         )  # fmt: skip
         return json_response(s.NackResponse(n, stale))
@@ -477,7 +462,7 @@ class Frontend:
         seconds = body.visibility_timeout_seconds
         n, stale = await self._settle(
             request, group, body.receipts,
-            lambda c: lambda nos: c.extend(nos, seconds),
+            Settlement("extend", seconds),
             lambda part: s.VisibilityRequest(receipts=part, visibility_timeout_seconds=seconds),
             durable=False,
         )  # fmt: skip

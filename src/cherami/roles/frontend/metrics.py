@@ -21,7 +21,6 @@ from cherami.telemetry import Histogram, counter, gauge, histogram, process_fami
 
 if TYPE_CHECKING:
     from cherami.roles.frontend.app import Frontend
-    from cherami.roles.outputhost.groupconsumer import GroupConsumer
 
 QG = ["queue", "group"]
 
@@ -129,10 +128,7 @@ class _Scrape:
 
     async def _groups(self, queues: dict[str, Queue]) -> None:
         outputs = self.f.r.outputs
-        consumers = [
-            c for c in (outputs.groups.values() if outputs else ())
-            if c.group.queue in queues and not c.stopped
-        ]  # fmt: skip
+        states = await outputs.states(queues) if outputs else []
         g: dict[str, Any] = {
             "backlog": gauge(
                 "cherami_group_backlog_messages",
@@ -156,35 +152,24 @@ class _Scrape:
             "dead_lettered": "Messages moved to the DLQ since the group was loaded here",
         }
         c = {k: counter(f"cherami_group_{k}", doc, QG) for k, doc in counters.items()}
-        now = time.time()
-        for consumer in consumers:
-            labels = [consumer.group.queue, consumer.group.name]
-            g["backlog"].add_metric(labels, await self._backlog(consumer))
-            g["in_flight"].add_metric(labels, len(consumer.inflight))
-            oldest = consumer.oldest_unacked_ms()
-            g["oldest"].add_metric(labels, max(0.0, now - oldest / 1000) if oldest else 0.0)
-            g["dlq"].add_metric(labels, await self._dlq_depth(consumer))
+        for state in states:
+            labels = [state.group.queue, state.group.name]
+            g["backlog"].add_metric(labels, state.backlog)
+            g["in_flight"].add_metric(labels, state.in_flight)
+            g["oldest"].add_metric(labels, state.oldest_unacked_age_seconds)
+            g["dlq"].add_metric(labels, await self._dlq_depth(state.group.dlq))
             for key, family in c.items():
-                family.add_metric(labels, getattr(consumer, key, 0))
+                family.add_metric(labels, getattr(state, key))
         e2e = histogram(
             "cherami_group_end_to_end_latency_seconds",
             "Time from a message's publish to its ack by the group", QG,
-            (([c.group.queue, c.group.name], c.end_to_end) for c in consumers),
+            (([st.group.queue, st.group.name], st.end_to_end) for st in states),
         )  # fmt: skip
         self.out += [*g.values(), *c.values(), e2e]
 
-    async def _backlog(self, consumer: GroupConsumer) -> int:
-        counts: dict[str, int] = {}
-        for cursor in list(consumer.cursors.values()):
-            try:
-                counts[cursor.id] = (await self.f.r.stores.info(cursor.extent)).count
-            except CheramiError:
-                continue
-        return consumer.backlog_above(counts)
-
-    async def _dlq_depth(self, consumer: GroupConsumer) -> int:
+    async def _dlq_depth(self, dlq: str) -> int:
         try:
-            ranges = await self.f.r.controller.dlq_ranges(consumer.group.dlq)
+            ranges = await self.f.r.controller.dlq_ranges(dlq)
         except CheramiError:
             return 0
         return sum(max(0, last - level.acked) for _, level, last in ranges)

@@ -14,7 +14,6 @@ from aiohttp import WSMsgType, web
 
 from cherami.errors import (
     CheramiError,
-    GroupNotFound,
     InvalidRequest,
     Moved,
     QueueNotFound,
@@ -24,8 +23,6 @@ from cherami.errors import (
 from cherami.metadata.models import Queue
 from cherami.roles.frontend.consumerrouting import is_direct
 from cherami.roles.frontend.convert import check_size
-from cherami.roles.outputhost.groupconsumer import GroupConsumer
-from cherami.roles.outputhost.service import NOT_ACTING_WAIT, OutputHostService
 from cherami.wire import close
 from cherami.wire import stream as f
 from cherami.wire.records import Message
@@ -40,10 +37,6 @@ RECONFIGURE = close.RECONFIGURE  # publish or consume elsewhere: reconnect (and 
 QUEUE_CHECK_INTERVAL = 1.0  # how often a publish stream checks that its queue still exists
 MAX_BATCH = 1000
 MAX_DELAY_MS = 30 * 86400 * 1000
-MAX_SETTLE_DELAY_MS = 12 * 3600 * 1000
-MAX_CREDIT = 100_000
-DELIVER_BATCH = 1000
-DELIVER_BYTES = 8 << 20  # a frame holds at least one message, and stops growing past this
 WS_MAX_MSG = 64 << 20
 
 
@@ -165,128 +158,32 @@ class StreamHandlers:
         return ws
 
     async def consume(self, request: web.Request) -> web.StreamResponse:
-        """A consume stream of the extents of the group this output host holds. A
-        direct stream (a consumer that connects to every output host of the group)
-        to a host that holds none of them is closed at once with RECONFIGURE: the
-        client reads the route again. Another stream is forwarded to a holder."""
+        """A consume stream of the extents of the group this output host holds (served
+        by the output host, outputhost/consumestream.py). A direct stream (a consumer
+        that connects to every output host of the group) to a host that holds none of
+        them is closed at once with RECONFIGURE: the client reads the route again.
+        Another stream is forwarded to a holder."""
         if is_direct(request):
             group = await self.f.group_record(request, "consume")
-            consumer = await self.f.local_consumer(group)
         else:
-            consumer = await self.f.consumer(request, "consume")
+            group = await self.f.served_group(request, "consume")
+        outputs = self.f.r.outputs
+        if outputs is not None:  # before the upgrade: its errors are HTTP answers
+            await outputs.load(group.queue, group.name)
         ws = web.WebSocketResponse(max_msg_size=WS_MAX_MSG, heartbeat=30)
         await ws.prepare(request)
         self.open.add(ws)
-        outputs = self.f.r.outputs
-        if consumer is None or outputs is None:
+        stream = None if outputs is None else await outputs.open_stream(group, ws)
+        if stream is None:
             await ws.close(code=RECONFIGURE, message=b"no extent of the group here; reconnect")
             return ws
-
-        async def closer(code: int, reason: str) -> None:
-            await ws.close(code=code, message=reason.encode())
-
-        detach = outputs.attach(consumer, closer)
-        if consumer.stopped:  # unloaded while the stream was being opened
-            await closer(close.RECONFIGURE, "group moved; reconnect")
-        stream = _ConsumeStream(ws, consumer, outputs)
         pump = asyncio.create_task(stream.pump())
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.BINARY:
                     await stream.handle(msg.data)
         finally:
-            detach()
             pump.cancel()
             await asyncio.gather(pump, return_exceptions=True)
-            consumer.release_owner(stream)
+            stream.end()
         return ws
-
-
-class _ConsumeStream:
-    def __init__(
-        self, ws: web.WebSocketResponse, consumer: GroupConsumer, outputs: OutputHostService
-    ) -> None:
-        self.ws = ws
-        self.consumer = consumer
-        self.outputs = outputs  # its fencing: what it may deliver and settle now
-        self.credit = 0
-        self._credited = asyncio.Event()
-
-    async def handle(self, data: bytes) -> None:
-        try:
-            frame = f.decode_client(data)
-        except msgspec.DecodeError as err:
-            await self.ws.send_bytes(f.encode(f.Error(0, "invalid_request", f"bad frame: {err}")))
-            return
-        c = self.consumer
-        if isinstance(frame, f.Ack | f.Nack | f.Extend) and not self._may_settle(frame.handles):
-            # settling is fenced like delivering: the handles go stale with the move, or
-            # with the group, when it was deleted (then the documented close says so)
-            if await self._deleted():
-                await self.ws.close(code=close.DELETED, message=b"deleted")
-            else:
-                await self.ws.close(code=close.RECONFIGURE, message=b"group moved; reconnect")
-            return
-        if isinstance(frame, f.Credit):
-            self.credit = max(0, min(MAX_CREDIT, self.credit + frame.n))
-            if self.credit:
-                self._credited.set()
-        elif isinstance(frame, f.Ack):
-            stale = c.ack(frame.handles, owner=self)
-            if stale:
-                await self.ws.send_bytes(f.encode(f.Settled("ack", stale)))
-        elif isinstance(frame, f.Nack):
-            delay = min(max(0, frame.delay_ms), MAX_SETTLE_DELAY_MS) / 1000
-            stale = c.nack(frame.handles, delay, owner=self)
-            if stale:
-                await self.ws.send_bytes(f.encode(f.Settled("nack", stale)))
-        elif isinstance(frame, f.Extend):
-            visibility = min(max(1, frame.visibility_ms), MAX_SETTLE_DELAY_MS) / 1000
-            stale = c.extend(frame.handles, visibility, owner=self)
-            if stale:
-                await self.ws.send_bytes(f.encode(f.Settled("extend", stale)))
-        else:
-            await self.ws.send_bytes(f.encode(f.Error(0, "invalid_request", "unexpected frame")))
-
-    async def _deleted(self) -> bool:
-        """Whether the stream's group is gone (a group made again under its name since
-        is another group)."""
-        group = self.consumer.group
-        try:
-            current = await self.outputs.metadata.get_group(group.queue, group.name)
-        except (GroupNotFound, QueueNotFound):
-            return True
-        except CheramiError:
-            return False  # the metadata store cannot tell: moved, reconnect
-        return current.created_at != group.created_at
-
-    def _may_settle(self, handles: list[int]) -> bool:
-        self.outputs.stamp_acting(self.consumer)
-        return not self.consumer.stopped and self.consumer.may_settle(handles)
-
-    async def pump(self) -> None:
-        consumer = self.consumer
-        while not self.ws.closed:
-            if self.credit <= 0:
-                self._credited.clear()
-                await self._credited.wait()
-                continue
-            if not self.outputs.stamp_acting(consumer):
-                await asyncio.sleep(NOT_ACTING_WAIT)
-                continue
-            taken = consumer.take(
-                min(self.credit, DELIVER_BATCH), None, owner=self, max_bytes=DELIVER_BYTES
-            )
-            if not taken:
-                if consumer.ready:  # only messages of extents it may not act for now
-                    await asyncio.sleep(NOT_ACTING_WAIT)
-                else:
-                    await consumer.readable.wait()
-                continue
-            self.credit -= len(taken)
-            frame = f.Deliver([
-                f.InMessage(e.no, e.msg_id, e.record.body, e.record.attributes, e.count,
-                            e.record.enqueued_ms)
-                for e in taken
-            ])  # fmt: skip
-            await self.ws.send_bytes(f.encode(frame))

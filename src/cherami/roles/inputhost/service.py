@@ -13,7 +13,6 @@ from cherami import timing
 from cherami.cluster.loadmeter import has_room
 from cherami.cluster.membership import STOREHOST
 from cherami.errors import (
-    CheramiError,
     ExtentSealed,
     Moved,
     QueueNotFound,
@@ -34,7 +33,6 @@ log = logging.getLogger("cherami.inputhost.service")
 MAX_ATTEMPTS = 5
 ROOM_CHECK_INTERVAL = 1.0  # how often the store hosts' free disk is looked at
 STORAGE_FULL_RETRY = 2.0  # seconds a publish refused storage_full is told to wait
-RELOAD_INTERVAL = 1.0
 
 
 class _QueueWriters:
@@ -54,22 +52,23 @@ class InputHostService:
         host_id: str,
         metadata: MetadataStore,
         stores: StoreDirectory,
-        replace_extent: Callable[[str], Awaitable[None]],
-        ensure_extents: Callable[[str], Awaitable[None]],
+        extent_failed: Callable[[str], Awaitable[None]],
         serves_every_queue: bool = True,
     ) -> None:
-        """``replace_extent`` is called with an extent whose replica failed;
-        ``ensure_extents`` when a queue has no open extent here. In a cluster an input
-        host serves only the queues that have extents placed on it."""
+        """``extent_failed`` is called with an extent whose replica failed (it marks it
+        FAILING: the leading controller seals it and opens what the queue needs). The
+        queue's extents are read again every ``extent_refresh_interval``. A node's only
+        input host serves every queue; in a cluster an input host serves only the
+        queues that have extents placed on it."""
         self.host_id = host_id
         self.metadata = metadata
         self.stores = stores
-        self._replace_extent = replace_extent
-        self._ensure_extents = ensure_extents
+        self._extent_failed = extent_failed
         self._serves_every_queue = serves_every_queue
         self._queues: dict[str, _QueueWriters] = {}
         self._full: set[str] = set()  # store hosts below their free-disk floor
         self._full_checked = -ROOM_CHECK_INTERVAL
+        self._every_store_full = False  # no new extent can be placed either
         self.background = Background("input host")
         self.dedup = Deduplicator(metadata, stores)
 
@@ -92,17 +91,10 @@ class InputHostService:
             if w is not None and (store is None or store in w.extent.stores)
         }
 
-    def extents_changed(self, queue: str) -> None:
-        writers = self._queues.get(queue)
-        if writers is not None:
-            writers.loaded = False
-        self.dedup.stale(queue)
-
     def _fresh(self, writers: _QueueWriters) -> bool:
-        # in a cluster the controller moves extents between input hosts: look again often
-        return writers.loaded and (
-            self._serves_every_queue or time.monotonic() - writers.loaded_at < RELOAD_INTERVAL
-        )
+        # the controller seals, opens and moves extents: look again often
+        age = time.monotonic() - writers.loaded_at
+        return writers.loaded and age < timing.current.extent_refresh_interval
 
     async def _writers(self, queue: str) -> _QueueWriters:
         writers = self._queues.setdefault(queue, _QueueWriters())
@@ -124,23 +116,25 @@ class InputHostService:
                         await writer.open()
                     except Unavailable as err:
                         log.warning("extent %s cannot be opened: %s", extent.id, err)
-                        self.background.spawn(self._replace(extent.id), f"replace {extent.id}")
+                        self.background.spawn(self._failed(extent.id), f"fail {extent.id}")
                         continue
                 if extent.kind == TIMER:
                     timer = writer
                 else:
                     plain.append(writer)
+            if {w.id for w in [*plain, timer] if w is not None} != set(known):
+                self.dedup.stale(queue)  # one may hold records another input host took
             writers.plain, writers.timer = plain, timer
             writers.created_at = (await self.metadata.get_queue(queue)).created_at
             writers.loaded = True
             writers.loaded_at = time.monotonic()
         return writers
 
-    async def _replace(self, extent_id: str) -> None:
+    async def _failed(self, extent_id: str) -> None:
         try:
-            await self._replace_extent(extent_id)
+            await self._extent_failed(extent_id)
         except Exception as err:
-            log.error("could not replace extent %s: %s", extent_id, err)
+            log.error("could not report extent %s failing: %s", extent_id, err)
 
     async def publish(self, queue: Queue, messages: list[Message]) -> list[str]:
         """Append every message durably (a repeated ``dedup_id`` within the queue's
@@ -163,19 +157,19 @@ class InputHostService:
         )
         ids: list[str] = [""] * len(messages)
         # find every extent the batch needs before writing any of it
-        plain = await self._pick(queue.name, PLAIN) if plain_records else None
-        timer = await self._pick(queue.name, TIMER) if timer_records else None
+        plain = await self._pick(queue, PLAIN) if plain_records else None
+        timer = await self._pick(queue, TIMER) if timer_records else None
         parts = []
         if plain is not None:
-            parts.append(self._append(queue.name, plain, plain_idx, plain_records, None, ids))
+            parts.append(self._append(queue, plain, plain_idx, plain_records, None, ids))
         if timer is not None:
-            parts.append(self._append(queue.name, timer, timer_idx, timer_records, timer_due, ids))
+            parts.append(self._append(queue, timer, timer_idx, timer_records, timer_due, ids))
         await asyncio.gather(*parts)
         return ids
 
     async def _append(
         self,
-        queue: str,
+        queue: Queue,
         writer: ExtentWriter,
         indexes: list[int],
         records: list[bytes],
@@ -187,20 +181,20 @@ class InputHostService:
             try:
                 first = await writer.append(records, due)
             except ExtentSealed:
-                self._queues[queue].loaded = False
-                await self._replace(writer.id)
+                self._queues[queue.name].loaded = False
+                await self._failed(writer.id)
                 await asyncio.sleep(0.05 * attempt)
                 writer = await self._pick(queue, kind)
                 continue
             except StorageFull:  # a replica's disk reached its floor before a report said
-                self._queues[queue].loaded = False
-                self.background.spawn(self._replace(writer.id), f"replace {writer.id}")
+                self._queues[queue.name].loaded = False
+                self.background.spawn(self._failed(writer.id), f"fail {writer.id}")
                 raise
             made = message_ids(writer.id, first, len(indexes))
             for index, msg_id in zip(indexes, made, strict=True):
                 ids[index] = msg_id
             return
-        raise Unavailable(f"queue {queue}: no extent accepted the append")
+        raise Unavailable(f"queue {queue.name}: no extent accepted the append")
 
     async def _full_stores(self) -> set[str]:
         """The store hosts whose latest load report shows free disk below the floor
@@ -210,28 +204,29 @@ class InputHostService:
             self._full_checked = now
             hosts = await self.metadata.list_hosts(STOREHOST, timing.current.dead_after)
             self._full = {h.id for h in hosts if not has_room(h)}
+            self._every_store_full = bool(hosts) and len(self._full) == len(hosts)
         return self._full
 
     async def _with_room(self, writers: list[ExtentWriter]) -> list[ExtentWriter]:
         """The writers whose every replica has room; StorageFull when none has."""
         full = await self._full_stores()
+        if not writers and self._every_store_full:
+            raise _storage_full(full)  # the controller cannot open an extent either
         if not full or not writers:
             return writers
         roomy = [w for w in writers if not full.intersection(w.extent.stores)]
         if not roomy:
-            raise StorageFull(
-                f"store hosts {', '.join(sorted(full))} are below their free-disk floor; "
-                "publishing goes on once space is freed",
-                retry_after=STORAGE_FULL_RETRY,
-            )
+            raise _storage_full(full)
         return roomy
 
-    async def _pick(self, queue: str, kind: str) -> ExtentWriter:
+    async def _pick(self, queue: Queue, kind: str) -> ExtentWriter:
         # in a cluster the queue's extents may have moved to another input host: after a
         # short wait the producer is told to reconnect (through a frontend) instead
         attempts = 100 if self._serves_every_queue else 20
-        for attempt in range(attempts):
-            writers = await self._writers(queue)
+        for _ in range(attempts):
+            writers = await self._writers(queue.name)
+            if writers.created_at != queue.created_at:  # read again since the publish began
+                raise QueueNotFound(f"queue {queue.name} was deleted")
             if kind == TIMER:
                 if writers.timer is not None and not writers.timer.failed:
                     (timer,) = await self._with_room([writers.timer])
@@ -240,18 +235,19 @@ class InputHostService:
                 live = await self._with_room([w for w in writers.plain if not w.failed])
                 if live:
                     return live[next(writers.turn) % len(live)]
-            writers.loaded = False
-            if attempt % 10 == 0:
-                try:
-                    await self._ensure_extents(queue)
-                except StorageFull:
-                    raise  # no store host has room for a new extent either
-                except CheramiError as err:
-                    log.warning("queue %s: no open %s extent: %s", queue, kind, err)
+            writers.loaded = False  # the leading controller opens one meanwhile
             await asyncio.sleep(0.1)
         if not self._serves_every_queue:
-            raise Moved(f"queue {queue} has no open {kind} extent on this input host")
-        raise Unavailable(f"queue {queue} has no open {kind} extent")
+            raise Moved(f"queue {queue.name} has no open {kind} extent on this input host")
+        raise Unavailable(f"queue {queue.name} has no open {kind} extent")
+
+
+def _storage_full(full: set[str]) -> StorageFull:
+    return StorageFull(
+        f"store hosts {', '.join(sorted(full))} are below their free-disk floor; "
+        "publishing goes on once space is freed",
+        retry_after=STORAGE_FULL_RETRY,
+    )
 
 
 def _split(

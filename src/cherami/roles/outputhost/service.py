@@ -10,14 +10,14 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from cherami import timing
 from cherami.errors import Fenced, GroupNotFound, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import CONSUMED, FAILING, OPEN, SEALED, Fence, Group
 from cherami.periodic import Periodic
-from cherami.roles.outputhost.deadletterqueue import DeadLetterMover, Publish
+from cherami.roles.outputhost.deadletterqueue import DeadLetterMover
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
 from cherami.roles.outputhost.receipts import ReceiptSigner
@@ -25,6 +25,9 @@ from cherami.roles.outputhost.redelivery import write as write_parked
 from cherami.roles.outputhost.sharedreads import SharedReads
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.wire import close
+
+if TYPE_CHECKING:
+    from cherami.roles.inputhost.client import InputHostClient
 
 log = logging.getLogger("cherami.outputhost.service")
 
@@ -60,7 +63,7 @@ class OutputHostService:
         self,
         metadata: MetadataStore,
         stores: StoreDirectory,
-        publish: Publish,
+        inputs: InputHostClient,
         holdings: Holdings | None = None,
         tag: str = "",
     ) -> None:
@@ -68,7 +71,8 @@ class OutputHostService:
         cluster hands them out by lease) and gives a held extent's fence while this
         host may act for it (None once its lease may have run out: then nothing of the
         extent is delivered, settled or persisted). Without it, it serves every extent
-        of every group, unfenced. ``tag`` goes into every receipt (the frontend routes
+        of every group, unfenced. ``inputs`` takes its moves to dead-letter queues.
+        ``tag`` goes into every receipt (the frontend routes
         a settle to the output host that issued the receipt)."""
         self.metadata = metadata
         self._holdings = holdings
@@ -76,7 +80,7 @@ class OutputHostService:
         self.stores = stores
         self.reads = SharedReads(stores)  # one read of a position serves every group
         self.signer = ReceiptSigner(tag=tag)
-        self._dead_letter = DeadLetterMover(publish)
+        self._dead_letter = DeadLetterMover(inputs, metadata)
         self._numbers = itertools.count(1)
         self.groups: dict[str, GroupConsumer] = {}
         self._loading: dict[str, asyncio.Lock] = {}
@@ -240,11 +244,6 @@ class OutputHostService:
         consumer = self.groups.get(f"{group.queue}/{group.name}")
         if consumer is not None:
             consumer.group = group
-
-    def extents_changed(self, queue: str) -> None:
-        for consumer in list(self.groups.values()):
-            if consumer.group.queue == queue or consumer.group.dlq == queue:
-                asyncio.create_task(self._sync_quietly(consumer))
 
     async def _sync_quietly(self, consumer: GroupConsumer) -> None:
         try:

@@ -1,0 +1,58 @@
+"""How the other roles reach the controller. The frontend asks it for queues, groups and
+dead-letter ranges (``ControllerClient``): every API process of a cluster runs a
+ControllerService over the shared metadata store (only the leading controller's process
+opens and seals extents: ``manage_extents``), so the in-process service is the one
+implementation; a node's is the same. An input host reports a failed extent through the
+metadata store (``report_failing``); the leading controller (leader.py) acts on it."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from cherami.metadata.base import MetadataStore
+from cherami.metadata.models import (
+    FAILING,
+    OPEN,
+    AckLevel,
+    Extent,
+    Group,
+    GroupConfig,
+    Queue,
+    QueueConfig,
+)
+
+
+class ControllerClient(Protocol):
+    @property
+    def manage_extents(self) -> bool:
+        """Whether this process opens and seals extents (it reports the queues' extents)."""
+        ...
+
+    async def create_queue(self, name: str, config: QueueConfig) -> tuple[Queue, bool]: ...
+
+    async def update_queue(self, queue: Queue) -> None: ...
+
+    async def delete_queue(self, name: str, contents_only: bool = False) -> None: ...
+
+    async def create_group(
+        self, queue_name: str, name: str, config: GroupConfig
+    ) -> tuple[Group, bool]: ...
+
+    async def delete_group(self, queue: str, name: str) -> None: ...
+
+    async def dlq_ranges(self, dlq: str) -> list[tuple[Extent, AckLevel, int]]:
+        """Each extent of a dead-letter queue with its cursor and last sequence number."""
+        ...
+
+    async def move_dlq_cursor(self, dlq: str, merge_into: Group | None) -> int:
+        """Purge the dead-letter queue (None), or merge it into the group."""
+        ...
+
+
+async def report_failing(metadata: MetadataStore, extent_id: str) -> None:
+    """A replica failed under its input host: the leading controller seals the extent
+    and opens what the queue needs (unless it is sealing it already, e.g. to scale the
+    queue down)."""
+    extent = await metadata.get_extent(extent_id)
+    if extent is not None and extent.status == OPEN:
+        await metadata.set_extent_status(extent_id, FAILING)

@@ -1,0 +1,206 @@
+"""How the frontend reaches an output host: an ``OutputHostClient``, in terms of groups
+and receipts (never the output host's consumers or cursors).
+
+``LocalOutputHost`` is the output host of this process (a node serves every group
+whole; a cluster's output-host process the extents it holds leases for). Its network
+counterpart in a cluster is the frontend's forwarding (frontend/proxy.py Router and
+frontend/consumerrouting.py): a request for a group this process does not serve goes
+to an output host that does, as HTTP or as the WebSocket itself."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from cherami.cluster.loadmeter import Counts
+from cherami.errors import CheramiError
+from cherami.metadata.models import Group, Queue
+from cherami.roles.outputhost.consumestream import ConsumeStream, StreamSocket
+from cherami.roles.outputhost.entry import Entry
+from cherami.roles.outputhost.groupconsumer import GroupConsumer
+from cherami.roles.outputhost.service import DELETED_CLOSE, MOVED_CLOSE, OutputHostService
+from cherami.telemetry import Histogram
+
+__all__ = ["DELETED_CLOSE", "MOVED_CLOSE", "Entry", "GroupState", "LocalOutputHost",
+           "OutputHostClient", "Settlement", "StreamSocket"]  # fmt: skip
+
+Delivery = tuple[Entry, str]  # a message delivered, and its receipt
+
+
+@dataclass(frozen=True)
+class Settlement:
+    kind: Literal["ack", "nack", "extend"]
+    seconds: float = 0.0  # a nack's delay, an extend's visibility timeout
+
+
+@dataclass
+class GroupState:
+    """What the output host knows of a group it serves, for stats and metrics."""
+
+    group: Group  # its current record here
+    backlog: int
+    in_flight: int
+    oldest_unacked_age_seconds: float
+    delivered: int
+    acked: int
+    nacked: int
+    redelivered: int
+    dead_lettered: int
+    end_to_end: Histogram  # publish to ack, seconds
+
+
+class ConsumeSession(Protocol):
+    async def handle(self, data: bytes) -> None: ...
+
+    async def pump(self) -> None: ...
+
+    def end(self) -> None: ...
+
+
+class OutputHostClient(Protocol):
+    def owns(self, queue: str, group: str) -> bool:
+        """Whether this output host serves (extents of) the group."""
+        ...
+
+    async def load(self, queue: str, group: str) -> Group | None:
+        """Serve the group now when it is this host's (it may have just been made):
+        its record as served here, or None."""
+        ...
+
+    async def state(self, group: Group) -> GroupState | None:
+        """The group's state here; None when this host serves none of it."""
+        ...
+
+    async def states(self, queues: Collection[str]) -> list[GroupState]:
+        """The state of every group of the queues loaded here (unreachable extents'
+        backlog left out)."""
+        ...
+
+    async def receive(
+        self, group: Group, max_messages: int, wait: float, visibility: float | None
+    ) -> list[Delivery]: ...
+
+    async def settle(
+        self, group: Group, receipts: list[str], how: Settlement, durable: bool
+    ) -> tuple[int, list[str]]:
+        """Settle by receipt: how many were applied, and the stale receipts. With
+        ``durable``, answered once what was applied is persisted."""
+        ...
+
+    async def open_stream(self, group: Group, ws: StreamSocket) -> ConsumeSession | None: ...
+
+    def delivered_counts(self) -> dict[str, Counts]: ...
+
+    def update_queue(self, queue: Queue) -> None: ...
+
+    def update_group(self, group: Group) -> None: ...
+
+    async def unload(
+        self, queue: str, name: str | None = None, close_code: int = DELETED_CLOSE
+    ) -> None: ...
+
+
+class LocalOutputHost:
+    def __init__(self, service: OutputHostService) -> None:
+        self.service = service
+
+    def owns(self, queue: str, group: str) -> bool:
+        return self.service.owns(queue, group)
+
+    async def _consumer(self, group: Group) -> GroupConsumer | None:
+        if not self.owns(group.queue, group.name):
+            return None
+        return await self.service.group(group.queue, group.name)
+
+    async def load(self, queue: str, group: str) -> Group | None:
+        if not self.owns(queue, group):
+            return None
+        return (await self.service.group(queue, group)).group
+
+    async def state(self, group: Group) -> GroupState | None:
+        consumer = await self._consumer(group)
+        return None if consumer is None else await self._state(consumer, tolerant=False)
+
+    async def states(self, queues: Collection[str]) -> list[GroupState]:
+        consumers = [
+            c for c in list(self.service.groups.values())
+            if c.group.queue in queues and not c.stopped
+        ]  # fmt: skip
+        return [await self._state(c, tolerant=True) for c in consumers]
+
+    async def _state(self, consumer: GroupConsumer, tolerant: bool) -> GroupState:
+        counts: dict[str, int] = {}
+        for cursor in list(consumer.cursors.values()):
+            try:
+                counts[cursor.id] = (await self.service.stores.info(cursor.extent)).count
+            except CheramiError:
+                if not tolerant:
+                    raise
+        oldest = consumer.oldest_unacked_ms()
+        return GroupState(
+            group=consumer.group, backlog=consumer.backlog_above(counts),
+            in_flight=len(consumer.inflight),
+            oldest_unacked_age_seconds=max(0.0, time.time() - oldest / 1000) if oldest else 0.0,
+            delivered=consumer.delivered, acked=consumer.acked, nacked=consumer.nacked,
+            redelivered=consumer.redelivered, dead_lettered=consumer.dead_lettered,
+            end_to_end=consumer.end_to_end,
+        )  # fmt: skip
+
+    async def receive(
+        self, group: Group, max_messages: int, wait: float, visibility: float | None
+    ) -> list[Delivery]:
+        consumer = await self._consumer(group)
+        if consumer is None:  # a direct receive to a host that holds none of its extents
+            return []
+        return await self.service.receive(consumer, max_messages, wait, visibility)
+
+    async def settle(
+        self, group: Group, receipts: list[str], how: Settlement, durable: bool
+    ) -> tuple[int, list[str]]:
+        consumer = await self._consumer(group)
+        if consumer is None:
+            return 0, receipts
+        n, stale, extents = self.service.settle(consumer, receipts, _action(consumer, how))
+        if n and durable:
+            await self.service.flushed(consumer, extents)
+        return n, stale
+
+    async def open_stream(self, group: Group, ws: StreamSocket) -> ConsumeSession | None:
+        consumer = await self._consumer(group)
+        if consumer is None:
+            return None
+        stream = ConsumeStream(ws, consumer, self.service)
+        await stream.start()
+        return stream
+
+    def delivered_counts(self) -> dict[str, Counts]:
+        """Messages and bytes delivered from each extent, over every group served here."""
+        counts: dict[str, Counts] = {}
+        for consumer in self.service.groups.values():
+            for cursor in consumer.cursors.values():
+                _, _, n, b = counts.get(cursor.id, (0, 0, 0, 0))
+                counts[cursor.id] = (0, 0, n + cursor.delivered, b + cursor.delivered_bytes)
+        return counts
+
+    def update_queue(self, queue: Queue) -> None:
+        for consumer in self.service.groups.values():
+            if consumer.group.queue == queue.name:
+                consumer.queue = queue
+
+    def update_group(self, group: Group) -> None:
+        self.service.update_group(group)
+
+    async def unload(
+        self, queue: str, name: str | None = None, close_code: int = DELETED_CLOSE
+    ) -> None:
+        await self.service.unload(queue, name, close_code)
+
+
+def _action(consumer: GroupConsumer, how: Settlement) -> Callable[[list[int]], list[int]]:
+    if how.kind == "ack":
+        return consumer.ack
+    if how.kind == "nack":
+        return lambda numbers: consumer.nack(numbers, how.seconds)
+    return lambda numbers: consumer.extend(numbers, how.seconds)
