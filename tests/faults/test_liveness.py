@@ -135,10 +135,12 @@ class Cluster:
         ]  # fmt: skip
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One cluster for the tests of this module: each uses queues of its own, and every
+    pause ends with SIGCONT and every kill with a restart."""
     schema = f"l_{uuid.uuid4().hex[:12]}"
-    local = LocalCluster(tmp_path / "cluster", f"{PG}?schema={schema}")
+    local = LocalCluster(tmp_path_factory.mktemp("liveness") / "cluster", f"{PG}?schema={schema}")
     try:
         local.up()
         yield Cluster(local, PG, schema)
@@ -146,6 +148,14 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         local.down()
         with psycopg.connect(PG, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.fixture
+def cluster(shared_cluster: Cluster) -> Cluster:
+    """The shared cluster, whole: a process a failed test left dead is started again."""
+    for name in shared_cluster.dead():
+        shared_cluster.local.restart(name)
+    return shared_cluster
 
 
 @pytest.fixture

@@ -28,6 +28,8 @@ from cherami.spark import CheramiDataSource, follow_acks
 url, queue, group, out, checkpoint, trigger = sys.argv[1:7]
 spark = (SparkSession.builder.master("local[1]").appName("killed-driver")
          .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "1")
+         # as the tests' session: C1 only and the serial GC, so the JVM starts sooner
+         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
          .getOrCreate())
 spark.dataSource.register(CheramiDataSource)
 slow = F.udf(lambda body: (time.sleep(0.002), body)[1], "binary")  # batches take a while
