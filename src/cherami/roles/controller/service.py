@@ -185,11 +185,14 @@ class ControllerService:
                 await self._delete_dlq(group)
 
     async def drop_replicas(self, extent: Extent) -> None:
-        for store_id in extent.stores:
-            try:
-                await self.stores.get(store_id).drop(extent.id)
-            except Unavailable as err:
-                log.warning("could not drop extent %s on %s: %s", extent.id, store_id, err)
+        """Drop the extent's replicas, on every store host at once."""
+        await asyncio.gather(*(self._drop(extent.id, s) for s in extent.stores))
+
+    async def _drop(self, extent_id: str, store_id: str) -> None:
+        try:
+            await self.stores.get(store_id).drop(extent_id)
+        except Unavailable as err:
+            log.warning("could not drop extent %s on %s: %s", extent_id, store_id, err)
 
     # groups
     async def create_group(
