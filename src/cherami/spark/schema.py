@@ -4,12 +4,11 @@ records (no per-row Python objects on the way to the JVM)."""
 from __future__ import annotations
 
 import json
-import sys
-from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from itertools import accumulate
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from pyspark.sql.types import (
@@ -23,9 +22,10 @@ from pyspark.sql.types import (
 )
 
 from cherami.wire.keys import seq_of
-from cherami.wire.records import Record, decode_record
+from cherami.wire.records import Record, decode_records
 
 if TYPE_CHECKING:
+    import numpy as np
     import pyarrow as pa
 
     from cherami.spark.storereader import Batch
@@ -74,59 +74,82 @@ class RecordFilter:
     max_seq: int | None = None
 
 
+_ENQUEUED = attrgetter("enqueued_ms")
+_DELIVERY = attrgetter("delivery_ms")
+_BODY = attrgetter("body")
+_ATTRIBUTES = attrgetter("attributes")
+_ORIG_ID = attrgetter("orig_id")
+
+
 def to_arrow(
     schema: pa.Schema, extent: str, batch: Batch, keep: RecordFilter | None = None
 ) -> pa.RecordBatch | None:
-    """One record batch for the records of ``batch``, or None when none is kept."""
+    """One record batch for the records of ``batch``, or None when none is kept.
+
+    Columns are built by C-level loops (``map`` over the decoded records into numpy
+    or pyarrow): no Python code runs per record unless records carry attributes or a
+    dead-lettered message's original id."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    records = [decode_record(raw) for raw in batch.records]
-    seqs = pa.array(_seqs(batch.keys), pa.int64())
+    records = decode_records(batch.records)
+    n = len(records)
+    seqs = pa.array(_seqs(batch.keys))
     stamp = schema.field("enqueued_at").type
-    enqueued = pa.array([r.enqueued_ms for r in records], pa.int64())
-    if any(r.orig_id for r in records):
+    enqueued = np.fromiter(map(_ENQUEUED, records), np.int64, n)
+    delivery = np.fromiter(map(_DELIVERY, records), np.int64, n)
+    if any(map(_ORIG_ID, records)):
         ids = pa.array([r.orig_id or f"{extent}:{seq_of(k)}" for r, k in
                         zip(records, batch.keys, strict=True)], pa.string())  # fmt: skip
     else:
         ids = pc.binary_join_element_wise(f"{extent}:", pc.cast(seqs, pa.string()), "")
     columns = [
         ids,
-        pa.array([extent] * len(records), pa.string()),
+        pa.repeat(pa.scalar(extent, pa.string()), n),
         seqs,
-        pa.array([r.body for r in records], pa.binary()),
-        pc.multiply(enqueued, 1000).cast(stamp),
-        pc.multiply(pa.array([r.delivery_ms for r in records], pa.int64()), 1000).cast(stamp),
+        pa.array(map(_BODY, records), pa.binary(), size=n),
+        pa.array(enqueued * 1000, stamp),
+        pa.array(delivery * 1000, stamp),
     ]
     if "attributes" in schema.names:
         columns.insert(4, _attributes(schema.field("attributes").type, records))
     out = pa.RecordBatch.from_arrays(columns, schema=schema)
     if keep is not None:
-        out = out.filter(_mask(keep, seqs, enqueued))
+        out = out.filter(_mask(keep, seqs, pa.array(enqueued)))
     return out if out.num_rows else None
 
 
 def _attributes(kind: pa.DataType, records: list[Record]) -> pa.Array:
+    """The attributes as a map column (an empty map for a record without any)."""
     import pyarrow as pa
 
-    attributes = [r.attributes or {} for r in records]
-    ends = pa.array([0, *accumulate(map(len, attributes))], pa.int32())
+    attributes = list(map(_ATTRIBUTES, records))
+    if not any(attributes):  # the common case: no record has attributes
+        ends = pa.repeat(pa.scalar(0, pa.int32()), len(records) + 1)
+        empty = pa.array([], pa.string())
+        return pa.MapArray.from_arrays(ends, empty, empty, type=kind)
+    maps = [a or {} for a in attributes]
+    ends = pa.array([0, *accumulate(map(len, maps))], pa.int32())
     return pa.MapArray.from_arrays(
         ends,
-        pa.array([k for a in attributes for k in a], pa.string()),
-        pa.array([v for a in attributes for v in a.values()], pa.string()),
+        pa.array([k for a in maps for k in a], pa.string()),
+        pa.array([v for a in maps for v in a.values()], pa.string()),
         type=kind,
     )
 
 
-def _seqs(keys: list[bytes]) -> Sequence[int]:
-    """The sequence numbers of storage keys (plain keys: 8 bytes, big-endian)."""
-    if keys and all(len(k) == 8 for k in keys):
-        seqs = array("Q", b"".join(keys))
-        if sys.byteorder == "little":
-            seqs.byteswap()
-        return seqs
-    return [seq_of(k) for k in keys]
+def _seqs(keys: list[bytes]) -> np.ndarray:
+    """The sequence numbers of storage keys: the last 8 bytes, big-endian (plain keys are
+    8 bytes, timer keys 16, and no key is shorter than 8)."""
+    import numpy as np
+
+    joined = b"".join(keys)
+    for width in (8, 16):
+        if len(joined) == width * len(keys):
+            words = np.frombuffer(joined, ">u8").reshape(len(keys), width // 8)
+            return words[:, -1].astype(np.int64)
+    return np.array([seq_of(k) for k in keys], np.int64)
 
 
 def _mask(keep: RecordFilter, seqs: pa.Array, enqueued: pa.Array) -> pa.Array:

@@ -73,7 +73,7 @@ class _Connection:
             raise Unavailable(
                 f"store {address} refused the cluster hello (a different cluster secret?)"
             ) from None
-        if not h.welcome_ok(key, nonce, answer):
+        if not h.welcome_ok(key, nonce, bytes(answer)):
             self.close()
             raise Unavailable(f"store {address} is not of this cluster")
         self._rids = itertools.count(1)
@@ -91,13 +91,14 @@ class _Connection:
             self._early[reply.rid] = reply
         return self._early.pop(rid)
 
-    def _frame(self) -> bytes:
+    def _frame(self) -> bytearray:
         (size,) = _HEADER.unpack(self._exactly(4))
         if size > MAX_FRAME:
             raise ProtocolError(f"frame of {size} bytes exceeds {MAX_FRAME}")
         return self._exactly(size)
 
-    def _exactly(self, size: int) -> bytes:
+    def _exactly(self, size: int) -> bytearray:
+        """``size`` bytes (not copied again: the decoders read a bytearray as well)."""
         buf = bytearray(size)
         view = memoryview(buf)
         got = 0
@@ -106,7 +107,7 @@ class _Connection:
             if n == 0:
                 raise Unavailable(f"store {self.address} closed the connection")
             got += n
-        return bytes(buf)
+        return buf
 
     def close(self) -> None:
         self._sock.close()

@@ -46,6 +46,11 @@ def decode_record(data: bytes) -> Record:
     return _decoder.decode(data)
 
 
+def decode_records(data: list[bytes]) -> list[Record]:
+    """Many records in one C-level loop (no Python call per record)."""
+    return list(map(_decoder.decode, data))
+
+
 def message_id(extent_id: str, seq: int) -> str:
     """The public id of a message: its extent and its sequence number in it."""
     return f"{extent_id}:{seq}"

@@ -148,5 +148,5 @@ def decode_request(data: bytes) -> Request:
     return _request_decoder.decode(data)
 
 
-def decode_reply(data: bytes) -> Reply:
+def decode_reply(data: bytes | bytearray) -> Reply:
     return _reply_decoder.decode(data)
