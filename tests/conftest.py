@@ -1,10 +1,19 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+# With `pytest -n 2` (pytest-xdist) the fault proofs and the Spark tests, which lean on
+# timing under CPU load (leases, pauses, JVMs), are one unit of work: one worker runs them
+# one after another while the other runs the rest, a module at a time (a module's shared
+# node or cluster is started once). `make test` stays serial: on two busy cores the rate
+# and CPU-quota checks of the other worker failed now and then beside them
+# (test_scaling_cluster, test_netns's quota check).
+HEAVY = ("tests/faults/", "tests/spark/")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -14,6 +23,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="run the fault-injection workload for longer (CHERAMI_SOAK_SECONDS, default 600)",
     )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Units of work: the heavy tests together, every other module on its own (xdist's
+    --dist loadgroup does not work with pytest 9.2: it renames nodes the old way)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduler(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "heavy" if nodeid.startswith(HEAVY) else nodeid.split("::", 1)[0]
+
+    return Scheduler(config, log)
 
 
 @pytest.fixture(scope="session")
