@@ -29,9 +29,11 @@ import psutil
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cherami.client.asyncclient import AsyncClient  # noqa: E402
 from cherami.cluster.nodeproc import NodeProcess  # noqa: E402
+from throughput import consume_phase  # noqa: E402
 
 
 def _cpu(pid: int) -> float:
@@ -129,28 +131,6 @@ async def stream_publish(
     return share * clients / (time.perf_counter() - start)
 
 
-async def stream_consume(url: str, queue: str, total: int, clients: int, batch: int) -> float:
-    done = 0
-    finished = asyncio.Event()
-
-    async def one() -> None:
-        nonlocal done
-        async with AsyncClient(url) as client, client.consumer(queue, "workers",
-                                                               credit=4 * batch) as c:  # fmt: skip
-            while not finished.is_set():
-                got = await c.get_batch(batch, timeout=0.5)
-                if got:
-                    c.ack(*got)
-                    done += len(got)
-                    if done >= total:
-                        finished.set()
-            await c.flush()
-
-    start = time.perf_counter()
-    await asyncio.wait_for(asyncio.gather(*(one() for _ in range(clients))), 600)
-    return done / (time.perf_counter() - start)
-
-
 async def run(url: str, pid: int, args: argparse.Namespace, run_no: int) -> dict[str, Any]:
     queue = f"http-{run_no}-{int(time.time())}"
     async with AsyncClient(url) as client:
@@ -169,7 +149,7 @@ async def run(url: str, pid: int, args: argparse.Namespace, run_no: int) -> dict
     prof.stop()
     prof.start(f"receive-ack-{run_no}")
     if args.stream:
-        con = await stream_consume(url, queue, total, args.clients, args.batch)
+        con = await consume_phase(url, queue, "workers", total, args.clients)
     else:
         con = await receive_ack(url, queue, total, args.clients, args.batch)
     cpu2, mine2 = _cpu(pid), sum(me.cpu_times()[:2])

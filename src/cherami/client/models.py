@@ -69,19 +69,14 @@ class Received(msgspec.Struct, array_like=True, kw_only=True, gc=False):
 
     @classmethod
     def from_json(cls, m: dict[str, Any]) -> Received:
-        body = m["body"].encode() if "body" in m else base64.b64decode(m.get("body_b64", ""))
-        return cls(
-            id=m["id"], body=body, attributes=m.get("attributes") or {},
-            delivery_count=m.get("delivery_count", 0), enqueued_ms=_ms(m.get("enqueued_at")),
-            receipt=m.get("receipt"),
-        )  # fmt: skip
+        return msgspec.convert(m, _Delivered).received()
 
 
 class _Delivered(msgspec.Struct, gc=False):
     """One message of a receive's answer, as the server sends it (docs/api.md)."""
 
     id: str
-    receipt: str
+    receipt: str | None = None
     delivery_count: int = 0
     enqueued_at: str = ""
     attributes: dict[str, str] | None = None

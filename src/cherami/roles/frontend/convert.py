@@ -39,19 +39,10 @@ def body_fields(body: bytes, text: bool | None = None) -> dict[str, str]:
 
 
 def received(msg_id: str, receipt: str, record: Record, count: int) -> ReceivedMessage:
-    """A delivery as a receive returns it (the fields of body_fields)."""
-    body = record.body
-    if record.text is not False:
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError:
-            pass
-        else:
-            return ReceivedMessage(msg_id, receipt, record.attributes or {}, count,
-                                   rfc3339(record.enqueued_ms), body=text)  # fmt: skip
+    """A delivery as a receive returns it."""
     return ReceivedMessage(msg_id, receipt, record.attributes or {}, count,
                            rfc3339(record.enqueued_ms),
-                           body_b64=base64.b64encode(body).decode())  # fmt: skip
+                           **body_fields(record.body, record.text))  # fmt: skip
 
 
 def to_messages(queue: Queue, items: list[PublishMessage]) -> list[Message]:
