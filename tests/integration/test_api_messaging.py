@@ -97,8 +97,10 @@ async def test_forged_receipts_are_stale(client: AsyncClient) -> None:
     await client.publish(q, ["x"])
     (m,) = await client.receive(q, "g", wait_seconds=5)
     assert m.receipt
-    forged = m.receipt[:-3] + ("AAA" if not m.receipt.endswith("AAA") else "BBB")
-    for bad in [forged, "garbage", "x" * 200]:
+    signed, index = m.receipt.split("~")
+    forged = signed[:-3] + ("AAA" if not signed.endswith("AAA") else "BBB") + "~" + index
+    beyond = signed + "~1"  # a place past what its receive delivered
+    for bad in [forged, beyond, "garbage", "x" * 200]:
         assert (await client.ack(q, "g", [bad])) == {"acked": 0, "stale": [bad]}
     assert (await client.ack(q, "other", [m.receipt]))["stale"] == [m.receipt]
     assert (await client.ack(q, "g", [m.receipt]))["acked"] == 1

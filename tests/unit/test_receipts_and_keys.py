@@ -15,11 +15,32 @@ def test_receipt_round_trip_and_scope() -> None:
 def test_forged_and_foreign_receipts_are_refused() -> None:
     signer = ReceiptSigner(epoch=1)
     receipt = signer.sign(b"q/g", 5)
-    tampered = receipt[:-2] + ("A" if receipt[-2] != "A" else "B") + receipt[-1]
+    signed, index = receipt.split("~")
+    tampered = signed[:-2] + ("A" if signed[-2] != "A" else "B") + signed[-1] + "~" + index
     assert signer.verify(b"q/g", tampered) is None
+    assert signer.verify(b"q/g", signed + "~1") is None  # past the batch's signed size
+    assert signer.verify(b"q/g", signed + "~00") is None  # not as signed
+    assert signer.verify(b"q/g", signed + "~\u0660") is None  # a non-ASCII digit
+    assert signer.verify(b"q/g", signed) is None
     assert signer.verify(b"q/g", "not-a-receipt!") is None
     assert signer.verify(b"q/g", "") is None
     assert ReceiptSigner(epoch=2).verify(b"q/g", receipt) is None  # another run's key
+
+
+def test_a_batch_is_signed_once_and_each_receipt_names_its_delivery() -> None:
+    signer = ReceiptSigner(epoch=9)
+    numbers = [10, 11, 12, 13, 20, 21, 7]  # three runs
+    receipts = signer.sign_all(b"q/g", numbers)
+    assert len(set(receipts)) == len(numbers)
+    assert len({r.split("~")[0] for r in receipts}) == 3
+    assert signer.verify_all(b"q/g", receipts) == numbers
+    assert signer.verify_all(b"q/g", list(reversed(receipts))) == list(reversed(numbers))
+    assert signer.verify_all(b"q/other", receipts) == [None] * len(numbers)
+    # a receipt can only name deliveries of its own batch, as signed
+    first = receipts[0].split("~")[0]
+    assert signer.verify(b"q/g", first + "~3") == 13
+    assert signer.verify(b"q/g", first + "~4") is None
+    assert ReceiptSigner(epoch=10).verify_all(b"q/g", receipts[:1]) == [None]
 
 
 def test_tagged_receipts_name_their_output_host() -> None:
@@ -32,6 +53,7 @@ def test_tagged_receipts_name_their_output_host() -> None:
     assert untagged.verify(b"q/g", receipt) is None  # another host's
     assert signer.verify(b"q/g", untagged.sign(b"q/g", 9)) is None
     assert signer.verify(b"q/g", "ffffffff." + receipt.split(".")[1]) is None
+    assert signer.verify_all(b"q/g", [receipt, 5, "x" * 65]) == [9, None, None]  # type: ignore[list-item]
 
 
 def test_plain_keys_sort_by_sequence() -> None:

@@ -370,7 +370,8 @@ class OutputHostService:
             acting = self.stamp_acting(consumer)
             taken = consumer.take(max_messages, visibility) if acting else []
             if taken or consumer.stopped or time.monotonic() >= deadline:
-                return [(e, self.signer.sign(consumer.scope, e.no)) for e in taken]
+                receipts = self.signer.sign_all(consumer.scope, [e.no for e in taken])
+                return list(zip(taken, receipts, strict=True))
             if not acting or consumer.ready:  # moving: nothing it may deliver from here
                 await asyncio.sleep(NOT_ACTING_WAIT)
                 continue
@@ -394,8 +395,8 @@ class OutputHostService:
         an extent of one of them is moving to another output host."""
         by_number: dict[int, str] = {}
         stale: list[str] = []
-        for receipt in receipts:
-            no = self.signer.verify(consumer.scope, receipt)
+        numbers = self.signer.verify_all(consumer.scope, receipts)
+        for receipt, no in zip(receipts, numbers, strict=True):
             if no is None:
                 stale.append(receipt)
             else:
