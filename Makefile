@@ -39,9 +39,10 @@ sysdeps:
 	@command -v promtool >/dev/null || (apt-get update -qq && \
 		apt-get install -y -qq --no-install-recommends prometheus >/dev/null)
 
-## test: the whole suite (unit, contract, integration, Spark, faults)
+## test: the whole suite (unit, contract, integration, Spark, faults), on two workers
+## (tests/conftest.py keeps the timing-sensitive tests together on one of them)
 test: $(STAMP) sysdeps
-	$(PY) -m pytest -p no:cacheprovider
+	$(PY) -m pytest -p no:cacheprovider -n 2
 
 test-spark: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests/spark

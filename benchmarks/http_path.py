@@ -170,8 +170,11 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--stream", action="store_true",
-                        help="the streaming path instead (publisher, consumer: same counts)")
+    parser.add_argument(
+        "--stream",
+        action="store_true",
+        help="the streaming path instead (publisher, consumer: same counts)",
+    )
     parser.add_argument("--profile", help="directory for py-spy profiles of the node")
     parser.add_argument("--url", help="an already running node (then no profile, no CPU)")
     args = parser.parse_args()

@@ -7,13 +7,18 @@ import pytest
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-# With `pytest -n 2` (pytest-xdist) the fault proofs and the Spark tests, which lean on
-# timing under CPU load (leases, pauses, JVMs), are one unit of work: one worker runs them
-# one after another while the other runs the rest, a module at a time (a module's shared
-# node or cluster is started once). `make test` stays serial: on two busy cores the rate
-# and CPU-quota checks of the other worker failed now and then beside them
-# (test_scaling_cluster, test_netns's quota check).
-HEAVY = ("tests/faults/", "tests/spark/")
+# `make test` runs `pytest -n 2` (pytest-xdist): the suite mostly waits (leases, pauses,
+# timeouts), so two workers halve its wall time. The fault proofs, the Spark tests and the
+# two checks that measure CPU or rates (the netns CPU quota, extent scaling by rate) lean
+# on timing under load: they are one unit of work, run one after another by one worker
+# (it gets them first: xdist orders units by size), while the other worker runs every
+# other module, a module at a time (a module's shared node or cluster starts once).
+HEAVY = (
+    "tests/faults/",
+    "tests/spark/",
+    "tests/integration/test_netns.py",
+    "tests/integration/test_scaling_cluster.py",
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
