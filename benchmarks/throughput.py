@@ -91,7 +91,7 @@ async def consume_phase(url: str, queue: str, group: str, total: int, consumers:
         nonlocal done
         async with AsyncClient(url) as client, client.consumer(queue, group, credit=4000) as c:
             while not finished.is_set():
-                batch = await c.get_batch(1000, timeout=0.5)
+                batch = await c.get_batch(1000, timeout=0.05)  # a short tail after the last
                 if batch:
                     c.ack(*batch)
                     done += len(batch)
