@@ -47,6 +47,14 @@ class Histogram:
         self.sum += value * n
         self.count += n
 
+    def observe_all(self, values: list[float]) -> None:
+        """``observe`` of each value (one call for a batch)."""
+        counts, bounds = self.counts, self.bounds
+        for value in values:
+            counts[bisect_left(bounds, value)] += 1
+        self.sum += sum(values)
+        self.count += len(values)
+
     def buckets(self) -> list[tuple[str, float]]:
         """Cumulative ``(le, count)`` pairs, the last one ``+Inf``."""
         out, total = [], 0

@@ -71,3 +71,18 @@ def test_tracking_many_at_once_matches_one_by_one() -> None:
         n += size
     assert (one.level, one.acked, one.window()) == (many.level, many.acked, many.window())
     assert one.oldest() == many.oldest()
+
+
+def test_ack_many_matches_acks_one_by_one() -> None:
+    rng = random.Random(7)
+    for _ in range(50):
+        one, ords = _tracked(3000)
+        many, _ = _tracked(3000)
+        picked = rng.sample(ords, rng.randrange(1, 3000))
+        picked += [picked[0], 5000, -1]  # a repeat, an unknown, an untracked ordinal
+        for chunk in range(0, len(picked), 97):
+            part = picked[chunk : chunk + 97]
+            assert many.ack_many(part) == sum(one.ack(o) for o in part)
+            assert (many.level, many.acked, many.window()) == (one.level, one.acked, one.window())
+            assert many.acked_above_level() == one.acked_above_level()
+            assert many.oldest() == one.oldest()

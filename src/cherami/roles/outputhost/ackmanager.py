@@ -49,6 +49,23 @@ class AckManager(Generic[E]):
             self._advance()
         return True
 
+    def ack_many(self, ordinals: list[int]) -> int:
+        """``ack`` of each ordinal, the level moved once at the end; returns how many
+        were tracked and not acked before."""
+        base, head, done, entries = self._base, self._head, self._done, self._entries
+        end = len(done)
+        newly = 0
+        for ordinal in ordinals:
+            index = ordinal - base
+            if index < head or index >= end or done[index]:
+                continue
+            done[index] = 1
+            entries[index] = None
+            newly += 1
+        if newly and done[head]:
+            self._advance()
+        return newly
+
     def _advance(self) -> None:
         done = self._done
         head = self._head
