@@ -7,7 +7,9 @@ STAMP  := $(VENV)/.installed
 DATA   ?= ./data
 PORT   ?= 8080
 
-export PYSPARK_PYTHON := $(abspath $(PY))
+# Spark's Python processes run this venv's Python through the launcher that imports
+# pyspark from site-packages, not Spark's zip (src/cherami/sparkpython.py)
+export PYSPARK_PYTHON := $(abspath $(VENV)/bin/cherami-spark-python)
 export SPARK_LOCAL_IP := 127.0.0.1
 
 .PHONY: install sysdeps run demo test test-fast test-spark lint bench bench-quick bench-throughput bench-floor bench-ratio bench-spark bench-scaleout clean

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -20,7 +21,7 @@ from tests.support.tlscerts import Certs, make_certs
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_PYTHON", str(Path(sys.executable).with_name("cherami-spark-python")))
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 

@@ -109,7 +109,11 @@ def test_a_new_extent_mid_stream_is_read(spark: SparkSession, server: ServerProc
 
         run(server.url, widen)
         eventually(lambda: len(ControlClient(server.url).extents(queue)) == 3)  # 2 plain, 1 timer
-        publish(server.url, queue, [f"b-{i}" for i in range(600)])
+        # the input host learns of the new extent within its extent refresh (about 1 s):
+        # publish over a few seconds, so that later batches land in both extents
+        for part in range(12):
+            publish(server.url, queue, [f"b-{part}-{i}" for i in range(50)])
+            time.sleep(0.25)
         eventually(lambda: count() == 900)
     finally:
         query.stop()

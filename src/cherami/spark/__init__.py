@@ -1,15 +1,26 @@
 """A PySpark data source for Cherami queues: format ``cherami`` (docs/spark.md).
 
 Importing this package points Spark's Python workers at this interpreter
-(``PYSPARK_PYTHON``) and Spark at the loopback interface (``SPARK_LOCAL_IP``), unless
-they are set already; import it before the SparkSession starts, or use ``session()``."""
+(``PYSPARK_PYTHON``: through its ``cherami-spark-python`` launcher when it is installed
+beside it, see cherami/sparkpython.py) and Spark at the loopback interface
+(``SPARK_LOCAL_IP``), unless they are set already; import it before the SparkSession
+starts, or use ``session()``."""
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+def spark_python() -> str:
+    """The Python for Spark's workers: this interpreter, through the launcher that
+    imports pyspark from site-packages instead of Spark's zip when it is installed."""
+    launcher = Path(sys.executable).with_name("cherami-spark-python")
+    return str(launcher) if os.access(launcher, os.X_OK) else sys.executable
+
+
+os.environ.setdefault("PYSPARK_PYTHON", spark_python())
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
