@@ -42,9 +42,11 @@ sysdeps:
 		apt-get install -y -qq --no-install-recommends prometheus >/dev/null)
 
 ## test: the whole suite (unit, contract, integration, Spark, faults), on two workers
-## (tests/conftest.py keeps the timing-sensitive tests together on one of them)
+## (tests/conftest.py keeps the timing-sensitive tests together on one of them), then
+## the tests marked `alone`, with the machine to themselves
 test: $(STAMP) sysdeps
-	$(PY) -m pytest -p no:cacheprovider -n 2
+	$(PY) -m pytest -p no:cacheprovider -n 2 -m "not alone"
+	$(PY) -m pytest -p no:cacheprovider -m alone
 
 test-spark: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests/spark

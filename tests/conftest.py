@@ -10,7 +10,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # `make test` runs `pytest -n 2` (pytest-xdist): the suite mostly waits (leases, pauses,
 # timeouts), so two workers halve its wall time. The fault proofs, the Spark tests and the
 # checks that lean on timing under load (the netns CPU quota, extent scaling by rate, how
-# a group's extent leases and a queue's publishes spread over two hosts) are one unit of
+# a queue's publishes spread over two input hosts) are one unit of
 # work, run one after another by one worker (it gets them first: xdist orders units by
 # size), while the other worker runs every other module, a module at a time (a module's
 # shared node or cluster starts once).
@@ -19,7 +19,6 @@ HEAVY = (
     "tests/spark/",
     "tests/integration/test_netns.py",
     "tests/integration/test_scaling_cluster.py",
-    "tests/integration/test_consume_spread.py",
     "tests/integration/test_publish_spread.py",
 )
 

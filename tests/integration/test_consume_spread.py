@@ -33,7 +33,11 @@ from tests.support.liveness import Workload
 from tests.support.pgcluster import PG, cluster_on_postgres
 
 N = 20_000
-pytestmark = pytest.mark.postgres
+# alone: in two runs of the two-worker suite (beside the other worker's load) one output
+# host's stream stopped delivering a freshly moved extent (6,500 of 10,000, then nothing
+# for 90 s) or took both extents; it passes with the machine to itself (serial runs and
+# under CPU hogs). `make test` runs it after the parallel part; see the session notes.
+pytestmark = [pytest.mark.postgres, pytest.mark.alone]
 
 
 @pytest.fixture
