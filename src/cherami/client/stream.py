@@ -322,6 +322,7 @@ class Publisher:
         this publisher was opened for (``check``)."""
         async with self._routing:
             route = await self._route()
+            self._expected = len(route)
             dialed = await asyncio.gather(*(self._dial(a) for a in route if a not in self._links))
             new = [link for link in dialed if link is not None]
             try:
@@ -658,6 +659,7 @@ class StreamConsumer:
         self._group_path = path.rsplit("/", 1)[0]
         self._credit = credit
         self._conns: dict[str, _Conn] = {}  # by address
+        self._expected = 0  # streams the last route listed (credit is split over them)
         self._buffer: deque[Received] = deque()
         self._via: dict[str, tuple[_Conn, int | None]] = {}  # message id -> stream, handle
         self._arrived = asyncio.Event()
@@ -720,6 +722,7 @@ class StreamConsumer:
             if self._closed:
                 return
             route = await self._route()
+            self._expected = len(route)
             dialed = await asyncio.gather(*(self._dial(a) for a in route if a not in self._conns))
             new = [conn for conn in dialed if conn is not None]
             if not new and not self._conns:
@@ -830,13 +833,17 @@ class StreamConsumer:
             self._buffer.extend(kept)
 
     async def _grant(self) -> None:
-        """Split the credit over the open streams: each gets its share as far as the
-        credit that others still hold allows."""
+        """Split the credit over the streams the route lists: each open one gets its
+        share as far as the credit that others still hold allows. A listed stream that
+        is reconnecting keeps its share free: credit once granted returns only as that
+        stream's messages settle, so handing it to the others meanwhile let a stream
+        with nothing left to deliver hold it for good, and the reconnected stream
+        starved (seen when an extent moved just as a consumer started)."""
         conns = [c for c in self._conns.values() if not c.ws.closed]
         if not conns:
             return
         spare = self._credit - sum(c.granted for c in conns)
-        share, extra = divmod(self._credit, len(conns))
+        share, extra = divmod(self._credit, max(len(conns), self._expected))
         for i, conn in enumerate(conns):
             give = min(max(1, share + (i < extra)) - conn.granted, spare)
             if give > 0:
