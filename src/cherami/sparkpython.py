@@ -20,6 +20,13 @@ import sys
 import sysconfig
 
 
+def launcher() -> str:
+    """This interpreter through ``cherami-spark-python`` when the launcher is installed
+    beside it (a pip install of cherami), else the interpreter itself."""
+    path = os.path.join(os.path.dirname(sys.executable), "cherami-spark-python")
+    return path if os.access(path, os.X_OK) else sys.executable
+
+
 def _provides(entry: str) -> str | None:
     """The package a zip of Spark's python/lib holds (pyspark.zip, py4j-<v>-src.zip)."""
     name = os.path.basename(entry)

@@ -6,13 +6,12 @@ against a real node. The session is built the ordinary way, with Spark's default
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from cherami.sparkpython import launcher
 from cherami.wire.handshake import SECRET_FILE_ENV
 from cherami.wire.tls import TLS_CA_ENV
 from tests.support.server import ServerProcess
@@ -21,7 +20,7 @@ from tests.support.tlscerts import Certs, make_certs
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-os.environ.setdefault("PYSPARK_PYTHON", str(Path(sys.executable).with_name("cherami-spark-python")))
+os.environ.setdefault("PYSPARK_PYTHON", launcher())
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 

@@ -10,17 +10,10 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
+from cherami.sparkpython import launcher
 
-def spark_python() -> str:
-    """The Python for Spark's workers: this interpreter, through the launcher that
-    imports pyspark from site-packages instead of Spark's zip when it is installed."""
-    launcher = Path(sys.executable).with_name("cherami-spark-python")
-    return str(launcher) if os.access(launcher, os.X_OK) else sys.executable
-
-
-os.environ.setdefault("PYSPARK_PYTHON", spark_python())
+os.environ.setdefault("PYSPARK_PYTHON", launcher())
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 

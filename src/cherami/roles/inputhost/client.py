@@ -30,6 +30,7 @@ INTERNAL_PUBLISH = "/internal/v1/queues/{queue}/messages"
 # enough for the input host's own wait for an extent and one append with its timeout.
 PUBLISH_REMOTE_TIMEOUT = 10.0
 _messages = msgspec.msgpack.Decoder(list[Message])
+_ids = msgspec.msgpack.Decoder(list[str])
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -96,7 +97,7 @@ class RemoteInputHost:
             raise Unavailable(f"publish to {queue.name} via {address}: {err!r}") from err
         if resp.status != 200:
             raise Unavailable(f"publish to {queue.name} via {address} failed: {resp.status}")
-        return msgspec.msgpack.decode(body, type=list[str])
+        return _ids.decode(body)
 
 
 def internal_publish(inputs: InputHostService, metadata: MetadataStore) -> Any:

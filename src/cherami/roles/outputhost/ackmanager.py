@@ -40,14 +40,7 @@ class AckManager(Generic[E]):
 
     def ack(self, ordinal: int) -> bool:
         """Mark a message acked; true if it was tracked and not acked before."""
-        index = ordinal - self._base
-        if index < self._head or index >= len(self._keys) or self._done[index]:
-            return False
-        self._done[index] = 1
-        self._entries[index] = None
-        if index == self._head:
-            self._advance()
-        return True
+        return self.ack_many([ordinal]) == 1
 
     def ack_many(self, ordinals: list[int]) -> int:
         """``ack`` of each ordinal, the level moved once at the end; returns how many

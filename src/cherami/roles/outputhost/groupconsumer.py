@@ -314,7 +314,8 @@ class GroupConsumer:
         cursor: Any = None
         ordinals: list[int] = []
         for entry in settled:
-            ages.append(now_s - entry.record.enqueued_ms / 1000)
+            age = now_s - entry.record.enqueued_ms / 1000
+            ages.append(age if age > 0.0 else 0.0)
             if entry.cursor is not cursor:
                 if ordinals:
                     cursor.ack.ack_many(ordinals)
@@ -323,7 +324,7 @@ class GroupConsumer:
             if entry.row is not None:
                 self.parked.forget(entry.row)
         cursor.ack.ack_many(ordinals)
-        self.end_to_end.observe_all([a if a > 0.0 else 0.0 for a in ages])
+        self.end_to_end.observe_all(ages)
         self.acked += len(settled)
         self._room.set()
         return stale

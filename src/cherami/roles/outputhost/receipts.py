@@ -106,7 +106,6 @@ class ReceiptSigner:
         not for this scope or this epoch."""
         checked: dict[str, tuple[int, int] | None] = {}  # signed part -> (first, count)
         out: list[int | None] = []
-        prefix = self._prefix
         for receipt in receipts:
             if not isinstance(receipt, str) or len(receipt) > MAX_RECEIPT:
                 out.append(None)
@@ -118,7 +117,7 @@ class ReceiptSigner:
             if signed in checked:
                 batch = checked[signed]
             else:
-                batch = checked[signed] = self._check(scope, signed, prefix)
+                batch = checked[signed] = self._check(scope, signed)
             i = int(index)
             out.append(batch[0] + i if batch is not None and i < batch[1] else None)
         return out
@@ -126,7 +125,9 @@ class ReceiptSigner:
     def verify(self, scope: bytes, receipt: str) -> int | None:
         return self.verify_all(scope, [receipt])[0]
 
-    def _check(self, scope: bytes, signed: str, prefix: str) -> tuple[int, int] | None:
+    def _check(self, scope: bytes, signed: str) -> tuple[int, int] | None:
+        """The (first, count) a signed part names, or None when it is not ours."""
+        prefix = self._prefix
         if not signed.startswith(prefix) or tag_of(signed) != prefix[:-1]:
             return None
         signed = signed[len(prefix) :]
