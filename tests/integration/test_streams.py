@@ -75,6 +75,31 @@ async def test_credit_bounds_deliveries(server: ServerProcess, client: AsyncClie
     assert all(again[m.id] == 2 for m in held[1:])
 
 
+async def test_negative_credit_is_answered_with_what_came_back(
+    server: ServerProcess, client: AsyncClient
+) -> None:
+    q = await _queue(client, "g")
+    async with aiohttp.ClientSession() as s:
+        url = server.url.replace("http", "ws") + f"/v1/queues/{q}/groups/g/consume"
+        async with s.ws_connect(url) as ws:
+            await ws.send_bytes(f.encode(f.Credit(100)))  # nothing to deliver: all unused
+            await ws.send_bytes(f.encode(f.Credit(-30)))
+            back = f.decode_server((await ws.receive(timeout=5)).data)
+            assert back == f.Returned(30)
+            await ws.send_bytes(f.encode(f.Credit(-500)))  # more than it has: the 70 left
+            back = f.decode_server((await ws.receive(timeout=5)).data)
+            assert back == f.Returned(70)
+            await client.publish(q, [f"m{i}" for i in range(5)])
+            with pytest.raises(asyncio.TimeoutError):  # no credit: nothing is delivered
+                await ws.receive(timeout=1.5)
+            await ws.send_bytes(f.encode(f.Credit(3)))
+            frame = f.decode_server((await ws.receive(timeout=5)).data)
+            assert isinstance(frame, f.Deliver) and len(frame.messages) == 3
+            await ws.send_bytes(f.encode(f.Credit(-10)))  # its 3 went to that delivery
+            back = f.decode_server((await ws.receive(timeout=5)).data)
+            assert back == f.Returned(0)
+
+
 async def test_stream_nack_and_extend(client: AsyncClient) -> None:
     q = await _queue(client, "g", visibility_timeout_seconds=1)
     await client.publish(q, ["a", "b"])

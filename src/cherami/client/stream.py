@@ -34,9 +34,9 @@ class _Deliver(msgspec.Struct, array_like=True, tag="deliver", frozen=True, gc=F
     messages: list[Received]
 
 
-_consumed_decoder: msgspec.msgpack.Decoder[_Deliver | f.Published | f.Settled | f.Error] = (
-    msgspec.msgpack.Decoder(_Deliver | f.Published | f.Settled | f.Error)
-)
+_consumed_decoder: msgspec.msgpack.Decoder[
+    _Deliver | f.Published | f.Settled | f.Returned | f.Error
+] = msgspec.msgpack.Decoder(_Deliver | f.Published | f.Settled | f.Returned | f.Error)
 _decode_consumed = _consumed_decoder.decode
 
 if TYPE_CHECKING:
@@ -322,7 +322,6 @@ class Publisher:
         this publisher was opened for (``check``)."""
         async with self._routing:
             route = await self._route()
-            self._expected = len(route)
             dialed = await asyncio.gather(*(self._dial(a) for a in route if a not in self._links))
             new = [link for link in dialed if link is not None]
             try:
@@ -628,12 +627,13 @@ class _Conn:
     """One consume stream: straight to an output host the route lists, or (address "")
     through the client's own URL."""
 
-    __slots__ = ("acks", "address", "granted", "lost", "ws")
+    __slots__ = ("acks", "address", "granted", "lost", "reclaiming", "ws")
 
     def __init__(self, address: str, ws: aiohttp.ClientWebSocketResponse) -> None:
         self.address = address
         self.ws = ws
         self.granted = 0  # credit given on it and not returned: server credit + held here
+        self.reclaiming = False  # a negative credit is out; its `returned` answer is not in
         self.acks: list[int] = []
         self.lost = False
 
@@ -794,6 +794,8 @@ class StreamConsumer:
                         via[m.id] = (conn, m.handle)
                     self._buffer.extend(frame.messages)
                     self._arrived.set()
+                elif isinstance(frame, f.Returned):
+                    self._returned(conn, frame.n)
                 elif isinstance(frame, f.Error):
                     log.warning("consume stream error: %s %s", frame.code, frame.message)
         finally:
@@ -815,6 +817,12 @@ class StreamConsumer:
             kept = [m for m in self._buffer if not (m.id == msg_id and m.handle == handle)]
             self._buffer.clear()
             self._buffer.extend(kept)
+
+    def _returned(self, conn: _Conn, n: int) -> None:
+        """The server's answer to a credit asked back: ``n`` is free again (the next
+        grant hands it to the streams short of their share)."""
+        conn.granted = max(0, conn.granted - n)
+        conn.reclaiming = False
 
     def _drop(self, conn: _Conn) -> None:
         """A stream ended: what it delivered is void here (the server delivers it again)."""
@@ -838,18 +846,31 @@ class StreamConsumer:
         is reconnecting keeps its share free: credit once granted returns only as that
         stream's messages settle, so handing it to the others meanwhile let a stream
         with nothing left to deliver hold it for good, and the reconnected stream
-        starved (seen when an extent moved just as a consumer started)."""
+        starved (seen when an extent moved just as a consumer started).
+
+        When the shares shrink (the route lists another host) and a stream still holds
+        more than its new share, unused at its server while another is short, the
+        excess is asked back (a negative credit); the server answers with what it took
+        back (``returned``), which the next grant hands out."""
         conns = [c for c in self._conns.values() if not c.ws.closed]
         if not conns:
             return
         spare = self._credit - sum(c.granted for c in conns)
         share, extra = divmod(self._credit, max(len(conns), self._expected))
-        for i, conn in enumerate(conns):
-            give = min(max(1, share + (i < extra)) - conn.granted, spare)
+        shares = [max(1, share + (i < extra)) for i in range(len(conns))]
+        short = 0
+        for conn, due in zip(conns, shares, strict=True):
+            give = min(due - conn.granted, spare)
             if give > 0:
                 conn.granted += give
                 spare -= give
                 await self._send(conn, f.Credit(give))
+            short += max(0, due - conn.granted)
+        if short:
+            for conn, due in zip(conns, shares, strict=True):
+                if conn.granted > due and not conn.reclaiming:
+                    conn.reclaiming = True
+                    await self._send(conn, f.Credit(due - conn.granted))
 
     # taking messages
     async def get(self, timeout: float | None = None) -> Received | None:

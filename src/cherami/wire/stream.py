@@ -27,6 +27,13 @@ class Credit(msgspec.Struct, array_like=True, tag="credit", frozen=True):
     n: int
 
 
+class Returned(msgspec.Struct, array_like=True, tag="returned", frozen=True):
+    """Answer to a negative ``credit``: the credit taken back (at most what was asked;
+    less when the server had used some of it for deliveries meanwhile)."""
+
+    n: int
+
+
 class Ack(msgspec.Struct, array_like=True, tag="ack", frozen=True, gc=False):
     handles: list[int]
 
@@ -79,7 +86,7 @@ class Throttled(msgspec.Struct, array_like=True, tag="throttled", frozen=True):
 
 
 ClientFrame = Publish | Credit | Ack | Nack | Extend
-ServerFrame = Published | Deliver | Settled | Error | Throttled
+ServerFrame = Published | Deliver | Settled | Returned | Error | Throttled
 
 _encoder = msgspec.msgpack.Encoder()
 _client_decoder: msgspec.msgpack.Decoder[ClientFrame] = msgspec.msgpack.Decoder(ClientFrame)

@@ -72,9 +72,12 @@ class ConsumeStream:
                 await self.ws.close(code=close.RECONFIGURE, message=b"group moved; reconnect")
             return
         if isinstance(frame, f.Credit):
+            before = self.credit
             self.credit = max(0, min(MAX_CREDIT, self.credit + frame.n))
             if self.credit:
                 self._credited.set()
+            if frame.n < 0:  # say what came back: some may have gone to deliveries
+                await self.ws.send_bytes(f.encode(f.Returned(before - self.credit)))
         elif isinstance(frame, f.Ack):
             stale = c.ack(frame.handles, owner=self)
             if stale:
