@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cherami.outputhost.extentreader")
 
-READ_BATCH = 1000
+READ_BATCH = 2000  # records per read of a store host (fewer round trips when far behind)
 TAIL_WAIT_MS = 1000
 TIMER_POLL_MS = 100
 SHUN_SECONDS = 5.0  # a replica whose read failed is not read again for this long
