@@ -1,22 +1,30 @@
 """RocksDB storage (via rocksdict): one column family per extent replica, so dropping an
 extent drops its files, with no per-message deletes; extent metadata in its own column
-family, written in the same synced batch as the records it describes.
+family, written in the same batch as the records it describes.
 
 Plain extents keep one RocksDB value per append (keyed by its first sequence number,
 holding the msgpack array of its records): far fewer keys to write, sync and scan than
 one per message (PERFORMANCE.md #2). Reads split the values back into per-message keys
 and records, so callers see the same thing as from the per-message reference store.
-Timer extents keep one key per message, ordered by (delivery time, sequence number)."""
+Timer extents keep one key per message, ordered by (delivery time, sequence number).
+
+Append rounds are made durable by the store's own journal (journal.py), not RocksDB's
+WAL: they are written to the memtables without the WAL, after the round is synced in
+the journal. Creates, seals and drops go through the WAL as before. On open, the
+journal is replayed over what RocksDB recovered (see ``_replay``)."""
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from dataclasses import replace
 from typing import Any, cast
 
 import msgspec
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
+from cherami.storage import journal
 from cherami.storage.base import (
     AppendOp,
     ExtentMeta,
@@ -33,6 +41,10 @@ _FORMAT = b"2"  # 2: plain extents hold one value per append
 _encoder = msgspec.msgpack.Encoder()  # metadata rows and per-append values
 _meta_decoder = msgspec.msgpack.Decoder(tuple[str, int, int, int, bool])
 _batch_decoder = msgspec.msgpack.Decoder(list[bytes])
+# one append round in the journal: (extent, first seq, records, delivery times) per append
+_round_decoder = msgspec.msgpack.Decoder(list[tuple[str, int, list[bytes], list[int] | None]])
+
+log = logging.getLogger("cherami.storage.rocks")
 
 
 def _options() -> Options:
@@ -46,12 +58,14 @@ def _options() -> Options:
 class RocksExtentStore:
     """An ``ExtentStore`` in one RocksDB directory."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, journal_bytes: int = journal.MAX_BYTES) -> None:
         os.makedirs(path, exist_ok=True)
         self._db = Rdict(path, _options())
         self._sync = WriteOptions()
         self._sync.sync = True
         self._unsynced = WriteOptions()
+        self._no_wal = WriteOptions()  # append rounds: the journal makes them durable
+        self._no_wal.disable_wal = True  # type: ignore[method-assign,assignment]  # a property (the stub says method)
         self._cfs: dict[str, Any] = {}  # extent -> column family handle (for writes)
         # extent -> column family view (for reads), made once: get_column_family() waits
         # for a WAL sync in progress, which would hold every read behind the fsync
@@ -82,6 +96,66 @@ class RocksExtentStore:
             if extent in names:
                 self._meta[extent] = ExtentMeta(*_meta_decoder.decode(value))
                 self._cfs[extent] = self._db.get_column_family_handle(extent)
+        journal_dir = os.path.join(path, "journal")
+        self._replay(journal_dir)
+        self._journal = journal.Journal(journal_dir, journal_bytes)
+        self._retiring: threading.Thread | None = None
+
+    def _replay(self, directory: str) -> None:
+        """Apply the journal's append rounds again over what RocksDB recovered, then make
+        them durable through the WAL and remove the journal files.
+
+        RocksDB keeps what it flushed and what went through its WAL (creates, seals,
+        drops); appends that were still in memtables are gone, and any column family may
+        have been flushed without the others. So every journaled record is put again
+        (the same key and value: a no-op where it survived), skipping extents dropped
+        since and, for sealed ones, records past the seal (a seal may have cut some
+        off); an open extent's metadata moves forward only past what it already says."""
+        if not os.path.isdir(directory):
+            return
+        numbers = journal.numbers(directory)
+        rounds = 0
+        for number in numbers:
+            for payload in journal.records(journal.path(directory, number)):
+                try:
+                    ops = _round_decoder.decode(payload)
+                except msgspec.DecodeError as err:  # its checksum held: not a torn write
+                    log.error("journal file %d: a round does not decode (%s); the rest of "
+                              "the file is not replayed", number, err)  # fmt: skip
+                    break
+                self._replay_round(ops)
+                rounds += 1
+        if numbers:
+            self._db.flush_wal(True)
+            for number in numbers:
+                os.unlink(journal.path(directory, number))
+            log.info("replayed %d journaled append rounds from %d file(s)", rounds, len(numbers))
+
+    def _replay_round(self, ops: list[tuple[str, int, list[bytes], list[int] | None]]) -> None:
+        batch = WriteBatch(raw_mode=True)
+        touched: dict[str, ExtentMeta] = {}
+        for extent, first, records, due in ops:
+            meta = touched.get(extent) or self._meta.get(extent)
+            if meta is None:
+                continue  # dropped since
+            if meta.sealed:
+                keep = meta.last_seq - first + 1
+                if keep <= 0:
+                    continue
+                records, due = records[:keep], (due[:keep] if due is not None else None)
+            op = AppendOp(extent, first, records, due)
+            self._put_records(batch, self._cfs[extent], meta.kind, op)
+            last = first + len(records) - 1
+            if not meta.sealed and last > meta.last_seq:
+                meta = touched.setdefault(extent, replace(meta))
+                new = records[max(meta.last_seq + 1 - first, 0) :]
+                meta.count += len(new)
+                meta.bytes += sum(map(len, new))
+                meta.last_seq = last
+        for extent, meta in touched.items():
+            batch.put(extent.encode(), self._encode_meta(meta), self._meta_handle)
+        self._db.write(batch, self._unsynced)  # synced once at the end of the replay
+        self._meta.update(touched)
 
     def _encode_meta(self, meta: ExtentMeta) -> bytes:
         return _encoder.encode((meta.kind, meta.last_seq, meta.count, meta.bytes, meta.sealed))
@@ -121,6 +195,7 @@ class RocksExtentStore:
         batch = WriteBatch(raw_mode=True)
         results: list[int | StorageError] = []
         touched: dict[str, ExtentMeta] = {}
+        journaled: list[tuple[str, int, list[bytes], list[int] | None]] = []
         for op in ops:
             meta = touched.get(op.extent) or self._meta.get(op.extent)
             try:
@@ -134,6 +209,7 @@ class RocksExtentStore:
                     touched[op.extent] = replace(meta)
                 meta = touched[op.extent]
                 self._put_records(batch, self._cfs[op.extent], meta.kind, op)
+                journaled.append((op.extent, op.first_seq, op.records, op.delivery_ms))
                 meta.last_seq = op.first_seq + new - 1
                 meta.count += new
                 meta.bytes += sum(map(len, op.records))
@@ -141,9 +217,46 @@ class RocksExtentStore:
         if touched:
             for extent, meta in touched.items():
                 batch.put(extent.encode(), self._encode_meta(meta), self._meta_handle)
-            self._durable_write(batch)
+            self._journal.write(_encoder.encode(journaled))  # durable from here
+            try:
+                self._db.write(batch, self._no_wal)
+            except Exception as err:  # refused, yet journaled: replayed after a restart
+                self._journal.broken = f"the RocksDB write after the journal failed: {err}"
+                raise
             self._meta.update(touched)
+            if self._journal.full():
+                try:
+                    self._begin_next_journal()
+                except OSError:  # the round stands; the next one tries again
+                    log.exception("could not begin a new journal file")
         return results
+
+    def _begin_next_journal(self) -> None:
+        """Start a new journal file; the older ones go once RocksDB has flushed every
+        column family (in a thread: a flush releases the GIL, and appends go on)."""
+        older = self._journal.begin_next()
+        if self._retiring is not None and self._retiring.is_alive():
+            return  # the next rotation retires these too
+        self._retiring = threading.Thread(
+            target=self._retire, args=(older,), name="cherami-journal-retire", daemon=True
+        )
+        self._retiring.start()
+
+    def _retire(self, numbers: list[int]) -> None:
+        try:
+            self._meta_cf.flush(True)
+            for extent in list(self._cfs):
+                if extent not in self._cfs:
+                    continue  # dropped meanwhile
+                try:  # a view of its own, not cached: a drop meanwhile must not keep it
+                    self._db.get_column_family(extent).flush(True)
+                except Exception:
+                    if extent in self._meta:  # not dropped meanwhile: keep the journal
+                        raise
+        except Exception:  # the next new file retires them with its own
+            log.exception("flush before retiring journal files %s failed: kept", numbers)
+            return
+        self._journal.remove(numbers)
 
     @staticmethod
     def _put_records(batch: WriteBatch, cf: Any, kind: str, op: AppendOp) -> None:
@@ -245,6 +358,12 @@ class RocksExtentStore:
         return meta
 
     def close(self) -> None:
+        """Flush every column family and remove the journal (a clean stop leaves no
+        journal to replay), then close RocksDB."""
+        if self._retiring is not None:
+            self._retiring.join()
+        self._journal.close()
+        self._retire(self._journal.numbers())
         self._cfs.clear()
         self._views.clear()
         del self._meta_cf, self._meta_handle
