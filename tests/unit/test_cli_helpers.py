@@ -34,3 +34,18 @@ def test_message_json_prints_text_or_base64() -> None:
     binary = Received(id="id2", body=b"\xff\x00", delivery_count=1, enqueued_ms=0)
     assert message_json(binary)["body_b64"] == "/wA="
     assert "body" not in message_json(binary)
+
+
+@pytest.mark.parametrize("name", ["ack", "nack"])
+def test_receipts_that_start_with_a_dash_are_receipts_not_options(name: str) -> None:
+    # URL-safe base64: one receipt in 64 starts with "-" (CI once drew "-3...").
+    from cherami.cli.main import cli
+
+    command = cli.commands[name]  # type: ignore[attr-defined]
+    given = ["-3AbC_x=", "--xY9-", "plain", "-=-"]
+    ctx = command.make_context(name, ["q", "g", *given, "--url", "http://h:1"])
+    assert list(ctx.params["receipts"]) == given
+    assert ctx.params["url"] == "http://h:1"
+    if name == "nack":
+        ctx = command.make_context(name, ["q", "g", "-Zz", "--delay-seconds", "2"])
+        assert list(ctx.params["receipts"]) == ["-Zz"] and ctx.params["delay_seconds"] == 2.0

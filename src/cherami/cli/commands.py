@@ -368,6 +368,11 @@ def consume(client: ClientFactory, queue_name: str, group_name: str, max_message
     run(client, receive_all)
 
 
+# A receipt is URL-safe base64, so one in 64 starts with "-": such arguments are
+# receipts, not unknown options (ack and nack have no short options to confuse them with).
+RECEIPT_ARGUMENTS = {"ignore_unknown_options": True}
+
+
 def receipts_given(receipts: tuple[str, ...]) -> list[str]:
     """The receipts given as arguments, else one a line on stdin."""
     given = list(receipts) or [line.strip() for line in sys.stdin if line.strip()]
@@ -376,10 +381,10 @@ def receipts_given(receipts: tuple[str, ...]) -> list[str]:
     return given
 
 
-@cli.command("ack")
+@cli.command("ack", context_settings=RECEIPT_ARGUMENTS)
 @click.argument("queue_name", metavar="QUEUE")
 @click.argument("group_name", metavar="GROUP")
-@click.argument("receipts", nargs=-1)
+@click.argument("receipts", nargs=-1, type=click.UNPROCESSED)
 @connection_options
 def ack_command(client: ClientFactory, queue_name: str, group_name: str,
                 receipts: tuple[str, ...]) -> None:  # fmt: skip
@@ -389,10 +394,10 @@ def ack_command(client: ClientFactory, queue_name: str, group_name: str,
     echo_json(run(client, lambda c: c.ack(queue_name, group_name, given)))
 
 
-@cli.command("nack")
+@cli.command("nack", context_settings=RECEIPT_ARGUMENTS)
 @click.argument("queue_name", metavar="QUEUE")
 @click.argument("group_name", metavar="GROUP")
-@click.argument("receipts", nargs=-1)
+@click.argument("receipts", nargs=-1, type=click.UNPROCESSED)
 @click.option("--delay-seconds", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Deliver them again after this long.")  # fmt: skip
 @connection_options
