@@ -11,7 +11,7 @@ from cherami.storage.base import AppendOp, ExtentStore, StorageError
 from cherami.storage.memory import MemoryExtentStore
 from cherami.storage.rocks import RocksExtentStore
 from cherami.wire.keys import plain_key, seq_of
-from cherami.wire.store import PLAIN, TIMER
+from cherami.wire.store import PLAIN, TIMER, pack_records
 
 
 @pytest.fixture(params=["memory", "rocksdb"])
@@ -25,6 +25,31 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ExtentStor
 
 def _records(n: int, start: int = 1) -> list[bytes]:
     return [f"m{i}".encode() for i in range(start, start + n)]
+
+
+def _packed(extent: str, first_seq: int, records: list[bytes]) -> AppendOp:
+    """The op as a store host makes it from an input host's packed append."""
+    return AppendOp.of_packed(
+        extent, first_seq, bytes(pack_records(records)), sum(map(len, records))
+    )
+
+
+def test_packed_appends_store_the_same_records(store: ExtentStore) -> None:
+    store.create_extent("e1", PLAIN)
+    big = [bytes([i % 256]) * (i * 7) for i in range(1, 40)]  # bin8 and bin16 framing
+    ops = [_packed("e1", 1, _records(3)), AppendOp("e1", 4, big), _packed("e1", 43, big)]
+    assert store.append(ops) == [3, 42, 81]
+    assert store.append([_packed("e1", 4, big)]) == [81]  # a repeat: nothing new
+    (gap,) = store.append([_packed("e1", 90, _records(2))])
+    assert isinstance(gap, StorageError) and gap.code == "sequence_gap"
+    batch = store.read("e1", b"", 1000, max_bytes=1 << 30)
+    assert batch.records == _records(3) + big + big
+    assert [seq_of(k) for k in batch.keys] == list(range(1, 82))
+    info = store.info("e1")
+    assert (info.count, info.bytes) == (81, sum(map(len, _records(3) + big + big)))
+    assert store.read("e1", plain_key(43), 2).records == big[1:3]  # inside a packed one
+    assert store.seal("e1", at_seq=50) == 50
+    assert store.read("e1", plain_key(45), 100).records == big[3:8]
 
 
 def test_append_then_read_in_order(store: ExtentStore) -> None:

@@ -15,11 +15,18 @@ from cherami.storage import journal
 from cherami.storage.base import AppendOp
 from cherami.storage.rocks import RocksExtentStore
 from cherami.wire.keys import plain_key
-from cherami.wire.store import PLAIN, TIMER
+from cherami.wire.store import PLAIN, TIMER, pack_records
 
 
 def _records(n: int, start: int = 1, size: int = 40) -> list[bytes]:
     return [f"r{i}".encode().ljust(size, b".") for i in range(start, start + n)]
+
+
+def _packed(extent: str, first_seq: int, records: list[bytes]) -> AppendOp:
+    """The op as a store host makes it from an input host's packed append."""
+    return AppendOp.of_packed(
+        extent, first_seq, bytes(pack_records(records)), sum(map(len, records))
+    )
 
 
 def _die_after(work: str, path: str, journal_bytes: int) -> None:
@@ -28,8 +35,9 @@ def _die_after(work: str, path: str, journal_bytes: int) -> None:
         store.create_extent("e1", PLAIN)
         store.create_extent("t1", TIMER)
         first = 1
-        for n in (3, 5, 2, 7):  # four rounds
+        for n in (3, 5, 2, 7):  # four rounds, the plain appends packed in two of them
             store.append([
+                _packed("e1", first, _records(n, first)) if n % 2 else
                 AppendOp("e1", first, _records(n, first)),
                 AppendOp("t1", first, _records(n, first), [100 + i for i in range(n)]),
             ])  # fmt: skip

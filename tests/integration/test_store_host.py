@@ -9,6 +9,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from cherami.errors import Unavailable
 from cherami.roles.storehost.client import StoreClient, check_appended
 from cherami.roles.storehost.process import StoreProcess
 from cherami.wire.handshake import derive_key
@@ -81,3 +84,36 @@ async def _seal_mid_stream(client: StoreClient, extent: str) -> None:
     read = await client.read(extent, b"", sealed_at + 100)
     assert read.records == [f"r{n}".encode() for n in range(1, sealed_at + 1)]
     assert read.end
+
+
+async def test_packed_and_unpacked_appends_and_a_malformed_one(tmp_path: Path) -> None:
+    """Appends with their size are kept packed, those without are decoded record by
+    record: both read back alike. An append whose size its array cannot hold is a
+    malformed frame: the connection closes (what waits on it fails), nothing of it is
+    stored, and the next connection goes on."""
+    proc = StoreProcess("s0", str(tmp_path / "s0"), "127.0.0.1", _no_address, SECRET)
+    await proc.start()
+    client = StoreClient("s0", proc.address, key=derive_key(SECRET))
+    records = [f"r{n}".encode() * (n % 90) for n in range(1, 31)]  # bin8 and longer
+    try:
+        await client.create_extent("e1", PLAIN)
+        await client.connect()
+        size = sum(map(len, records[:10]))
+        first = client.append_nowait("e1", 1, pack_records(records[:10]), None, size)
+        second = client.append_nowait("e1", 11, pack_records(records[10:20]), None)
+        assert [check_appended(await f) for f in (first, second)] == [10, 20]
+        bad = client.append_nowait("e1", 21, pack_records(records[20:]), None, size=1)
+        with pytest.raises(Unavailable):
+            await bad
+        await client.connect()
+        size = sum(map(len, records[20:]))
+        again = client.append_nowait("e1", 21, pack_records(records[20:]), None, size)
+        assert check_appended(await again) == 30
+        client.commit_nowait("e1", 30)  # readers see what every replica holds
+        read = await client.read("e1", b"", 100)
+        assert read.records == records
+        info = (await client.info(["e1"]))[0]
+        assert (info.count, info.bytes) == (30, sum(map(len, records)))
+    finally:
+        await client.close()
+        await proc.stop()

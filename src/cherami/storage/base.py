@@ -6,15 +6,45 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from cherami.wire.store import ExtentInfo
+import msgspec
+
+from cherami.wire.store import ExtentInfo, packed_count
+
+_records_decoder = msgspec.msgpack.Decoder(list[bytes])
 
 
 @dataclass(frozen=True, slots=True)
 class AppendOp:
+    """Records to append at ``first_seq`` onwards: either ``records``, or (plain extents)
+    ``packed``, the records as one msgpack array of bin exactly as the input host packed
+    them for every replica, with their ``packed_count`` and total ``packed_size``. A store
+    keeps a packed array as it came, without taking it apart record by record."""
+
     extent: str
     first_seq: int
     records: list[bytes]
     delivery_ms: list[int] | None = None
+    packed: bytes | None = None
+    packed_count: int = 0
+    packed_size: int = 0
+
+    @classmethod
+    def of_packed(cls, extent: str, first_seq: int, packed: bytes, size: int) -> AppendOp:
+        """An op of a packed records array; ValueError when its header is not an array's
+        or ``size`` cannot be its records' total (``packed_count``)."""
+        return cls(extent, first_seq, [], None, packed, packed_count(packed, size), size)
+
+    @property
+    def count(self) -> int:
+        return self.packed_count if self.packed is not None else len(self.records)
+
+    @property
+    def size(self) -> int:
+        """The records' bytes (without msgpack framing)."""
+        return self.packed_size if self.packed is not None else sum(map(len, self.records))
+
+    def unpacked(self) -> list[bytes]:
+        return self.records if self.packed is None else _records_decoder.decode(self.packed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +124,8 @@ def check_append(meta: ExtentMeta | None, op: AppendOp) -> int:
     """
     if meta is None:
         raise StorageError("extent_not_found", f"no extent {op.extent}")
-    last = op.first_seq + len(op.records) - 1
+    count = op.count
+    last = op.first_seq + count - 1
     if last <= meta.last_seq:
         return 0
     if meta.sealed:
@@ -105,7 +136,7 @@ def check_append(meta: ExtentMeta | None, op: AppendOp) -> int:
             f"extent {op.extent} holds {meta.last_seq}, append starts {op.first_seq}",
         )
     if (op.delivery_ms is not None) != (meta.kind == "timer") or (
-        op.delivery_ms is not None and len(op.delivery_ms) != len(op.records)
+        op.delivery_ms is not None and len(op.delivery_ms) != count
     ):
         raise StorageError("invalid_request", "timer appends carry one delivery_ms per record")
-    return len(op.records)
+    return count

@@ -42,12 +42,12 @@ class MemoryExtentStore:
                     keys = [timer_key(d, op.first_seq + i) for i, d in enumerate(op.delivery_ms)]
                 else:
                     keys = plain_keys(op.first_seq, new)
-                for key, record in zip(keys, op.records, strict=True):
+                for key, record in zip(keys, op.unpacked(), strict=True):
                     bisect.insort(replica.keys, key)
                     replica.values[key] = record
                 replica.meta.last_seq = op.first_seq + new - 1
                 replica.meta.count += new
-                replica.meta.bytes += sum(map(len, op.records))
+                replica.meta.bytes += op.size
             results.append(replica.meta.last_seq)
         return results
 

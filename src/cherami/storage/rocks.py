@@ -195,7 +195,7 @@ class RocksExtentStore:
         batch = WriteBatch(raw_mode=True)
         results: list[int | StorageError] = []
         touched: dict[str, ExtentMeta] = {}
-        journaled: list[tuple[str, int, list[bytes], list[int] | None]] = []
+        journaled: list[tuple[str, int, list[bytes] | msgspec.Raw, list[int] | None]] = []
         for op in ops:
             meta = touched.get(op.extent) or self._meta.get(op.extent)
             try:
@@ -209,10 +209,11 @@ class RocksExtentStore:
                     touched[op.extent] = replace(meta)
                 meta = touched[op.extent]
                 self._put_records(batch, self._cfs[op.extent], meta.kind, op)
-                journaled.append((op.extent, op.first_seq, op.records, op.delivery_ms))
+                records = op.records if op.packed is None else msgspec.Raw(op.packed)
+                journaled.append((op.extent, op.first_seq, records, op.delivery_ms))
                 meta.last_seq = op.first_seq + new - 1
                 meta.count += new
-                meta.bytes += sum(map(len, op.records))
+                meta.bytes += op.size
             results.append(meta.last_seq)
         if touched:
             for extent, meta in touched.items():
@@ -263,11 +264,12 @@ class RocksExtentStore:
         if kind == TIMER:
             assert op.delivery_ms is not None
             seq = op.first_seq
-            for due, record in zip(op.delivery_ms, op.records, strict=True):
+            for due, record in zip(op.delivery_ms, op.unpacked(), strict=True):
                 batch.put(timer_key(due, seq), record, cf)
                 seq += 1
-        else:
-            batch.put(plain_key(op.first_seq), _encoder.encode(op.records), cf)
+        else:  # one value per append: the records array as packed
+            value = _encoder.encode(op.records) if op.packed is None else op.packed
+            batch.put(plain_key(op.first_seq), value, cf)
 
     def read(
         self,

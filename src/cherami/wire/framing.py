@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections.abc import Sequence
 
 from cherami.errors import ProtocolError
 
 MAX_FRAME = 64 << 20
 READ_BUFFER = 1 << 20  # larger stream buffers slow the consume path (PERFORMANCE.md)
 _HEADER = struct.Struct(">I")
+_JOIN_BELOW = 16 << 10  # smaller frames are copied behind their header: fewer buffers
 
 
 def pack_frame(body: bytes) -> bytes:
@@ -35,9 +37,22 @@ class Cork:
         self._out: dict[asyncio.StreamWriter, list[bytes]] = {}
 
     def send(self, writer: asyncio.StreamWriter, body: bytes) -> None:
+        self.send_parts(writer, (body,))
+
+    def send_parts(self, writer: asyncio.StreamWriter, parts: Sequence[bytes]) -> None:
+        """One frame whose body is ``parts`` joined. Large parts are written as they are
+        (uvloop writes the turn's buffers with one writev), not copied behind a header."""
         if not self._out:
             asyncio.get_running_loop().call_soon(self.flush)
-        self._out.setdefault(writer, []).append(pack_frame(body))
+        out = self._out.get(writer)
+        if out is None:
+            out = self._out[writer] = []
+        size = sum(map(len, parts))
+        if size < _JOIN_BELOW:
+            out.append(_HEADER.pack(size) + b"".join(parts))
+        else:
+            out.append(_HEADER.pack(size))
+            out.extend(parts)
 
     def flush(self) -> None:
         out, self._out = self._out, {}

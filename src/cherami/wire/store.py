@@ -21,28 +21,33 @@ class CreateExtent(msgspec.Struct, array_like=True, tag=1, frozen=True):
 
 
 class Append(msgspec.Struct, array_like=True, tag=2, frozen=True, gc=False):
-    """Append ``records`` at sequence numbers ``first_seq`` onwards.
+    """Append ``records`` (a msgpack array of bin) at sequence numbers ``first_seq``
+    onwards.
 
     ``delivery_ms`` is given for timer extents only (one per record), so the store
-    keys each record by delivery time first.
+    keys each record by delivery time first. ``size`` is the records' total length
+    (without framing), -1 when not given: with it, a store keeps a plain extent's array
+    as it came (``packed_count``) instead of decoding it record by record.
     """
-
-    rid: int
-    extent: str
-    first_seq: int
-    records: list[bytes]
-    delivery_ms: list[int] | None = None
-
-
-class PackedAppend(msgspec.Struct, array_like=True, tag=2, frozen=True, gc=False):
-    """An ``Append`` as the input host sends it: the records array encoded once
-    (``pack_records``) and shared by the frames to every replica. Same bytes on the wire."""
 
     rid: int
     extent: str
     first_seq: int
     records: msgspec.Raw
     delivery_ms: list[int] | None = None
+    size: int = -1
+
+
+class PackedAppend(msgspec.Struct, array_like=True, tag=2, frozen=True, gc=False):
+    """An ``Append`` as the input host sends it: the records array encoded once
+    (``pack_records``) and shared by the frames to every replica."""
+
+    rid: int
+    extent: str
+    first_seq: int
+    records: msgspec.Raw
+    delivery_ms: list[int] | None = None
+    size: int = -1
 
 
 class Read(msgspec.Struct, array_like=True, tag=3, frozen=True):
@@ -140,8 +145,46 @@ def encode(frame: Request | Reply | PackedAppend) -> bytes:
     return _encoder.encode(frame)
 
 
+def packed_append(
+    rid: int,
+    extent: str,
+    first_seq: int,
+    records: msgspec.Raw,
+    delivery_ms: list[int] | None,
+    size: int,
+) -> tuple[bytes, msgspec.Raw, bytes]:
+    """The frame body of ``PackedAppend(rid, extent, first_seq, records, delivery_ms,
+    size)`` in three parts, the records as they are: msgpack is concatenative, so the
+    frame to each replica shares the records instead of copying them into its own."""
+    head = _encoder.encode((2, rid, extent, first_seq))  # the tag, then the fields
+    tail = _encoder.encode((delivery_ms, size))
+    return _APPEND_ARRAY + head[1:], records, tail[1:]  # one array of all seven
+
+
+_APPEND_ARRAY = b"\x97"  # a msgpack array of 7: a PackedAppend's tag and six fields
+
+
 def pack_records(records: list[bytes]) -> msgspec.Raw:
     return msgspec.Raw(_encoder.encode(records))
+
+
+def packed_count(packed: bytes | msgspec.Raw, size: int) -> int:
+    """How many records a packed array (``pack_records``) holds, read from its header;
+    ValueError when the header is not an array's or ``size`` cannot be its records'
+    total (each bin has 2 to 5 bytes of framing)."""
+    view = memoryview(packed)
+    first = view[0] if len(view) else 0
+    if 0x90 <= first <= 0x9F:
+        count, header = first & 0x0F, 1
+    elif first == 0xDC and len(view) >= 3:
+        count, header = int.from_bytes(view[1:3]), 3
+    elif first == 0xDD and len(view) >= 5:
+        count, header = int.from_bytes(view[1:5]), 5
+    else:
+        raise ValueError("the records are not a msgpack array")
+    if not header + size + 2 * count <= len(view) <= header + size + 5 * count:
+        raise ValueError(f"{count} records cannot total {size} bytes in {len(view)}")
+    return count
 
 
 def decode_request(data: bytes) -> Request:

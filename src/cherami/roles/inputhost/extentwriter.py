@@ -53,8 +53,12 @@ class ExtentWriter:
         try:
             # no await between the sends: every replica sees appends in seq order
             packed = pack_records(records)  # encoded once for every replica
+            # a plain extent's store keeps the array as it is, given its size
+            size = -1 if delivery_ms is not None else sum(map(len, records))
             started = time.perf_counter()
-            futures = [r.append_nowait(self.id, first, packed, delivery_ms) for r in self.replicas]
+            futures = [
+                r.append_nowait(self.id, first, packed, delivery_ms, size) for r in self.replicas
+            ]
             for replica, future in zip(self.replicas, futures, strict=True):
                 future.add_done_callback(_timer(replica.store_id, started, len(records)))
             for replica in self.replicas:

@@ -175,15 +175,26 @@ class StoreClient:
         await self._connection()
 
     def append_nowait(
-        self, extent: str, first_seq: int, records: msgspec.Raw, delivery_ms: list[int] | None
+        self,
+        extent: str,
+        first_seq: int,
+        records: msgspec.Raw,
+        delivery_ms: list[int] | None,
+        size: int = -1,
     ) -> asyncio.Future[w.Reply]:
-        """Pipelined append (records packed once by ``w.pack_records``) on the open
-        connection, without yielding, so appends reach every replica in the order they
-        were made. Await the future for the ack."""
+        """Pipelined append (records packed once by ``w.pack_records``; ``size``: their
+        total length, which lets the store keep them packed) on the open connection,
+        without yielding, so appends reach every replica in the order they were made.
+        Await the future for the ack."""
         writer = self._writer
         if writer is None or writer.is_closing():
             raise Unavailable(f"store {self.store_id} is not connected")
-        return self._enqueue(writer, w.PackedAppend, extent, first_seq, records, delivery_ms)
+        rid = next(self._rids)
+        future: asyncio.Future[w.Reply] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        parts = w.packed_append(rid, extent, first_seq, records, delivery_ms, size)
+        self._frames.send_parts(writer, parts)
+        return future
 
     @property
     def connected(self) -> bool:

@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import msgspec
+
 from cherami.cluster.loadmeter import LatencyRing, disk_floor
 from cherami.periodic import Background
 from cherami.storage.base import AppendOp, ExtentStore, StorageError
@@ -33,6 +35,18 @@ log = logging.getLogger("cherami.storehost.server")
 MAX_READ_WAIT_MS = 30_000
 DISK_CHECK = 0.1  # seconds between looks at the free disk (one statvfs)
 T = TypeVar("T")
+_records_decoder = msgspec.msgpack.Decoder(list[bytes])
+
+
+def _append_op(request: w.Append) -> AppendOp:
+    """A plain extent's append with its size given is kept packed, as it came (no
+    record-by-record decode and encode again); the rest are taken apart. A malformed
+    records array raises (msgspec.DecodeError, ValueError) like a malformed frame."""
+    if request.size >= 0 and request.delivery_ms is None:
+        packed = bytes(request.records)
+        return AppendOp.of_packed(request.extent, request.first_seq, packed, request.size)
+    records = _records_decoder.decode(request.records)
+    return AppendOp(request.extent, request.first_seq, records, request.delivery_ms)
 
 
 @dataclass(slots=True)
@@ -160,10 +174,7 @@ class StoreHostService:
                 if isinstance(request, w.Commit):
                     self._commit(request.extent, request.seq)
                 elif isinstance(request, w.Append):
-                    op = AppendOp(
-                        request.extent, request.first_seq, request.records, request.delivery_ms
-                    )
-                    self._pending.append(_PendingAppend(op, request.rid, writer))
+                    self._pending.append(_PendingAppend(_append_op(request), request.rid, writer))
                     self._kick.set()
                 else:
                     self.background.spawn(self._answer(request, writer), type(request).__name__)
@@ -216,12 +227,12 @@ class StoreHostService:
             took = time.perf_counter() - started
             self.appends.add(took)
             self.round_seconds.observe(took)
-            self.round_messages.observe(sum(len(p.op.records) for p in pending))
+            self.round_messages.observe(sum(p.op.count for p in pending))
             counts = self._counts
             for p in pending:
                 c = counts.get(p.op.extent) or counts.setdefault(p.op.extent, [0, 0, 0, 0])
-                c[0] += len(p.op.records)
-                c[1] += sum(map(len, p.op.records))
+                c[0] += p.op.count
+                c[1] += p.op.size
         except Exception as err:  # a full disk, an I/O error: refuse the whole round
             log.error("append round of %d failed: %s", len(pending), err)
             results = [StorageError("unavailable", str(err))] * len(pending)
