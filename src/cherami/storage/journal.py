@@ -4,9 +4,11 @@ RocksDB's WAL checksums every byte it logs with a CRC32C that the portable ``roc
 build computes without the CPU's CRC instruction (~1.1 GB/s here): more than half of a
 145 KB synced write's CPU went into it (benchmarks/README.md). Append rounds therefore
 go to RocksDB's memtables *without* its WAL and to this journal instead: one record per
-round, ``u32 length | u32 zlib.crc32 of length and payload | payload``, written and
+round, ``u32 length | u32 CRC-32C of length and payload | payload``, written and
 ``fdatasync``ed before the round is acked. Everything else (creates, seals, drops)
-still goes through the WAL.
+still goes through the WAL. The CRC-32C comes from google-crc32c, which uses the CPU's
+CRC instruction (~27 GB/s here, zlib.crc32 ~4-7 GB/s). A round's payload is written in
+parts (``write(parts)``): the records arrays are not copied into one buffer first.
 
 Files are ``journal/<n>.log`` in the store's directory. When the current file passes
 ``max_bytes`` a new one is begun (between two rounds), and the older files are removed
@@ -26,10 +28,11 @@ from __future__ import annotations
 
 import os
 import struct
-import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
-_HEADER = struct.Struct("<II")  # length, CRC-32 of the length's bytes and the payload
+import google_crc32c
+
+_HEADER = struct.Struct("<II")  # length, CRC-32C of the length's bytes and the payload
 _SIZE = struct.Struct("<I")
 MAX_BYTES = 64 << 20  # a new file is begun past this (and the older ones retired)
 
@@ -86,19 +89,22 @@ class Journal:
             raise
         return fd
 
-    def write(self, payload: bytes) -> None:
-        """Append one record and sync it (the GIL is released while it syncs). Raises
-        OSError when it did not become durable; JournalBroken from then on if the
-        failure may have left the journal untrustworthy."""
+    def write(self, parts: Sequence[bytes]) -> None:
+        """Append one record, its payload ``parts`` joined, and sync it (the GIL is
+        released while it syncs). Raises OSError when it did not become durable;
+        JournalBroken from then on if the failure may have left the journal
+        untrustworthy."""
         if self.broken is not None:
             raise JournalBroken(f"journal broken since: {self.broken}")
-        header = _HEADER.pack(
-            len(payload), zlib.crc32(payload, zlib.crc32(_SIZE.pack(len(payload))))
-        )
+        length = sum(map(len, parts))
+        crc = google_crc32c.value(_SIZE.pack(length))
+        for part in parts:
+            crc = google_crc32c.extend(crc, part)
+        header = _HEADER.pack(length, crc)
         try:
-            written = os.writev(self._fd, [header, payload])
-            if written != len(header) + len(payload):
-                raise OSError(f"journal: short write ({written} of {len(header) + len(payload)})")
+            written = os.writev(self._fd, [header, *parts])
+            if written != len(header) + length:
+                raise OSError(f"journal: short write ({written} of {len(header) + length})")
         except OSError as err:
             self._cut_back(err)
             raise
@@ -152,7 +158,7 @@ def records(path: str) -> Iterator[bytes]:
         payload = data[start : start + length]
         if not length or len(payload) != length:
             return  # a zero-filled or cut-short tail
-        if zlib.crc32(payload, zlib.crc32(data[at : at + _SIZE.size])) != crc:
+        if google_crc32c.extend(google_crc32c.value(data[at : at + _SIZE.size]), payload) != crc:
             return
         yield payload
         at = start + length

@@ -218,7 +218,7 @@ class RocksExtentStore:
         if touched:
             for extent, meta in touched.items():
                 batch.put(extent.encode(), self._encode_meta(meta), self._meta_handle)
-            self._journal.write(_encoder.encode(journaled))  # durable from here
+            self._journal.write(_round_parts(journaled))  # durable from here
             try:
                 self._db.write(batch, self._no_wal)
             except Exception as err:  # refused, yet journaled: replayed after a restart
@@ -370,6 +370,32 @@ class RocksExtentStore:
         self._views.clear()
         del self._meta_cf, self._meta_handle
         self._db.close()
+
+
+def _round_parts(
+    journaled: list[tuple[str, int, list[bytes] | msgspec.Raw, list[int] | None]],
+) -> list[bytes]:
+    """A round as the journal keeps it, ``_encoder.encode(journaled)``, in parts: a
+    packed records array is written as it is instead of copied (msgpack concatenates)."""
+    parts = [_array_header(len(journaled))]
+    for extent, first_seq, records, delivery_ms in journaled:
+        if isinstance(records, msgspec.Raw):
+            head = _encoder.encode((extent, first_seq))
+            parts += [_array_header(4) + head[1:], records, _encoder.encode(delivery_ms)]
+        else:
+            parts.append(_encoder.encode((extent, first_seq, records, delivery_ms)))
+    return parts
+
+
+def _array_header(n: int) -> bytes:
+    """A msgpack array header for ``n`` items."""
+    return (
+        bytes((0x90 | n,))
+        if n < 16
+        else b"\xdc" + n.to_bytes(2)
+        if n < 1 << 16
+        else b"\xdd" + n.to_bytes(4)
+    )
 
 
 def _seek_value_holding(it: Any, seq: int) -> None:

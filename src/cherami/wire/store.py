@@ -187,7 +187,7 @@ def packed_count(packed: bytes | msgspec.Raw, size: int) -> int:
     return count
 
 
-def decode_request(data: bytes) -> Request:
+def decode_request(data: bytes | bytearray) -> Request:
     return _request_decoder.decode(data)
 
 

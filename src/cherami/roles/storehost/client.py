@@ -19,7 +19,7 @@ from cherami.errors import CheramiError, ExtentSealed, StorageFull, Unavailable
 from cherami.wire import handshake as h
 from cherami.wire import store as w
 from cherami.wire import tls
-from cherami.wire.framing import READ_BUFFER, Cork, read_frame
+from cherami.wire.framing import Cork, FrameReader, FrameWriter, open_framed
 
 log = logging.getLogger("cherami.storehost.client")
 
@@ -59,13 +59,13 @@ class StoreClient:
         self._timeout = connect_timeout
         self._rids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[w.Reply]] = {}
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: FrameWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._connecting: asyncio.Lock = asyncio.Lock()
         self._frames = Cork()  # the frames of one loop turn leave in one write
         self.closed = False
 
-    async def _connection(self) -> asyncio.StreamWriter:
+    async def _connection(self) -> FrameWriter:
         if self._writer is not None and not self._writer.is_closing():
             return self._writer
         async with self._connecting:
@@ -78,14 +78,14 @@ class StoreClient:
             try:
                 async with asyncio.timeout(self._timeout):
                     context = tls.internal_client()  # a cluster with TLS: verify the host
-                    reader, writer = await asyncio.open_connection(
-                        host, int(port), limit=READ_BUFFER, ssl=context,
+                    reader, writer = await open_framed(
+                        host, int(port), h.WELCOME_SIZE, ssl=context,
                         server_hostname=host if context else None,
                     )  # fmt: skip
                     try:  # prove we belong to the cluster, and see that it does
                         hello, nonce = h.hello(key)
                         writer.write(hello)
-                        answer = await reader.readexactly(h.WELCOME_SIZE)
+                        answer = bytes(await reader.read_frame())  # the preamble
                     except BaseException:
                         writer.close()
                         raise
@@ -106,12 +106,10 @@ class StoreClient:
             self._reader_task = asyncio.create_task(self._read_replies(reader, writer))
             return writer
 
-    async def _read_replies(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    async def _read_replies(self, reader: FrameReader, writer: FrameWriter) -> None:
         try:
             while True:
-                reply = w.decode_reply(await read_frame(reader))
+                reply = w.decode_reply(await reader.read_frame())
                 future = self._pending.pop(reply.rid, None)
                 if future is not None and not future.done():
                     future.set_result(reply)
@@ -140,7 +138,7 @@ class StoreClient:
         return future
 
     def _enqueue(
-        self, writer: asyncio.StreamWriter, make: Any, *args: Any, **kwargs: Any
+        self, writer: FrameWriter, make: Any, *args: Any, **kwargs: Any
     ) -> asyncio.Future[w.Reply]:
         """Queue ``make(rid, *args)`` for this loop turn's write; its reply's future."""
         rid = next(self._rids)

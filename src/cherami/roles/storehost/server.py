@@ -28,7 +28,7 @@ from cherami.storage.base import AppendOp, ExtentStore, StorageError
 from cherami.telemetry import BATCH_BUCKETS, Histogram
 from cherami.wire import handshake as h
 from cherami.wire import store as w
-from cherami.wire.framing import READ_BUFFER, Cork, read_frame
+from cherami.wire.framing import Cork, FrameReader, FrameWriter, start_framed_server
 
 log = logging.getLogger("cherami.storehost.server")
 
@@ -53,7 +53,7 @@ def _append_op(request: w.Append) -> AppendOp:
 class _PendingAppend:
     op: AppendOp
     rid: int
-    writer: asyncio.StreamWriter
+    writer: FrameWriter
 
 
 class _DiskGuard:
@@ -145,8 +145,8 @@ class StoreHostService:
 
     async def start(self) -> None:
         self._committer = asyncio.create_task(self._commit_loop())
-        self._server = await asyncio.start_server(
-            self._serve, self._host, self._port, limit=READ_BUFFER, ssl=self._tls
+        self._server = await start_framed_server(
+            self._serve, self._host, self._port, h.HELLO_SIZE, ssl=self._tls
         )
 
     async def stop(self) -> None:
@@ -162,7 +162,7 @@ class StoreHostService:
         self._reads.shutdown(wait=True)
         self.store.close()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, reader: FrameReader, writer: FrameWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._conns.add(task)
@@ -170,7 +170,7 @@ class StoreHostService:
             if not await self._welcomed(reader, writer):
                 return
             while True:
-                request = w.decode_request(await read_frame(reader))
+                request = w.decode_request(await reader.read_frame())
                 if isinstance(request, w.Commit):
                     self._commit(request.extent, request.seq)
                 elif isinstance(request, w.Append):
@@ -186,12 +186,12 @@ class StoreHostService:
             self._conns.discard(task)
             writer.close()
 
-    async def _welcomed(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    async def _welcomed(self, reader: FrameReader, writer: FrameWriter) -> bool:
         """Whether the connection opened with a good cluster hello (wire/handshake.py);
         if so it is welcomed. Otherwise nothing is answered and it is closed."""
         try:
             async with asyncio.timeout(h.HELLO_TIMEOUT):
-                data = await reader.readexactly(h.HELLO_SIZE)
+                data = bytes(await reader.read_frame())  # the preamble: HELLO_SIZE bytes
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             data = b""
         nonce = self._hellos.check(data) if data else None
@@ -256,7 +256,7 @@ class StoreHostService:
         if event is not None:
             event.set()
 
-    async def _answer(self, request: w.Request, writer: asyncio.StreamWriter) -> None:
+    async def _answer(self, request: w.Request, writer: FrameWriter) -> None:
         try:
             reply = await self._handle(request)
         except StorageError as err:

@@ -1,9 +1,12 @@
-"""How a store host reads a packed append's record count from its msgpack header."""
+"""Packed appends: how a store host reads their record count, and the frames and journal
+rounds written in parts that must equal their one-piece encoding."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
+from cherami.storage.rocks import _round_parts
 from cherami.wire.store import PackedAppend, encode, pack_records, packed_append, packed_count
 
 
@@ -41,3 +44,22 @@ def test_an_append_frame_in_parts_is_the_struct_encoded(
         parts = packed_append(rid, extent, first, records, delivery_ms, size)
         assert b"".join(bytes(p) for p in parts) == whole
         assert parts[1] is records  # shared, not copied
+
+
+@pytest.mark.parametrize("ops", [1, 15, 16, 70_000])  # array headers of every size
+def test_a_journal_round_in_parts_is_the_round_encoded(ops: int) -> None:
+    journaled = [
+        (
+            f"e{i}",
+            i * 3,
+            pack_records([b"x" * i, b"y"]) if i % 2 else [b"z" * i],
+            None if i % 3 else [1, 2],
+        )
+        for i in range(ops)
+    ]
+    parts = _round_parts(journaled)  # type: ignore[arg-type]
+    assert b"".join(bytes(p) for p in parts) == msgspec.msgpack.encode(journaled)
+    if ops == 1:
+        assert len(parts) == 2  # the array header and one op (i == 0: not packed)
+    else:
+        assert parts[3] is journaled[1][2]  # the packed records, not copied
