@@ -6,11 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-import msgspec
-
-from cherami.wire.store import ExtentInfo, packed_count
-
-_records_decoder = msgspec.msgpack.Decoder(list[bytes])
+from cherami.wire.store import ExtentInfo, packed_count, unpack_records
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +40,7 @@ class AppendOp:
         return self.packed_size if self.packed is not None else sum(map(len, self.records))
 
     def unpacked(self) -> list[bytes]:
-        return self.records if self.packed is None else _records_decoder.decode(self.packed)
+        return self.records if self.packed is None else unpack_records(self.packed)
 
 
 @dataclass(frozen=True, slots=True)

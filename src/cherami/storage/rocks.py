@@ -33,14 +33,13 @@ from cherami.storage.base import (
     check_append,
 )
 from cherami.wire.keys import MAX_SEQ, plain_key, plain_keys, seq_of, timer_key
-from cherami.wire.store import PLAIN, TIMER, ExtentInfo
+from cherami.wire.store import PLAIN, TIMER, ExtentInfo, array_header, unpack_records
 
 _META_CF = "__meta__"
 _FORMAT_KEY = b"\x00format"  # in the meta column family; extent names never start with NUL
 _FORMAT = b"2"  # 2: plain extents hold one value per append
 _encoder = msgspec.msgpack.Encoder()  # metadata rows and per-append values
 _meta_decoder = msgspec.msgpack.Decoder(tuple[str, int, int, int, bool])
-_batch_decoder = msgspec.msgpack.Decoder(list[bytes])
 # one append round in the journal: (extent, first seq, records, delivery times) per append
 _round_decoder = msgspec.msgpack.Decoder(list[tuple[str, int, list[bytes], list[int] | None]])
 
@@ -312,7 +311,7 @@ class RocksExtentStore:
             _seek_value_holding(it, at_seq + 1)
             while it.valid():
                 first = seq_of(it.key())
-                records = _batch_decoder.decode(it.value())
+                records = unpack_records(it.value())
                 keep = max(at_seq + 1 - first, 0)
                 if keep < len(records):
                     cut = records[keep:]
@@ -377,25 +376,14 @@ def _round_parts(
 ) -> list[bytes]:
     """A round as the journal keeps it, ``_encoder.encode(journaled)``, in parts: a
     packed records array is written as it is instead of copied (msgpack concatenates)."""
-    parts = [_array_header(len(journaled))]
+    parts = [array_header(len(journaled))]
     for extent, first_seq, records, delivery_ms in journaled:
         if isinstance(records, msgspec.Raw):
             head = _encoder.encode((extent, first_seq))
-            parts += [_array_header(4) + head[1:], records, _encoder.encode(delivery_ms)]
+            parts += [array_header(4) + head[1:], records, _encoder.encode(delivery_ms)]
         else:
             parts.append(_encoder.encode((extent, first_seq, records, delivery_ms)))
     return parts
-
-
-def _array_header(n: int) -> bytes:
-    """A msgpack array header for ``n`` items."""
-    return (
-        bytes((0x90 | n,))
-        if n < 16
-        else b"\xdc" + n.to_bytes(2)
-        if n < 1 << 16
-        else b"\xdd" + n.to_bytes(4)
-    )
 
 
 def _seek_value_holding(it: Any, seq: int) -> None:
@@ -420,7 +408,7 @@ def _scan_plain(
         first = seq_of(it.key())
         if first > limit:
             break
-        values = _batch_decoder.decode(it.value())
+        values = unpack_records(it.value())
         lo = max(start - first, 0)
         hi = min(len(values), limit - first + 1, lo + max_count - len(records))
         if lo < hi:

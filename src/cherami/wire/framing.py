@@ -27,15 +27,6 @@ def pack_frame(body: bytes) -> bytes:
     return _HEADER.pack(len(body)) + body
 
 
-async def read_frame(reader: asyncio.StreamReader) -> bytes:
-    """The next frame's body; raises ``asyncio.IncompleteReadError`` at end of stream."""
-    header = await reader.readexactly(4)
-    (size,) = _HEADER.unpack(header)
-    if size > MAX_FRAME:
-        raise ProtocolError(f"frame of {size} bytes exceeds {MAX_FRAME}")
-    return await reader.readexactly(size)
-
-
 class _Writer(Protocol):
     def writelines(self, parts: Sequence[bytes], /) -> None: ...
 

@@ -139,6 +139,7 @@ Reply = Appended | ReadResult | InfoResult | Done | Failed
 _encoder = msgspec.msgpack.Encoder()
 _request_decoder: msgspec.msgpack.Decoder[Request] = msgspec.msgpack.Decoder(Request)
 _reply_decoder: msgspec.msgpack.Decoder[Reply] = msgspec.msgpack.Decoder(Reply)
+_records_decoder = msgspec.msgpack.Decoder(list[bytes])
 
 
 def encode(frame: Request | Reply | PackedAppend) -> bytes:
@@ -158,14 +159,23 @@ def packed_append(
     frame to each replica shares the records instead of copying them into its own."""
     head = _encoder.encode((2, rid, extent, first_seq))  # the tag, then the fields
     tail = _encoder.encode((delivery_ms, size))
-    return _APPEND_ARRAY + head[1:], records, tail[1:]  # one array of all seven
+    return array_header(7) + head[1:], records, tail[1:]  # one array of all seven
 
 
-_APPEND_ARRAY = b"\x97"  # a msgpack array of 7: a PackedAppend's tag and six fields
+def array_header(n: int) -> bytes:
+    """A msgpack array header for ``n`` items (to splice encoded parts into one array)."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    return b"\xdc" + n.to_bytes(2) if n < 1 << 16 else b"\xdd" + n.to_bytes(4)
 
 
 def pack_records(records: list[bytes]) -> msgspec.Raw:
     return msgspec.Raw(_encoder.encode(records))
+
+
+def unpack_records(packed: bytes | bytearray | msgspec.Raw) -> list[bytes]:
+    """The records of a packed array (``pack_records``)."""
+    return _records_decoder.decode(packed)
 
 
 def packed_count(packed: bytes | msgspec.Raw, size: int) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -141,10 +142,17 @@ class StoreClient:
         self, writer: FrameWriter, make: Any, *args: Any, **kwargs: Any
     ) -> asyncio.Future[w.Reply]:
         """Queue ``make(rid, *args)`` for this loop turn's write; its reply's future."""
+        return self._expect(writer, lambda rid: (w.encode(make(rid, *args, **kwargs)),))
+
+    def _expect(
+        self, writer: FrameWriter, frame: Callable[[int], Sequence[bytes]]
+    ) -> asyncio.Future[w.Reply]:
+        """Queue the frame ``frame(rid)`` (its body in parts) with a new request id; the
+        future of its reply."""
         rid = next(self._rids)
         future: asyncio.Future[w.Reply] = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
-        self._frames.send(writer, w.encode(make(rid, *args, **kwargs)))
+        self._frames.send_parts(writer, frame(rid))
         return future
 
     async def call(
@@ -187,12 +195,9 @@ class StoreClient:
         writer = self._writer
         if writer is None or writer.is_closing():
             raise Unavailable(f"store {self.store_id} is not connected")
-        rid = next(self._rids)
-        future: asyncio.Future[w.Reply] = asyncio.get_running_loop().create_future()
-        self._pending[rid] = future
-        parts = w.packed_append(rid, extent, first_seq, records, delivery_ms, size)
-        self._frames.send_parts(writer, parts)
-        return future
+        return self._expect(
+            writer, lambda rid: w.packed_append(rid, extent, first_seq, records, delivery_ms, size)
+        )
 
     @property
     def connected(self) -> bool:

@@ -20,8 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import msgspec
-
 from cherami.cluster.loadmeter import LatencyRing, disk_floor
 from cherami.periodic import Background
 from cherami.storage.base import AppendOp, ExtentStore, StorageError
@@ -35,7 +33,6 @@ log = logging.getLogger("cherami.storehost.server")
 MAX_READ_WAIT_MS = 30_000
 DISK_CHECK = 0.1  # seconds between looks at the free disk (one statvfs)
 T = TypeVar("T")
-_records_decoder = msgspec.msgpack.Decoder(list[bytes])
 
 
 def _append_op(request: w.Append) -> AppendOp:
@@ -45,7 +42,7 @@ def _append_op(request: w.Append) -> AppendOp:
     if request.size >= 0 and request.delivery_ms is None:
         packed = bytes(request.records)
         return AppendOp.of_packed(request.extent, request.first_seq, packed, request.size)
-    records = _records_decoder.decode(request.records)
+    records = w.unpack_records(request.records)
     return AppendOp(request.extent, request.first_seq, records, request.delivery_ms)
 
 
