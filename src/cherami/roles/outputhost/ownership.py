@@ -7,12 +7,14 @@ metadata store. A CP queue's group (its extents are read in order across seals) 
 stream-mode group (no cursors here) are one unit for the whole group. An output host
 renews the leases it holds, takes unheld ones up to its fair share (of the group's
 plain extents, of its timer extents, and of all units, counted over the live output
-hosts; a unit left unheld for ORPHAN_AFTER is taken whatever the shares), and drops a
-unit whose lease it lost. A host holding more than its share of a group's extents of a
-kind while a live host holds less than its share and has room hands one over per tick
+hosts; a host below its floor share of a group's kind takes one whatever its total, and
+a unit left unheld for ORPHAN_AFTER is taken whatever the shares), and drops a unit
+whose lease it lost. A host holding more than its share of a group's extents of a kind
+while a live host holds less than its floor share of that kind hands one over per tick
 (it drops it; the other takes it once its lease runs out), so a host that comes back
-gets its share again. When an output host dies its leases
-expire and the others take its units over from the persisted ack levels.
+gets its share again, and a host holding every timer extent of a group while another
+holds every plain one gets a plain one. When an output host dies its leases expire and
+the others take its units over from the persisted ack levels.
 
 The fencing rule, per unit: an extent has one acting output host at any instant. A
 holder acts for an extent (delivers, settles, writes its ack level and parked rows) only
@@ -252,18 +254,20 @@ class ExtentOwnership:
             moved = unit[:2] in groups and unit[:2] not in deleted
             await self._drop(unit, MOVED_CLOSE if moved else DELETED_CLOSE)
         self._merged_at = {k: v for k, v in self._merged_at.items() if k in groups}
-        totals = Counter(held_by.values())
         shed = False
         taken: set[tuple[str, str]] = set()
         for (queue, group, _), members in shares.items():
             key = (queue, group)
             fair_here = math.ceil(len(members) / len(live))
+            floor = len(members) // len(live)
             mine = sum(unit in self.held for unit in members)
             if not shed and mine > fair_here and now >= self._taking_after:
                 here = Counter(held_by.get(unit_lease(*u)) for u in members)
-                floor = len(members) // len(live)
-                if any(here[h] < floor and totals[h] < fair for h in live - {self.id}):
-                    # a live host has less than its share and room: hand it one unit
+                if any(here[h] < floor for h in live - {self.id}):
+                    # a live host has less than its share of this group's kind: hand it
+                    # one unit, whatever its total (a host holding every plain extent of
+                    # a group and another every timer one have equal totals, and the
+                    # second would deliver nothing); it takes what it lacks (below)
                     await self._drop([u for u in members if u in self.held][-1], MOVED_CLOSE)
                     mine -= 1
                     shed = True
@@ -276,7 +280,8 @@ class ExtentOwnership:
                     if time.monotonic() < self._taking_after or self._slow():
                         continue  # after an outage, or in what may be one
                     orphaned = now - self._unheld_since.get(unit, now) >= ORPHAN_AFTER
-                    if not orphaned and (mine >= fair_here or len(self.held) >= fair):
+                    full = mine >= fair_here or (len(self.held) >= fair and mine >= floor)
+                    if not orphaned and full:
                         continue
                 asked = time.monotonic()
                 ttl, margin = timing.current.lease_ttl, timing.current.lease_margin
