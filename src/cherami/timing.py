@@ -19,7 +19,7 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     leader_tick: float = 0.5  # the controllers race for the lead; the leader works
     heartbeat_interval: float = 0.5  # every process heartbeats (a node: 1 s, node.py)
     dead_after: float = 3.0  # a host silent this long is dead
-    ack_flush_interval: float = 0.01  # acks gather this long into one ack-level write
+    ack_flush_interval: float = 0.05  # stream acks gather this long into one ack-level write
     extent_refresh_interval: float = 1.0  # output hosts read a group's extents again
     read_ahead: int = 20_000  # messages read and not acked yet, per group per host
 

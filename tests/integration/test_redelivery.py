@@ -65,7 +65,7 @@ async def _nack_and_kill(
         counts += [m.delivery_count for m in got]
         if got and not kill_in_flight:
             await client.nack(queue, group, [got[0].receipt or ""])
-            await asyncio.sleep(0.5)  # the row is written in the next 10 ms flush
+            await asyncio.sleep(0.5)  # the row is written in the next flush (50 ms)
     server.kill()
     server.start()
 
