@@ -37,7 +37,7 @@ class CheramiDriver:
         self.durability = (
             f"{replicas} replicas, each batch fsynced (RocksDB sync write) on every replica "
             "before the publish ack; an HTTP ack answered once persisted (group commit), stream "
-            "acks persisted within 10 ms"
+            "acks persisted within 50 ms"
         )
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._server: ServerProcess | None = None
