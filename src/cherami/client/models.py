@@ -49,14 +49,12 @@ class Received(msgspec.Struct, array_like=True, kw_only=True, gc=False):
     handle: int | None = None
     id: str
     body: bytes
-    attributes: dict[str, str] | None = None  # None on the wire; {} once made
+    # {} when the message has none. None on the wire: the consume stream puts {} in its
+    # place as it takes deliveries in (a __post_init__ is a Python call per message)
+    attributes: dict[str, str] | None = msgspec.field(default_factory=dict)
     delivery_count: int
     enqueued_ms: int
     receipt: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.attributes is None:
-            self.attributes = {}
 
     @property
     def enqueued_at(self) -> datetime:

@@ -786,14 +786,7 @@ class StreamConsumer:
             async for data in _messages(conn.ws):
                 frame = _decode_consumed(data)
                 if isinstance(frame, _Deliver):
-                    via = self._via
-                    for m in frame.messages:
-                        earlier = via.get(m.id)
-                        if earlier is not None:
-                            self._supersede(m.id, *earlier)
-                        via[m.id] = (conn, m.handle)
-                    self._buffer.extend(frame.messages)
-                    self._arrived.set()
+                    self._take_in(conn, frame.messages)
                 elif isinstance(frame, f.Returned):
                     self._returned(conn, frame.n)
                 elif isinstance(frame, f.Error):
@@ -805,6 +798,20 @@ class StreamConsumer:
             self.lost.set()
             self._reroute_soon.set()
             self._arrived.set()
+
+    def _take_in(self, conn: _Conn, messages: list[Received]) -> None:
+        """Deliveries of a stream: each remembered with its stream and handle (for its
+        settlement), then buffered for ``get``."""
+        via = self._via
+        for m in messages:
+            if m.attributes is None:
+                m.attributes = {}
+            earlier = via.get(m.id)
+            if earlier is not None:
+                self._supersede(m.id, *earlier)
+            via[m.id] = (conn, m.handle)
+        self._buffer.extend(messages)
+        self._arrived.set()
 
     def _supersede(self, msg_id: str, conn: _Conn, handle: int | None) -> None:
         """A message delivered again (by another output host after a failover, or after
@@ -897,9 +904,14 @@ class StreamConsumer:
         first = await self.get(timeout)
         if first is None:
             return []
+        buffer = self._buffer
+        if len(buffer) < max_messages:  # all that is here (a copy in C)
+            batch = [first, *buffer]
+            buffer.clear()
+            return batch
         batch = [first]
-        while self._buffer and len(batch) < max_messages:
-            batch.append(self._buffer.popleft())
+        while buffer and len(batch) < max_messages:
+            batch.append(buffer.popleft())
         return batch
 
     def __aiter__(self) -> AsyncIterator[Received]:
@@ -919,14 +931,20 @@ class StreamConsumer:
         returns."""
         by_conn: dict[_Conn, list[int]] = {}
         via = self._via
+        last: _Conn | None = None
+        handles: list[int] = []
         for m in messages:
             held = via.get(m.id)
             if held is None or held[1] != m.handle or m.handle is None:
                 continue  # its stream ended, or this is not its current delivery
             del via[m.id]
             conn = held[0]
-            conn.granted -= 1
-            by_conn.setdefault(conn, []).append(m.handle)
+            if conn is not last:  # a batch's messages mostly come from one stream
+                last = conn
+                handles = by_conn.setdefault(conn, [])
+            handles.append(m.handle)
+        for conn, settled in by_conn.items():
+            conn.granted -= len(settled)
         return by_conn
 
     # ack, nack and extend take effect when called; each returns an awaitable that ends
