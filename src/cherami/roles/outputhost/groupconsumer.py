@@ -251,18 +251,24 @@ class GroupConsumer:
         passed: list[Entry] = []  # of extents this host may not act for now
         inflight, numbers, timeouts = self.inflight, self._numbers, self._timeouts
         expired_before = time.time() * 1000 - self.queue.config.retention_seconds * 1000
-        size = 0
+        all_acting = self.all_acting
+        size = 0  # of the bodies taken and the one that did not fit
+        # deliveries and bytes per cursor, counted for a run of one cursor at a time
+        cursor: Any = None
+        run = run_bytes = redelivered = 0
         while ready and len(taken) < limit:
             entry = ready.popleft()
-            if not entry.cursor.acting:
+            if not all_acting and not entry.cursor.acting:
                 passed.append(entry)
                 continue
+            record = entry.record
+            body = len(record.body)
             if max_bytes:
-                size += len(entry.record.body)
+                size += body
                 if size > max_bytes and taken:
                     ready.appendleft(entry)
                     break
-            if entry.record.enqueued_ms < expired_before:  # never deliver an expired message
+            if record.enqueued_ms < expired_before:  # never deliver an expired message
                 entry.cursor.ack.ack(entry.ordinal)
                 if entry.row is not None:
                     self.parked.forget(entry.row)
@@ -270,15 +276,24 @@ class GroupConsumer:
                 continue
             no = next(numbers)
             entry.no = no
-            entry.count += 1
             entry.deadline = deadline
             entry.owner = owner
             inflight[no] = entry
-            entry.cursor.delivered += 1
-            entry.cursor.delivered_bytes += len(entry.record.body)
             taken.append(entry)
-            if entry.count > 1:
-                self.redelivered += 1
+            if entry.count:
+                redelivered += 1
+            entry.count += 1
+            if entry.cursor is not cursor:
+                if cursor is not None:
+                    cursor.delivered += run
+                    cursor.delivered_bytes += run_bytes
+                cursor, run, run_bytes = entry.cursor, 0, 0
+            run += 1
+            run_bytes += body
+        if cursor is not None:
+            cursor.delivered += run
+            cursor.delivered_bytes += run_bytes
+        self.redelivered += redelivered
         if passed:
             ready.extendleft(reversed(passed))
         if not ready:
