@@ -15,7 +15,7 @@ from cherami.errors import Unavailable
 from cherami.roles.storehost.client import StoreClient, check_appended
 from cherami.roles.storehost.process import StoreProcess
 from cherami.wire.handshake import derive_key
-from cherami.wire.store import PLAIN, pack_records
+from cherami.wire.store import PLAIN, array_header, pack_records
 
 APPENDS, PER_APPEND = 300, 10
 SECRET = b"a store host's test secret, 32 b"
@@ -111,7 +111,11 @@ async def test_packed_and_unpacked_appends_and_a_malformed_one(tmp_path: Path) -
         assert check_appended(await again) == 30
         client.commit_nowait("e1", 30)  # readers see what every replica holds
         read = await client.read("e1", b"", 100)
-        assert read.records == records
+        assert read.records == records and read.joined is None
+        # a joined read: the same keys, the records behind one array header
+        joined = await client.read("e1", read.keys[4], 100, joined=True)
+        assert joined.keys == read.keys[5:] and joined.records == [] and joined.end is False
+        assert bytes(joined.joined or b"") == array_header(25) + b"".join(records[5:])
         info = (await client.info(["e1"]))[0]
         assert (info.count, info.bytes) == (30, sum(map(len, records)))
     finally:

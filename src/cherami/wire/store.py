@@ -54,7 +54,10 @@ class Read(msgspec.Struct, array_like=True, tag=3, frozen=True):
     """Read records after storage key ``after`` (empty: from the start).
 
     ``until_ms`` bounds timer extents: only records due at or before it. ``wait_ms``
-    makes the read wait for new appends when there is nothing to return yet.
+    makes the read wait for new appends when there is nothing to return yet. ``joined``
+    asks for the records as one msgpack array of the records themselves
+    (``ReadResult.joined``) instead of a list of byte strings: a reader decodes them in
+    one call.
     """
 
     rid: int
@@ -64,6 +67,7 @@ class Read(msgspec.Struct, array_like=True, tag=3, frozen=True):
     until_ms: int = 0
     wait_ms: int = 0
     max_bytes: int = 1 << 20
+    joined: bool = False
 
 
 class Seal(msgspec.Struct, array_like=True, tag=4, frozen=True):
@@ -99,12 +103,17 @@ class Appended(msgspec.Struct, array_like=True, tag=10, frozen=True):
 
 
 class ReadResult(msgspec.Struct, array_like=True, tag=11, frozen=True, gc=False):
-    """``end`` is true when the extent is sealed and nothing is left after the last key."""
+    """``end`` is true when the extent is sealed and nothing is left after the last key.
+
+    For a ``joined`` read, ``records`` is empty and ``joined`` is a msgpack array of the
+    records (each record's own encoding, as stored, one after another behind the
+    array's header); ``size`` is then the bytes of the records as stored."""
 
     rid: int
     keys: list[bytes]
     records: list[bytes]
     end: bool
+    joined: bytes | None = None
 
 
 class ExtentInfo(msgspec.Struct, array_like=True, frozen=True):
@@ -195,6 +204,12 @@ def packed_count(packed: bytes | msgspec.Raw, size: int) -> int:
     if not header + size + 2 * count <= len(view) <= header + size + 5 * count:
         raise ValueError(f"{count} records cannot total {size} bytes in {len(view)}")
     return count
+
+
+def join_records(records: list[bytes]) -> bytes:
+    """The records as one msgpack array of what each encodes (a joined read's answer):
+    the header, then each record's bytes as they are stored."""
+    return array_header(len(records)) + b"".join(records)
 
 
 def decode_request(data: bytes | bytearray) -> Request:

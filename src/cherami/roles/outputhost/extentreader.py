@@ -100,7 +100,12 @@ async def read_extent(group: GroupConsumer, cursor: ExtentCursor, reads: SharedR
             if timer:
                 due_by = int(time.time() * 1000) - group.delay_ms
                 batch = await reads.stores.get(store_id).read(
-                    cursor.id, cursor.read_key, count, until_ms=due_by, wait_ms=TIMER_POLL_MS
+                    cursor.id,
+                    cursor.read_key,
+                    count,
+                    until_ms=due_by,
+                    wait_ms=TIMER_POLL_MS,
+                    joined=True,
                 )
                 chunk = decode_chunk(store_id, cursor.id, batch, timer=True)
             else:

@@ -18,10 +18,15 @@ import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import msgspec
+
+from cherami.errors import ProtocolError
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.wire.keys import seq_of
 from cherami.wire.records import Record, decode_record, message_id, message_ids
 from cherami.wire.store import ReadResult
+
+_records_decoder = msgspec.msgpack.Decoder(list[Record])
 
 KEEP_BYTES = 8 << 20  # record bytes kept from recent reads, over every extent
 
@@ -73,7 +78,8 @@ class SharedReads:
         self._reading[at] = future
         try:
             self.store_reads += 1
-            batch = await self.stores.get(store_id).read(at[0], at[1], max_count, wait_ms=wait_ms)
+            store = self.stores.get(store_id)
+            batch = await store.read(at[0], at[1], max_count, wait_ms=wait_ms, joined=True)
             chunk = decode_chunk(store_id, at[0], batch, timer=False)
         except BaseException:
             # a group waiting for this read tries its own replica instead of taking on
@@ -108,5 +114,15 @@ def decode_chunk(store_id: str, extent: str, batch: ReadResult, timer: bool) -> 
         ids = [message_id(extent, seq_of(key)) for key in keys]
     else:
         ids = message_ids(extent, seq_of(keys[0]) if keys else 0, len(keys))
-    records = list(map(decode_record, batch.records))
-    return Chunk(store_id, keys, records, ids, batch.end, sum(map(len, batch.records)))
+    if batch.joined is not None:  # one call for every record (a joined read)
+        try:
+            records = _records_decoder.decode(batch.joined)
+        except msgspec.DecodeError as err:
+            raise ProtocolError(f"a joined read's records do not decode: {err}") from None
+        if len(records) != len(keys):
+            raise ProtocolError(f"a read of {len(keys)} keys brought {len(records)} records")
+        size = len(batch.joined)
+    else:
+        records = list(map(decode_record, batch.records))
+        size = sum(map(len, batch.records))
+    return Chunk(store_id, keys, records, ids, batch.end, size)

@@ -218,11 +218,20 @@ class StoreClient:
         await self.call(w.CreateExtent, extent, kind)
 
     async def read(
-        self, extent: str, after: bytes, max_count: int, until_ms: int = 0, wait_ms: int = 0
+        self,
+        extent: str,
+        after: bytes,
+        max_count: int,
+        until_ms: int = 0,
+        wait_ms: int = 0,
+        joined: bool = False,
     ) -> w.ReadResult:
+        """``joined``: the records come as one array (``ReadResult.joined``) from a store
+        host that knows the flag; an older one answers with ``records`` as before."""
         timeout = wait_ms / 1000 + CALL_TIMEOUT
+        args = (1 << 20, True) if joined else ()  # max_bytes (the default), joined
         reply = await self.call(
-            w.Read, extent, after, max_count, until_ms, wait_ms, timeout=timeout
+            w.Read, extent, after, max_count, until_ms, wait_ms, *args, timeout=timeout
         )
         assert isinstance(reply, w.ReadResult)
         return reply

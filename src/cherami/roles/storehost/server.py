@@ -326,6 +326,9 @@ class StoreHostService:
                 c[2] += len(batch.records)
                 c[3] += sum(map(len, batch.records))
             if batch.keys or batch.end or remaining <= 0:
+                if request.joined:
+                    joined = w.join_records(batch.records)
+                    return w.ReadResult(request.rid, batch.keys, [], batch.end, joined)
                 return w.ReadResult(request.rid, batch.keys, batch.records, batch.end)
             try:
                 async with asyncio.timeout(remaining):
