@@ -97,6 +97,16 @@ def encode(frame: ClientFrame | ServerFrame) -> bytes:
     return _encoder.encode(frame)
 
 
+DeliveryTuple = tuple[int, str, bytes, dict[str, str] | None, int, int]
+
+
+def encode_deliver(messages: list[DeliveryTuple]) -> bytes:
+    """``encode(Deliver([InMessage(*m) for m in messages]))``, the same bytes (a Struct
+    with array_like is an array on the wire), without a Struct per message: the output
+    host's delivery path."""
+    return _encoder.encode(("deliver", messages))
+
+
 class BadPublish(msgspec.ValidationError):
     """A ``pub`` frame whose tag and batch id could be read but whose batch could not (a
     wrong-typed or missing field): answer ``Error(id, "invalid_request", message)`` so

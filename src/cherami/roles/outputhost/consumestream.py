@@ -131,9 +131,9 @@ class ConsumeStream:
                     await consumer.readable.wait()
                 continue
             self.credit -= len(taken)
-            frame = f.Deliver([
-                f.InMessage(e.no, e.msg_id, e.record.body, e.record.attributes, e.count,
-                            e.record.enqueued_ms)
+            frame = f.encode_deliver([
+                (e.no, e.msg_id, (record := e.record).body, record.attributes, e.count,
+                 record.enqueued_ms)
                 for e in taken
             ])  # fmt: skip
-            await self.ws.send_bytes(f.encode(frame))
+            await self.ws.send_bytes(frame)

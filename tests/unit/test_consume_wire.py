@@ -1,5 +1,7 @@
-"""A joined read's records (one msgpack array of the records themselves) decode into
-the same chunk as the per-record form; a malformed or short one is a protocol error."""
+"""The consume path's wire shortcuts. A joined read's records (one msgpack array of the
+records themselves) decode into the same chunk as the per-record form; a malformed or
+short one is a protocol error. Deliveries encoded as tuples are the Deliver frame's
+bytes."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import pytest
 
 from cherami.errors import ProtocolError
 from cherami.roles.outputhost.sharedreads import decode_chunk
+from cherami.wire import stream as f
 from cherami.wire.keys import plain_keys
 from cherami.wire.records import Record, encode_record
 from cherami.wire.store import ReadResult, array_header, decode_reply, encode, join_records
@@ -51,3 +54,10 @@ def test_a_malformed_joined_read_is_a_protocol_error(raw: bytes) -> None:
     batch = ReadResult(1, plain_keys(1, 2 if raw[:1] == array_header(2) else 1), [], False, raw)
     with pytest.raises(ProtocolError):
         decode_chunk("s", "e", batch, timer=False)
+
+
+def test_deliveries_encoded_as_tuples_are_the_deliver_frame() -> None:
+    messages = [(i + 1, f"e:{i}", b"b" * i, {"k": "v"} if i % 2 else None, 1 + i % 3, 17 + i)
+                for i in range(50)]  # fmt: skip
+    assert f.encode_deliver(messages) == f.encode(f.Deliver([f.InMessage(*m) for m in messages]))
+    assert f.encode_deliver([]) == f.encode(f.Deliver([]))
