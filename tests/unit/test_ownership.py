@@ -265,8 +265,7 @@ async def test_kinds_split_between_hosts_are_rebalanced(
     monkeypatch.setattr(timing, "current", short)
     monkeypatch.setattr(ownership, "ORPHAN_AFTER", 0.2)
     groups = ["g1", "g2", "g3"]
-    for name in ("q",):
-        await _queue(meta, name, groups, [PLAIN, PLAIN])
+    await _queue(meta, "q", groups, [PLAIN, PLAIN])
     a, b = _host(meta, "outputhost-a"), _host(meta, "outputhost-b")
     await _ticks([a], meta, 2)  # b is not alive yet: a holds every plain extent
     assert len(a.held) == 6

@@ -36,6 +36,7 @@ class Message(msgspec.Struct, frozen=True, gc=False):
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)
+_array_decoder = msgspec.msgpack.Decoder(list[Record])
 
 
 def encode_record(record: Record) -> bytes:
@@ -49,6 +50,12 @@ def decode_record(data: bytes) -> Record:
 def decode_records(data: list[bytes]) -> list[Record]:
     """Many records in one C-level loop (no Python call per record)."""
     return list(map(_decoder.decode, data))
+
+
+def decode_record_array(data: bytes) -> list[Record]:
+    """A msgpack array of records (a joined read's answer, wire.store.join_records) in
+    one call."""
+    return _array_decoder.decode(data)
 
 
 def message_id(extent_id: str, seq: int) -> str:

@@ -107,7 +107,7 @@ class ReadResult(msgspec.Struct, array_like=True, tag=11, frozen=True, gc=False)
 
     For a ``joined`` read, ``records`` is empty and ``joined`` is a msgpack array of the
     records (each record's own encoding, as stored, one after another behind the
-    array's header); ``size`` is then the bytes of the records as stored."""
+    array's header: ``join_records``)."""
 
     rid: int
     keys: list[bytes]

@@ -23,10 +23,14 @@ import msgspec
 from cherami.errors import ProtocolError
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.wire.keys import seq_of
-from cherami.wire.records import Record, decode_record, message_id, message_ids
+from cherami.wire.records import (
+    Record,
+    decode_record_array,
+    decode_records,
+    message_id,
+    message_ids,
+)
 from cherami.wire.store import ReadResult
-
-_records_decoder = msgspec.msgpack.Decoder(list[Record])
 
 KEEP_BYTES = 8 << 20  # record bytes kept from recent reads, over every extent
 
@@ -116,13 +120,13 @@ def decode_chunk(store_id: str, extent: str, batch: ReadResult, timer: bool) -> 
         ids = message_ids(extent, seq_of(keys[0]) if keys else 0, len(keys))
     if batch.joined is not None:  # one call for every record (a joined read)
         try:
-            records = _records_decoder.decode(batch.joined)
+            records = decode_record_array(batch.joined)
         except msgspec.DecodeError as err:
             raise ProtocolError(f"a joined read's records do not decode: {err}") from None
         if len(records) != len(keys):
             raise ProtocolError(f"a read of {len(keys)} keys brought {len(records)} records")
         size = len(batch.joined)
     else:
-        records = list(map(decode_record, batch.records))
+        records = decode_records(batch.records)
         size = sum(map(len, batch.records))
     return Chunk(store_id, keys, records, ids, batch.end, size)

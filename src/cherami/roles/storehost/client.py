@@ -229,9 +229,8 @@ class StoreClient:
         """``joined``: the records come as one array (``ReadResult.joined``) from a store
         host that knows the flag; an older one answers with ``records`` as before."""
         timeout = wait_ms / 1000 + CALL_TIMEOUT
-        args = (1 << 20, True) if joined else ()  # max_bytes (the default), joined
         reply = await self.call(
-            w.Read, extent, after, max_count, until_ms, wait_ms, *args, timeout=timeout
+            w.Read, extent, after, max_count, until_ms, wait_ms, joined=joined, timeout=timeout
         )
         assert isinstance(reply, w.ReadResult)
         return reply
