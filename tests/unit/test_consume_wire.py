@@ -61,3 +61,49 @@ def test_deliveries_encoded_as_tuples_are_the_deliver_frame() -> None:
                 for i in range(50)]  # fmt: skip
     assert f.encode_deliver(messages) == f.encode(f.Deliver([f.InMessage(*m) for m in messages]))
     assert f.encode_deliver([]) == f.encode(f.Deliver([]))
+
+
+def test_acks_count_each_message_once_in_the_end_to_end_histogram() -> None:
+    """The ack path counts messages per distinct enqueue time: every message acked is
+    one observation in its bucket, and the cursor's level moves past the acked prefix."""
+    import asyncio
+    import itertools
+    import time
+
+    from cherami.metadata.models import AckLevel, Extent, Group, GroupConfig, Queue, QueueConfig
+    from cherami.roles.outputhost.extentreader import ExtentCursor, _entries
+    from cherami.roles.outputhost.groupconsumer import GroupConsumer
+
+    now = int(time.time() * 1000)
+    queue = Queue(name="q", config=QueueConfig(), created_at=0.0)
+    group = Group(queue="q", name="g", config=GroupConfig(), created_at=0.0, start_ms=0, dlq="d")
+    extent = Extent(
+        id="e", queue="q", kind="plain", status="open", input_host="i", stores=["s"],
+        created_at=0.0,
+    )  # fmt: skip
+
+    async def no_dlq(*_: object) -> None:
+        raise AssertionError("nothing goes to the DLQ here")
+
+    async def run() -> None:
+        consumer = GroupConsumer(queue, group, None, no_dlq, itertools.count(1))  # type: ignore[arg-type]
+        cursor = ExtentCursor(extent, AckLevel(queue="q", group="g", extent="e"))
+        consumer.cursors["e"] = cursor
+        # 30 s, 2 s and 20 ms old, and one from the future (age 0): 4, 3, 2 and 1 messages
+        ages_ms = [30_000] * 4 + [2_000] * 3 + [20] * 2 + [-5_000]
+        records = [Record(now - a, now, b"x") for a in ages_ms]  # all due now
+        keys = plain_keys(1, len(records))
+        entries = _entries(cursor, keys, records, [f"e:{i}" for i in range(1, 11)])
+        assert [e.ordinal for e in entries] == list(range(10))
+        await consumer.admit(entries)
+        taken = consumer.take(100, None)
+        assert consumer.ack([e.no for e in taken][:9]) == []
+        hist = consumer.end_to_end
+        assert hist.count == 9 and consumer.acked == 9
+        got = dict(zip(hist.bounds, hist.counts, strict=False))
+        assert got[0.05] == 2 and got[5.0] == 3 and got[60.0] == 4
+        assert 4 * 30 + 3 * 2 <= hist.sum < 4 * 31 + 3 * 3
+        assert cursor.ack.level == keys[8] and cursor.ack.acked == 9
+        assert consumer.ack([taken[9].no]) == [] and hist.counts[0] == 1  # age 0: first bucket
+
+    asyncio.run(run())

@@ -29,10 +29,14 @@ class AckManager(Generic[E]):
         """Track the next message in read order; returns its ordinal."""
         return self.track_many([key], [entry])
 
+    def next_ordinal(self) -> int:
+        """The ordinal the next message tracked gets."""
+        return self._base + len(self._keys)
+
     def track_many(self, keys: list[bytes], entries: list[E]) -> int:
         """Track messages in read order (``keys[i]`` is ``entries[i]``'s); returns the
         ordinal of the first (the rest follow one by one)."""
-        first = self._base + len(self._keys)
+        first = self.next_ordinal()
         self._keys.extend(keys)
         self._entries.extend(entries)
         self._done.extend(bytes(len(keys)))

@@ -16,9 +16,11 @@ class Entry:
         "cursor", "ordinal", "msg_id", "record", "key", "count", "no", "deadline", "owner", "row"
     )  # fmt: skip
 
-    def __init__(self, cursor: ExtentCursor, msg_id: str, record: Record, key: bytes) -> None:
+    def __init__(
+        self, cursor: ExtentCursor, ordinal: int, msg_id: str, record: Record, key: bytes
+    ) -> None:
         self.cursor = cursor
-        self.ordinal = 0  # in the cursor's ack tracking (-1: not tracked, read by key)
+        self.ordinal = ordinal  # in the cursor's ack tracking (-1: not tracked, read by key)
         self.msg_id = msg_id
         self.record = record
         self.key = key  # storage key in the cursor's extent

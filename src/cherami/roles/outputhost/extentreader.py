@@ -58,14 +58,13 @@ def _entries(
     cursor: ExtentCursor, keys: list[bytes], records: list[Record], ids: list[str]
 ) -> list[Entry]:
     """Entries for records read in order, tracked by the cursor's ack manager."""
+    first = cursor.ack.next_ordinal()
+    ordinals = range(first, first + len(keys))
     entries = [
-        Entry(cursor, record.orig_id or msg_id, record, key)
-        for record, msg_id, key in zip(records, ids, keys, strict=True)
+        Entry(cursor, ordinal, record.orig_id or msg_id, record, key)
+        for ordinal, record, msg_id, key in zip(ordinals, records, ids, keys, strict=True)
     ]
-    ordinal = cursor.ack.track_many(keys, entries)
-    for entry in entries:
-        entry.ordinal = ordinal
-        ordinal += 1
+    cursor.ack.track_many(keys, entries)
     return entries
 
 

@@ -9,7 +9,7 @@ import heapq
 import itertools
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -324,13 +324,11 @@ class GroupConsumer:
         settled, stale = self._settle(numbers, owner)
         if not settled:
             return stale
-        now_s = time.time()
-        ages: list[float] = []
+        enqueued: list[int] = []  # ms; a batch's messages mostly share a few values
         cursor: Any = None
         ordinals: list[int] = []
         for entry in settled:
-            age = now_s - entry.record.enqueued_ms / 1000
-            ages.append(age if age > 0.0 else 0.0)
+            enqueued.append(entry.record.enqueued_ms)
             if entry.cursor is not cursor:
                 if ordinals:
                     cursor.ack.ack_many(ordinals)
@@ -339,7 +337,11 @@ class GroupConsumer:
             if entry.row is not None:
                 self.parked.forget(entry.row)
         cursor.ack.ack_many(ordinals)
-        self.end_to_end.observe_all(ages)
+        now_ms = time.time() * 1000
+        observe = self.end_to_end.observe
+        for ms, n in Counter(enqueued).items():  # counted in C
+            age = (now_ms - ms) / 1000
+            observe(age if age > 0.0 else 0.0, n)
         self.acked += len(settled)
         self._room.set()
         return stale
@@ -432,8 +434,7 @@ class GroupConsumer:
                 self.parked.forget(parked)
                 continue
             msg_id = record.orig_id or message_id(parked.extent, seq_of(parked.key))
-            entry = Entry(cursor, msg_id, record, parked.key)
-            entry.ordinal = -1  # not tracked by the cursor: the level is past it
+            entry = Entry(cursor, -1, msg_id, record, parked.key)  # -1: the level is past it
             entry.count = parked.count
             entry.row = parked
             parked.entry = entry
