@@ -154,6 +154,12 @@ def test_invalid_requests_are_400_never_500(http: httpx.Client) -> None:
         assert _code(resp) == "invalid_request", (path, body, resp.text)
     many = {"messages": [{"body": "x"}] * 1001}
     assert http.post(f"/v1/queues/{q}/messages", json=many).status_code == 400
+    # bad base64 anywhere in a batch fails all of it and names the message
+    for bad in ["YQ", "Y Q==", "YQ==\n", "***"]:
+        batch = {"messages": [{"body_b64": "YQ=="}, {"body": "b"}, {"body_b64": bad}]}
+        resp = http.post(f"/v1/queues/{q}/messages", json=batch)
+        assert resp.status_code == 400 and _code(resp) == "invalid_request", bad
+        assert "$.messages[2].body_b64" in resp.json()["error"]["message"], resp.text
     assert http.get(f"/v1/queues/{q}").json()["stats"]["messages_published"] == 0
 
 

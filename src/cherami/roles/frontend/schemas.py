@@ -11,7 +11,7 @@ Attributes = dict[str, str]
 
 class PublishMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     body: str | None = None
-    body_b64: str | None = None
+    body_b64: bytes | None = None  # base64 in JSON (msgspec: C)
     attributes: Attributes | None = None
     delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] | None = (
         None  # None: queue default
@@ -43,7 +43,7 @@ class ReceivedMessage(msgspec.Struct, omit_defaults=True):
     delivery_count: int
     enqueued_at: str
     body: str | None = None
-    body_b64: str | None = None
+    body_b64: bytes | None = None  # base64 in JSON (msgspec: C)
 
 
 class ReceiveResponse(msgspec.Struct):
@@ -84,7 +84,7 @@ class DlqMessage(msgspec.Struct, omit_defaults=True):
     attributes: Attributes
     enqueued_at: str
     body: str | None = None
-    body_b64: str | None = None
+    body_b64: bytes | None = None  # base64 in JSON (msgspec: C)
 
 
 class DlqResponse(msgspec.Struct):
