@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 
 from cherami.client.asyncclient import AsyncClient
+from cherami.client.models import OutgoingMessage
 from cherami.errors import GroupNotFound, MessageTooLarge, QueueNotFound
 from cherami.wire import stream as f
 from tests.support.server import ServerProcess, unique
@@ -146,7 +147,44 @@ async def test_stream_publish_errors_per_batch(server: ServerProcess, client: As
             await ws.send_bytes(f.encode(f.Publish(7, [f.OutMessage(b"ok")])))
             ok = f.decode_server((await ws.receive(timeout=5)).data)
             assert isinstance(ok, f.Published) and ok.id == 7 and len(ok.ids) == 1
+            for bad in (-1, 30 * 86400 * 1000 + 1):  # a delay out of range, named
+                batch = [
+                    f.OutMessage(b"a"),
+                    f.OutMessage(b"b", None, 5),
+                    f.OutMessage(b"c", None, bad),
+                ]
+                await ws.send_bytes(f.encode(f.Publish(8, batch)))
+                err = f.decode_server((await ws.receive(timeout=5)).data)
+                assert isinstance(err, f.Error) and err.code == "invalid_request", err
+                assert "messages[2].delay_ms" in err.message
     assert (await client.get_queue(q))["stats"]["messages_published"] == 2
+
+
+async def test_a_batch_of_plain_and_delayed_messages_keeps_its_ids_in_order(
+    client: AsyncClient,
+) -> None:
+    """A batch that mixes messages for now and delayed ones is split over a plain and a
+    timer extent; its ids still come back in the batch's order."""
+    q = await _queue(client, "g")
+    batch = [b"now-0", OutgoingMessage(b"later-1", delay_seconds=1), b"now-2",
+             OutgoingMessage(b"now-3", delay_seconds=0)]  # fmt: skip
+    async with client.publisher(q) as pub:
+        ids = await pub.publish(batch)
+    plain = await client.publish(q, [b"x", b"y"])  # the fast path: one extent, in order
+    assert len(set(ids)) == 4 and ids[0].rsplit(":", 1)[0] == ids[2].rsplit(":", 1)[0]
+    assert ids[1].rsplit(":", 1)[0] != ids[0].rsplit(":", 1)[0]  # the timer extent
+    assert [int(i.rsplit(":", 1)[1]) for i in plain] == [
+        int(plain[0].rsplit(":", 1)[1]) + k for k in (0, 1)
+    ]
+    got: dict[str, bytes] = {}
+    async with client.consumer(q, "g") as c:
+        deadline = time.monotonic() + 10
+        while len(got) < 6 and time.monotonic() < deadline:
+            for m in await c.get_batch(10, timeout=0.5):
+                got[m.id] = m.body
+                c.ack(m)
+    assert [got[i] for i in ids] == [b"now-0", b"later-1", b"now-2", b"now-3"]
+    assert [got[i] for i in plain] == [b"x", b"y"]
 
 
 async def test_stream_to_unknown_queue_or_group(client: AsyncClient) -> None:

@@ -46,9 +46,11 @@ def _check(queue: Queue, messages: list[f.OutMessage]) -> None:
     if max(len(m.body) for m in messages) > limit:
         for i, m in enumerate(messages):
             check_size(queue, i, len(m.body), limit)
-    for i, m in enumerate(messages):
-        if m.delay_ms is not None and not 0 <= m.delay_ms <= MAX_DELAY_MS:
-            raise InvalidRequest(f"messages[{i}].delay_ms must be 0 to {MAX_DELAY_MS}")
+    delays = {m.delay_ms for m in messages if m.delay_ms is not None}
+    if delays and not 0 <= min(delays) <= max(delays) <= MAX_DELAY_MS:  # say which
+        for i, m in enumerate(messages):
+            if m.delay_ms is not None and not 0 <= m.delay_ms <= MAX_DELAY_MS:
+                raise InvalidRequest(f"messages[{i}].delay_ms must be 0 to {MAX_DELAY_MS}")
 
 
 class StreamHandlers:

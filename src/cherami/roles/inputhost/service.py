@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import operator
 import time
 from collections.abc import Awaitable, Callable
 
@@ -191,6 +192,9 @@ class InputHostService:
                 self.background.spawn(self._failed(writer.id), f"fail {writer.id}")
                 raise
             made = message_ids(writer.id, first, len(indexes))
+            if len(made) == len(ids):  # the whole batch (indexes are 0, 1, ...)
+                ids[:] = made
+                return
             for index, msg_id in zip(indexes, made, strict=True):
                 ids[index] = msg_id
             return
@@ -250,11 +254,22 @@ def _storage_full(full: set[str]) -> StorageFull:
     )
 
 
+_delay_ms = operator.attrgetter("delay_ms")
+
+
 def _split(
     messages: list[Message], now: int, default_delay: int
 ) -> tuple[list[int], list[bytes], list[int], list[bytes], list[int]]:
     """Encode the records; split them into those for now (plain) and delayed ones
     (timer): (plain indexes, plain records, timer indexes, timer records, due times)."""
+    delays = set(map(_delay_ms, messages))  # in C
+    if default_delay <= 0 and delays <= {None, 0} or delays == {0}:  # none delayed
+        encode = encode_record
+        plain = [
+            encode(Record(now, now, m.body, m.attributes, m.orig_id, m.text, m.dedup_id))
+            for m in messages
+        ]
+        return list(range(len(messages))), plain, [], [], []
     plain_idx: list[int] = []
     plain_records: list[bytes] = []
     timer_idx: list[int] = []
