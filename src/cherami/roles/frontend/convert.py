@@ -10,12 +10,22 @@ from cherami.roles.frontend.schemas import PublishMessage, ReceivedMessage
 from cherami.wire.records import Message, Record
 
 _SECONDS: dict[int, str] = {}  # whole seconds -> "YYYY-MM-DDTHH:MM:SS" (UTC)
+_MILLIS: dict[int, str] = {}  # ms -> the whole string
 
 
 def rfc3339(ms: int) -> str:
     """``ms`` since the epoch as RFC 3339 in UTC with milliseconds (…T12:00:00.250Z).
-    Called for every message a receive returns: a batch's messages share their second,
-    so the date part is formatted once per second."""
+    Called for every message a receive returns: a batch's messages mostly share their
+    millisecond (published together), so each is formatted once."""
+    text = _MILLIS.get(ms)
+    if text is None:
+        if len(_MILLIS) >= 4096:
+            _MILLIS.clear()
+        text = _MILLIS[ms] = _format(ms)
+    return text
+
+
+def _format(ms: int) -> str:
     seconds, millis = divmod(ms, 1000)
     prefix = _SECONDS.get(seconds)
     if prefix is None:
