@@ -109,6 +109,9 @@ async def test_stream_nack_and_extend(client: AsyncClient) -> None:
         while len(first) < 2:
             first += await c.get_batch(2, timeout=5)
         by_text = {m.text: m for m in first}
+        # "b" is held through the nack below (its redelivery waits for two synced row
+        # writes, slow on a busy machine), then kept from timing out by extends alone
+        await c.extend(by_text["b"], visibility_timeout_seconds=30)
         t0 = time.monotonic()
         await c.nack(by_text["a"], delay_seconds=0.3)
         again = await c.get(timeout=5)
@@ -121,7 +124,9 @@ async def test_stream_nack_and_extend(client: AsyncClient) -> None:
         assert await c.get(timeout=0.5) is None  # "b" never timed out
         c.ack(by_text["b"])
         await c.flush()
-    await asyncio.sleep(0.1)
+    deadline = time.monotonic() + 5  # the acks are settled as the server reads them
+    while (await client.get_group(q, "g"))["stats"]["backlog"] and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     assert (await client.get_group(q, "g"))["stats"]["backlog"] == 0
 
 
