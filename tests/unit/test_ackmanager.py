@@ -86,3 +86,32 @@ def test_ack_many_matches_acks_one_by_one() -> None:
             assert (many.level, many.acked, many.window()) == (one.level, one.acked, one.window())
             assert many.acked_above_level() == one.acked_above_level()
             assert many.oldest() == one.oldest()
+
+
+def test_runs_of_acks_match_acks_one_by_one() -> None:
+    """Runs of ordinals (the common case: a range, marked at once) in and out of order,
+    overlapping earlier acks, past the end, below the level, with repeats, and with an
+    untracked ordinal: the same counts, level and window as acking one by one."""
+    rng = random.Random(11)
+    for _ in range(200):
+        one, ords = _tracked(3000)
+        many, _ = _tracked(3000)
+        for _ in range(40):
+            start = rng.randrange(-5, 3005)
+            run = list(range(start, start + rng.randrange(2, 200)))
+            kind = rng.randrange(5)
+            if kind == 1:
+                rng.shuffle(run)
+            elif kind == 2:
+                run.append(run[0])  # a repeat
+            elif kind == 3:
+                run[rng.randrange(len(run))] = -1  # an untracked (parked) ordinal
+            expected = sum(one.ack(o) for o in run)
+            assert many.ack_many(run) == expected, run[:5]
+            assert (many.level, many.acked, many.window()) == (one.level, one.acked, one.window())
+            assert many.acked_above_level() == one.acked_above_level()
+            assert many.oldest() == one.oldest()
+    mgr, ords = _tracked(10)
+    assert mgr.ack_many(ords[2:6]) == 4 and mgr.acked == 0  # a range above the level
+    assert mgr.ack_many(ords[0:2]) == 2 and mgr.acked == 6 and mgr.level == plain_key(6)
+    assert mgr.ack_many(ords[4:8]) == 2 and mgr.acked == 8  # half acked before

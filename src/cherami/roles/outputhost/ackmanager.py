@@ -51,6 +51,22 @@ class AckManager(Generic[E]):
         were tracked and not acked before."""
         base, head, done, entries = self._base, self._head, self._done, self._entries
         end = len(done)
+        n = len(ordinals)
+        if n > 1:  # acks mostly come as a run in read order: a range, marked in C
+            first = min(ordinals) - base
+            stop = first + n
+            if (
+                head <= first
+                and stop <= end
+                and max(ordinals) - base == stop - 1
+                and len(set(ordinals)) == n  # n distinct values in a span of n
+                and done.find(1, first, stop) == -1  # none acked before
+            ):
+                done[first:stop] = b"\x01" * n
+                entries[first:stop] = [None] * n
+                if done[head]:
+                    self._advance()
+                return n
         newly = 0
         for ordinal in ordinals:
             index = ordinal - base
