@@ -35,6 +35,7 @@ from tests.support.tlscerts import Certs, make_certs  # noqa: E402
 
 import storage_floor  # noqa: E402
 from cherami.client.asyncclient import AsyncClient  # noqa: E402
+from cherami.client.stream import StreamConsumer  # noqa: E402
 from cherami.cluster.local import LocalCluster  # noqa: E402
 from cherami.cluster.nodeproc import NodeProcess as ServerProcess  # noqa: E402
 from cherami.wire.tls import TLS_CA_ENV  # noqa: E402
@@ -90,7 +91,7 @@ async def consume_phase(url: str, queue: str, group: str, total: int, consumers:
     done = 0
     finished = asyncio.Event()
     ended = 0.0
-    streams: list[Any] = []
+    streams: list[StreamConsumer] = []
 
     async def consume() -> None:
         nonlocal done, ended

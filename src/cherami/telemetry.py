@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import time
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from functools import wraps
 from typing import Any, TypeVar, cast
@@ -48,12 +49,19 @@ class Histogram:
         self.count += n
 
     def observe_all(self, values: list[float]) -> None:
-        """``observe`` of each value (one call for a batch)."""
+        """``observe`` of each value (one call for a batch; repeats counted in C)."""
+        self.observe_counted(Counter(values).items())
+
+    def observe_counted(self, counted: Iterable[tuple[float, int]]) -> None:
+        """``observe(value, n)`` of each pair: a batch whose values repeat (messages
+        published together share their age) goes in its buckets once per value."""
         counts, bounds = self.counts, self.bounds
-        for value in values:
-            counts[bisect_left(bounds, value)] += 1
-        self.sum += sum(values)
-        self.count += len(values)
+        total = 0.0
+        for value, n in counted:
+            counts[bisect_left(bounds, value)] += n
+            total += value * n
+            self.count += n
+        self.sum += total
 
     def buckets(self) -> list[tuple[str, float]]:
         """Cumulative ``(le, count)`` pairs, the last one ``+Inf``."""

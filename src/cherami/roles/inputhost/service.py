@@ -263,7 +263,7 @@ def _split(
     """Encode the records; split them into those for now (plain) and delayed ones
     (timer): (plain indexes, plain records, timer indexes, timer records, due times)."""
     delays = set(map(_delay_ms, messages))  # in C
-    if default_delay <= 0 and delays <= {None, 0} or delays == {0}:  # none delayed
+    if delays == {0} or (default_delay <= 0 and delays <= {None, 0}):  # none delayed
         encode = encode_record
         plain = [
             encode(Record(now, now, m.body, m.attributes, m.orig_id, m.text, m.dedup_id))
