@@ -19,7 +19,7 @@ def test_level_advances_only_over_an_acked_prefix() -> None:
     assert mgr.ack(ords[0])
     assert (mgr.level, mgr.acked, mgr.window()) == (plain_key(3), 3, 2)
     assert mgr.dirty
-    assert mgr.oldest() == "m4"
+    assert mgr.oldest() == (3, "m4")
 
 
 def test_double_and_unknown_acks_are_refused() -> None:
@@ -115,3 +115,33 @@ def test_runs_of_acks_match_acks_one_by_one() -> None:
     assert mgr.ack_many(ords[2:6]) == 4 and mgr.acked == 0  # a range above the level
     assert mgr.ack_many(ords[0:2]) == 2 and mgr.acked == 6 and mgr.level == plain_key(6)
     assert mgr.ack_many(ords[4:8]) == 2 and mgr.acked == 8  # half acked before
+
+
+def test_ack_range_matches_acks_one_by_one() -> None:
+    """Ranges (a stream acking a run it was delivered) inside the window, overlapping
+    earlier acks, past the end and below the level: as acking each ordinal."""
+    rng = random.Random(13)
+    for _ in range(200):
+        one, _ = _tracked(3000)
+        ranged, _ = _tracked(3000)
+        for _ in range(40):
+            start, n = rng.randrange(-5, 3005), rng.randrange(1, 200)
+            expected = sum(one.ack(o) for o in range(start, start + n))
+            assert ranged.ack_range(start, n) == expected, (start, n)
+            assert (ranged.level, ranged.acked, ranged.window()) == (
+                one.level, one.acked, one.window(),
+            )  # fmt: skip
+            assert ranged.acked_above_level() == one.acked_above_level()
+            assert ranged.oldest() == one.oldest()
+
+
+def test_hold_replaces_holders_but_not_acked_ones() -> None:
+    mgr: AckManager[str] = AckManager()
+    first = mgr.track_many([plain_key(i) for i in range(1, 7)], ["run"] * 6)
+    assert mgr.ack(first + 1)
+    mgr.hold(first, ["a", "b", "c"])  # b was acked meanwhile: stays released
+    assert mgr.oldest() == (first, "a")
+    assert mgr.ack(first)
+    assert mgr.oldest() == (first + 2, "c")
+    mgr.hold(first + 2, ["x", "y", "z", "w"])
+    assert mgr.oldest() == (first + 2, "x")

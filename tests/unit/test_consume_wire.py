@@ -71,7 +71,7 @@ def test_acks_count_each_message_once_in_the_end_to_end_histogram() -> None:
     import time
 
     from cherami.metadata.models import AckLevel, Extent, Group, GroupConfig, Queue, QueueConfig
-    from cherami.roles.outputhost.extentreader import ExtentCursor, _entries
+    from cherami.roles.outputhost.extentreader import ExtentCursor, _run
     from cherami.roles.outputhost.groupconsumer import GroupConsumer
 
     now = int(time.time() * 1000)
@@ -93,9 +93,9 @@ def test_acks_count_each_message_once_in_the_end_to_end_histogram() -> None:
         ages_ms = [30_000] * 4 + [2_000] * 3 + [20] * 2 + [-5_000]
         records = [Record(now - a, now, b"x") for a in ages_ms]  # all due now
         keys = plain_keys(1, len(records))
-        entries = _entries(cursor, keys, records, [f"e:{i}" for i in range(1, 11)])
-        assert [e.ordinal for e in entries] == list(range(10))
-        await consumer.admit(entries)
+        run = _run(cursor, keys, records, [f"e:{i}" for i in range(1, 11)])
+        assert run.ordinal == 0 and len(run) == 10
+        await consumer.admit(run)
         taken = consumer.take(100, None)
         assert consumer.ack([e.no for e in taken][:9]) == []
         hist = consumer.end_to_end

@@ -51,8 +51,8 @@ class _Group:
     async def wait_for_room(self) -> int:
         return 3
 
-    async def admit(self, entries: list[Any]) -> None:
-        self.bodies += [e.record.body for e in entries]
+    async def admit(self, run: Any) -> None:
+        self.bodies += [r.body for r in run.records]
 
 
 def _read(replicas: dict[str, _Replica]) -> list[bytes]:

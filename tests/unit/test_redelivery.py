@@ -21,8 +21,8 @@ from cherami.metadata.models import (
     Redelivery,
 )
 from cherami.roles.outputhost import groupconsumer as gc
-from cherami.roles.outputhost.entry import Entry
-from cherami.roles.outputhost.extentreader import ExtentCursor, _entries
+from cherami.roles.outputhost.entry import Entry, Run
+from cherami.roles.outputhost.extentreader import ExtentCursor, _run
 from cherami.roles.outputhost.redelivery import (
     BUMPING,
     DUE,
@@ -62,11 +62,15 @@ def _cursor(level: bytes = b"") -> ExtentCursor:
     return ExtentCursor(extent, AckLevel(queue="q", group="g", extent="e1", level=level))
 
 
-def _read(cursor: ExtentCursor, seqs: range) -> list[Entry]:
+def _read_run(cursor: ExtentCursor, seqs: range) -> Run:
     keys = [plain_key(s) for s in seqs]
     now_ms = int(time.time() * 1000)
     records = [Record(now_ms, now_ms, f"m{s}".encode()) for s in seqs]
-    return _entries(cursor, keys, records, [f"e1:{s}" for s in seqs])
+    return _run(cursor, keys, records, [f"e1:{s}" for s in seqs])
+
+
+def _read(cursor: ExtentCursor, seqs: range) -> list[Entry]:
+    return _read_run(cursor, seqs).entries()
 
 
 class _Parked:
@@ -216,7 +220,7 @@ def _consumer(max_count: int = 3) -> gc.GroupConsumer:
 async def test_a_nacked_message_leaves_the_window_and_is_counted_before_redelivery() -> None:
     consumer, meta = _consumer(), _Metadata()
     cursor = consumer.cursors["e1"]
-    await consumer.admit(_read(cursor, range(1, 4)))
+    await consumer.admit(_read_run(cursor, range(1, 4)))
     first, second, third = consumer.take(3, 30.0)
     assert meta.writes == 0  # first deliveries write nothing
     consumer.nack([first.no], delay=3600.0)
@@ -239,7 +243,7 @@ async def test_a_nacked_message_leaves_the_window_and_is_counted_before_redelive
 
 async def test_a_poison_message_goes_to_the_dlq_and_its_row_after_it() -> None:
     consumer, meta = _consumer(max_count=1), _Metadata()
-    await consumer.admit(_read(consumer.cursors["e1"], range(1, 2)))
+    await consumer.admit(_read_run(consumer.cursors["e1"], range(1, 2)))
     (entry,) = consumer.take(1, 30.0)
     consumer.nack([entry.no], delay=3600.0)  # at the limit: due at once, not in an hour
     await write(meta, [consumer.parked], None)  # type: ignore[arg-type]
@@ -256,7 +260,7 @@ async def test_a_delivery_held_at_the_head_of_a_full_window_is_pinned(monkeypatc
     monkeypatch.setattr(timing, "current", msgspec.structs.replace(timing.DEFAULT, read_ahead=3))
     consumer, meta = _consumer(), _Metadata()
     cursor = consumer.cursors["e1"]
-    await consumer.admit(_read(cursor, range(1, 4)))
+    await consumer.admit(_read_run(cursor, range(1, 4)))
     held, *rest = consumer.take(3, 30.0)
     consumer.ack([e.no for e in rest])
     consumer._pin_held(0.0)  # seen at the head once: not yet

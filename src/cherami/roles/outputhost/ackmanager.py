@@ -2,11 +2,14 @@
 
 Messages are tracked in read order; acks arrive in any order. The ack level is the
 storage key of the last message of the acked prefix, and ``acked`` counts that prefix.
-Only the window above the level is kept in memory, and an acked message's entry is
-released at once (only its key stays until the level passes it)."""
+Only the window above the level is kept in memory, and an acked message's holder is
+released at once (only its key stays until the level passes it). A holder is what
+holds the message now: its entry, or the run it was read or delivered in (entry.py),
+one holder for many ordinals."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Generic, TypeVar
 
 E = TypeVar("E")
@@ -41,6 +44,34 @@ class AckManager(Generic[E]):
         self._entries.extend(entries)
         self._done.extend(bytes(len(keys)))
         return first
+
+    def hold(self, ordinal: int, holders: Sequence[E]) -> None:
+        """The messages from ``ordinal`` on are held by ``holders`` now (those acked
+        meanwhile stay released)."""
+        index = ordinal - self._base
+        done = self._done
+        stop = index + len(holders)
+        if done.find(1, index, stop) == -1:
+            self._entries[index:stop] = holders
+            return
+        entries = self._entries
+        for i, holder in enumerate(holders, index):
+            if not done[i]:
+                entries[i] = holder
+
+    def ack_range(self, ordinal: int, n: int) -> int:
+        """``ack_many(list(range(ordinal, ordinal + n)))``, marked in C when none of
+        them was acked before (a run a stream acks as delivered)."""
+        first = ordinal - self._base
+        stop = first + n
+        done = self._done
+        if n > 1 and self._head <= first and stop <= len(done) and done.find(1, first, stop) == -1:
+            done[first:stop] = b"\x01" * n
+            self._entries[first:stop] = [None] * n
+            if done[self._head]:
+                self._advance()
+            return n
+        return self.ack_many(list(range(ordinal, ordinal + n)))
 
     def ack(self, ordinal: int) -> bool:
         """Mark a message acked; true if it was tracked and not acked before."""
@@ -81,10 +112,10 @@ class AckManager(Generic[E]):
 
     def _advance(self) -> None:
         done = self._done
-        head = self._head
+        head = done.find(0, self._head)  # the first not acked, found in C
         end = len(done)
-        while head < end and done[head]:
-            head += 1
+        if head < 0:
+            head = end
         self.acked += head - self._head
         self.level = self._keys[head - 1]
         self._head = head
@@ -103,6 +134,8 @@ class AckManager(Generic[E]):
     def acked_above_level(self) -> int:
         return self._done.count(1, self._head)
 
-    def oldest(self) -> E | None:
-        """The entry at the head of the window: the oldest message not yet acked."""
-        return self._entries[self._head] if self._head < len(self._entries) else None
+    def oldest(self) -> tuple[int, E | None] | None:
+        """The ordinal and holder of the head of the window: the oldest message not yet
+        acked."""
+        head = self._head
+        return (self._base + head, self._entries[head]) if head < len(self._entries) else None

@@ -141,7 +141,7 @@ class LocalOutputHost:
         oldest = consumer.oldest_unacked_ms()
         return GroupState(
             group=consumer.group, backlog=consumer.backlog_above(counts),
-            in_flight=len(consumer.inflight),
+            in_flight=consumer.in_flight,
             oldest_unacked_age_seconds=max(0.0, time.time() - oldest / 1000) if oldest else 0.0,
             delivered=consumer.delivered, acked=consumer.acked, nacked=consumer.nacked,
             redelivered=consumer.redelivered, dead_lettered=consumer.dead_lettered,

@@ -11,6 +11,7 @@ from typing import Protocol
 import msgspec
 
 from cherami.errors import CheramiError, GroupNotFound, QueueNotFound
+from cherami.roles.outputhost.entry import Delivered, Entry
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
 from cherami.roles.outputhost.service import NOT_ACTING_WAIT, OutputHostService
 from cherami.wire import close
@@ -121,8 +122,8 @@ class ConsumeStream:
             if not self.outputs.stamp_acting(consumer):
                 await asyncio.sleep(NOT_ACTING_WAIT)
                 continue
-            taken = consumer.take(
-                min(self.credit, DELIVER_BATCH), None, owner=self, max_bytes=DELIVER_BYTES
+            taken, count = consumer.take_runs(
+                min(self.credit, DELIVER_BATCH), owner=self, max_bytes=DELIVER_BYTES
             )
             if not taken:
                 if consumer.ready:  # only messages of extents it may not act for now
@@ -130,10 +131,21 @@ class ConsumeStream:
                 else:
                     await consumer.readable.wait()
                 continue
-            self.credit -= len(taken)
-            frame = f.encode_deliver([
-                (e.no, e.msg_id, (record := e.record).body, record.attributes, e.count,
-                 record.enqueued_ms)
-                for e in taken
-            ])  # fmt: skip
-            await self.ws.send_bytes(frame)
+            self.credit -= count
+            await self.ws.send_bytes(f.encode_deliver(_tuples(taken)))
+
+
+def _tuples(taken: list[Entry | Delivered]) -> list[f.DeliveryTuple]:
+    """What the deliver frame says of each message (wire.stream.encode_deliver)."""
+    if len(taken) == 1 and isinstance(run := taken[0], Delivered):
+        return run.tuples()
+    tuples: list[f.DeliveryTuple] = []
+    for e in taken:
+        if isinstance(e, Delivered):
+            tuples += e.tuples()
+        else:
+            record = e.record
+            tuples.append(
+                (e.no, e.msg_id, record.body, record.attributes, e.count, record.enqueued_ms)
+            )
+    return tuples

@@ -1,14 +1,29 @@
-"""One message as a consumer group holds it between read and ack."""
+"""A consumer group's messages between read and ack: one ``Entry`` per message, or, on
+the fast path of a stream, whole runs of them.
+
+A run of messages read in a row from one extent and not delivered yet is a ``Run`` in
+the group's ready queue; a stream takes its head as a ``Delivered``: consecutive
+delivery numbers for consecutive messages, settled by ranges, with no object per
+message. Anything a run cannot say (a nack, a visibility timeout, a redelivery row, a
+closed stream, an HTTP receive) turns the run's unsettled messages into entries first
+(``Run.entries``, ``Delivered.entries``), and the per-message path takes over."""
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from cherami.wire.records import Record
+from cherami.wire.stream import DeliveryTuple
 
 if TYPE_CHECKING:
     from cherami.roles.outputhost.extentreader import ExtentCursor
     from cherami.roles.outputhost.redelivery import Parked
+
+BODY = attrgetter("body")
+ENQUEUED = attrgetter("enqueued_ms")
+DELIVERY = attrgetter("delivery_ms")
+ATTRIBUTES = attrgetter("attributes")
 
 
 class Entry:
@@ -29,3 +44,107 @@ class Entry:
         self.deadline = 0.0
         self.owner: Any = None  # the stream that holds the current delivery, if any
         self.row: Parked | None = None  # its redelivery row, once it has one
+
+
+class Run:
+    """Messages read in a row from one extent (``keys[i]`` holds ``records[i]``, whose
+    public id is ``ids[i]``, tracked at ordinal ``ordinal + i``), never delivered; those
+    from ``pos`` on are still ready. The lists may be shared with other groups' runs
+    (sharedreads.py): they are never changed."""
+
+    __slots__ = ("cursor", "ordinal", "keys", "records", "ids", "pos")
+
+    def __init__(
+        self,
+        cursor: ExtentCursor,
+        ordinal: int,
+        keys: list[bytes],
+        records: list[Record],
+        ids: list[str],
+    ) -> None:
+        self.cursor = cursor
+        self.ordinal = ordinal
+        self.keys = keys
+        self.records = records
+        self.ids = ids
+        self.pos = 0
+
+    def __len__(self) -> int:
+        return len(self.keys) - self.pos
+
+    def entries(self) -> list[Entry]:
+        """The messages still ready, as entries (which the cursor then tracks)."""
+        pos, cursor = self.pos, self.cursor
+        first = self.ordinal + pos
+        made = [
+            Entry(cursor, ordinal, msg_id, record, key)
+            for ordinal, msg_id, record, key in zip(
+                range(first, first + len(self)), self.ids[pos:], self.records[pos:],
+                self.keys[pos:], strict=True,
+            )
+        ]  # fmt: skip
+        self.pos = len(self.keys)
+        cursor.ack.hold(first, made)
+        return made
+
+
+class Delivered:
+    """``n`` messages of one extent delivered at once to one stream: delivery number
+    ``first + i`` is ``records[i]`` (tracked at ordinal ``ordinal + i``), its first
+    delivery. ``settled[i]`` is set once it is acked; ``left`` counts the rest."""
+
+    __slots__ = (
+        "cursor", "ordinal", "keys", "records", "ids", "first", "n", "owner", "deadline",
+        "settled", "left",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        run: Run,
+        n: int,
+        first: int,
+        owner: Any,
+        deadline: float,
+    ) -> None:
+        pos = run.pos
+        end = pos + n
+        self.cursor = run.cursor
+        self.ordinal = run.ordinal + pos
+        self.keys = run.keys[pos:end]
+        self.records = run.records[pos:end]
+        self.ids = run.ids[pos:end]
+        self.first = first
+        self.n = self.left = n
+        self.owner = owner
+        self.deadline = deadline
+        self.settled = bytearray(n)
+        run.pos = end
+
+    def tuples(self) -> list[DeliveryTuple]:
+        """What a deliver frame says of each (wire.stream.encode_deliver), built in C."""
+        records = self.records
+        first, n = self.first, self.n
+        return list(
+            zip(
+                range(first, first + n), self.ids, map(BODY, records),
+                map(ATTRIBUTES, records), [1] * n, map(ENQUEUED, records), strict=True,
+            )
+        )  # fmt: skip
+
+    def entries(self) -> list[Entry]:
+        """The deliveries not settled yet, as entries in flight (which the cursor then
+        tracks)."""
+        made: list[Entry] = []
+        cursor, settled = self.cursor, self.settled
+        for i in range(self.n):
+            if settled[i]:
+                continue
+            entry = Entry(cursor, self.ordinal + i, self.ids[i], self.records[i], self.keys[i])
+            entry.count = 1
+            entry.no = self.first + i
+            entry.deadline = self.deadline
+            entry.owner = self.owner
+            cursor.ack.hold(entry.ordinal, [entry])
+            made.append(entry)
+        self.left = 0
+        return made

@@ -7,12 +7,13 @@ import asyncio
 import bisect
 import logging
 import time
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from cherami.errors import CheramiError
 from cherami.metadata.models import AckLevel, Extent
 from cherami.roles.outputhost.ackmanager import AckManager
-from cherami.roles.outputhost.entry import Entry
+from cherami.roles.outputhost.entry import Delivered, Entry, Run
 from cherami.roles.outputhost.sharedreads import SharedReads, decode_chunk
 from cherami.roles.storehost.client import StoreError
 from cherami.wire.records import Record
@@ -27,6 +28,7 @@ READ_BATCH = 2000  # records per read of a store host (fewer round trips when fa
 TAIL_WAIT_MS = 1000
 TIMER_POLL_MS = 100
 SHUN_SECONDS = 5.0  # a replica whose read failed is not read again for this long
+ORIG_ID = attrgetter("orig_id")
 
 
 class ExtentCursor:
@@ -34,7 +36,7 @@ class ExtentCursor:
 
     def __init__(self, extent: Extent, level: AckLevel) -> None:
         self.extent = extent
-        self.ack: AckManager[Entry] = AckManager(level.level, level.acked)
+        self.ack: AckManager[Entry | Run | Delivered] = AckManager(level.level, level.acked)
         self.read_key = level.level
         self.limit = level.limit  # merged DLQ range: read no further than this key
         self.read_done = False
@@ -54,18 +56,13 @@ class ExtentCursor:
         )  # fmt: skip
 
 
-def _entries(
-    cursor: ExtentCursor, keys: list[bytes], records: list[Record], ids: list[str]
-) -> list[Entry]:
-    """Entries for records read in order, tracked by the cursor's ack manager."""
-    first = cursor.ack.next_ordinal()
-    ordinals = range(first, first + len(keys))
-    entries = [
-        Entry(cursor, ordinal, record.orig_id or msg_id, record, key)
-        for ordinal, record, msg_id, key in zip(ordinals, records, ids, keys, strict=True)
-    ]
-    cursor.ack.track_many(keys, entries)
-    return entries
+def _run(cursor: ExtentCursor, keys: list[bytes], records: list[Record], ids: list[str]) -> Run:
+    """A run of records read in order, tracked by the cursor's ack manager."""
+    if any(map(ORIG_ID, records)):  # moved from a DLQ: such a message keeps its id
+        ids = [record.orig_id or msg_id for record, msg_id in zip(records, ids, strict=True)]
+    run = Run(cursor, cursor.ack.next_ordinal(), keys, records, ids)
+    cursor.ack.track_many(keys, [run] * len(keys))
+    return run
 
 
 async def read_extent(group: GroupConsumer, cursor: ExtentCursor, reads: SharedReads) -> None:
@@ -130,9 +127,9 @@ async def read_extent(group: GroupConsumer, cursor: ExtentCursor, reads: SharedR
             keys, records, ids = keys[:n], records[:n], ids[:n]
             ended = True
         if keys:
-            entries = _entries(cursor, keys, records, ids)
+            run = _run(cursor, keys, records, ids)
             cursor.read_key = keys[-1]
-            await group.admit(entries)
+            await group.admit(run)
         if cursor.limit is not None and cursor.read_key >= cursor.limit:
             ended = True
         if chunk.end and not ended:

@@ -9,14 +9,17 @@ import heapq
 import itertools
 import logging
 import time
+from bisect import bisect_right
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable
+from itertools import accumulate, islice
+from operator import attrgetter
 from typing import Any
 
 from cherami import timing
 from cherami.errors import CheramiError
 from cherami.metadata.models import STREAM, AckLevel, Extent, Group, Queue, Redelivery
-from cherami.roles.outputhost.entry import Entry
+from cherami.roles.outputhost.entry import BODY, DELIVERY, ENQUEUED, Delivered, Entry, Run
 from cherami.roles.outputhost.extentreader import ExtentCursor, read_extent
 from cherami.roles.outputhost.redelivery import GONE, OUT, Parked, Redeliveries, read_one
 from cherami.roles.outputhost.sharedreads import SharedReads
@@ -32,6 +35,23 @@ PIN_CHECK = 0.5  # how often a full read window looks for deliveries held at its
 RETRY_READ_MS = 1000  # a parked body that could not be read by key is tried again then
 
 DeadLetter = Callable[["GroupConsumer", list[Entry]], Awaitable[None]]
+_skip: Callable[[Iterable[int]], None] = deque[int](
+    maxlen=0
+).extend  # runs an iterator to its end in C
+RECORD = attrgetter("record")
+
+
+def _consecutive(numbers: list[int], i: int, n: int) -> int:
+    """How many of ``numbers[i:i + n]`` go up by one from ``numbers[i]``, if they rise
+    (found by halving; the caller checks the stretch)."""
+    no, lo, hi = numbers[i], 1, n - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if numbers[i + mid - 1] == no + mid - 1:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class GroupConsumer:
@@ -51,8 +71,10 @@ class GroupConsumer:
         self._dead_letter = dead_letter
         self._numbers = delivery_numbers
         self.cursors: dict[str, ExtentCursor] = {}
-        self.ready: deque[Entry] = deque()
-        self.inflight: dict[int, Entry] = {}
+        self.ready: deque[Entry | Run] = deque()
+        self.inflight: dict[int, Entry] = {}  # delivered one by one, by delivery number
+        self._runs: dict[int, Delivered] = {}  # delivered as runs, by first number
+        self._firsts: list[int] = []  # the keys of _runs, in order
         self._timeouts: list[tuple[float, int]] = []
         self.parked = Redeliveries(group.queue, group.name, self._covered, self._redeliver)
         self._reading: set[asyncio.Task[None]] = set()  # parked bodies read by key
@@ -167,6 +189,8 @@ class GroupConsumer:
             entry = self.inflight.pop(no)
             entry.no = 0
             entry.owner = None
+        for run in [d for d in self._runs.values() if d.cursor is cursor]:
+            self._forget_run(run)
         self._dlq_pending = [e for e in self._dlq_pending if e.cursor is not cursor]
         self.parked.drop_extent(extent_id)
         self._room.set()
@@ -176,12 +200,49 @@ class GroupConsumer:
         flight could be of any extent: it is stale only when every extent acts)."""
         if self.all_acting:
             return True
-        inflight = self.inflight
         for no in numbers:
-            entry = inflight.get(no)
-            if entry is None or not entry.cursor.acting:
+            cursor = self.cursor_of(no)
+            if cursor is None or not cursor.acting:
                 return False
         return True
+
+    def cursor_of(self, no: int) -> ExtentCursor | None:
+        """The cursor of the current delivery ``no`` (None: not current)."""
+        entry = self.inflight.get(no)
+        if entry is not None:
+            return entry.cursor
+        run = self._run_of(no)
+        return None if run is None else run.cursor
+
+    def _run_of(self, no: int) -> Delivered | None:
+        firsts = self._firsts
+        i = bisect_right(firsts, no) - 1
+        if i < 0:
+            return None
+        run = self._runs[firsts[i]]
+        return run if no < run.first + run.n else None
+
+    def _forget_run(self, run: Delivered) -> None:
+        del self._runs[run.first]
+        self._firsts.remove(run.first)
+
+    def _unrun(self, run: Delivered) -> None:
+        """A delivered run's unsettled messages become entries in flight."""
+        self._forget_run(run)
+        inflight = self.inflight
+        for entry in run.entries():
+            inflight[entry.no] = entry
+
+    def _unrun_numbers(self, numbers: Iterable[int]) -> None:
+        if self._runs:
+            for no in numbers:
+                run = self._run_of(no)
+                if run is not None:
+                    self._unrun(run)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.inflight) + sum(run.left for run in self._runs.values())
 
     def unwritten(self) -> set[str]:
         """Extents with an ack level or parked rows to write."""
@@ -209,14 +270,25 @@ class GroupConsumer:
             await self._room.wait()
         raise asyncio.CancelledError  # the group stopped
 
-    async def admit(self, entries: list[Entry]) -> None:
+    async def admit(self, run: Run) -> None:
         """Messages read from an extent, in order: skip those from before the group's
-        start or past retention, hold the rest until due, then make them ready."""
-        if self.parked.skip:  # rows loaded above the ack level: delivered as parked
-            entries = self.parked.pass_over(entries)
+        start or past retention, hold the rest until due, then make them ready (as the
+        run they were read in when all of them are ready now, else one by one)."""
         now_ms = time.time() * 1000
         retention_ms = self.queue.config.retention_seconds * 1000
         start_ms, delay_ms, ready = self.group.start_ms, self.delay_ms, self.ready
+        records = run.records
+        if (
+            not self.parked.skip
+            and min(map(ENQUEUED, records)) >= max(start_ms, now_ms - retention_ms)
+            and max(map(DELIVERY, records)) + delay_ms <= now_ms
+        ):
+            ready.append(run)
+            self._signal_ready()
+            return
+        entries = run.entries()
+        if self.parked.skip:  # rows loaded above the ack level: delivered as parked
+            entries = self.parked.pass_over(entries)
         for entry in entries:
             record = entry.record
             if record.enqueued_ms < start_ms or now_ms > record.enqueued_ms + retention_ms:
@@ -243,23 +315,68 @@ class GroupConsumer:
     ) -> list[Entry]:
         """Deliver up to ``limit`` ready messages (and, with ``max_bytes``, no more bodies
         than fit in that many bytes, but always at least one)."""
+        taken, _ = self._take(limit, visibility, owner, max_bytes, False)
+        return taken  # type: ignore[return-value]  # only entries without runs
+
+    def take_runs(
+        self, limit: int, owner: Any, max_bytes: int
+    ) -> tuple[list[Entry | Delivered], int]:
+        """``take`` for a stream: messages read in a row and never delivered before are
+        delivered as runs (no entry per message). Returns the deliveries and how many
+        messages they hold."""
+        return self._take(limit, None, owner, max_bytes, True)
+
+    def _take(
+        self, limit: int, visibility: float | None, owner: Any, max_bytes: int, runs: bool
+    ) -> tuple[list[Entry | Delivered], int]:
         ready = self.ready
         if not ready:
-            return []
+            return [], 0
         deadline = time.monotonic() + (visibility if visibility is not None else self.visibility)
-        taken: list[Entry] = []
-        passed: list[Entry] = []  # of extents this host may not act for now
+        taken: list[Entry | Delivered] = []
+        count = 0
+        passed: list[Entry | Run] = []  # of extents this host may not act for now
         inflight, numbers, timeouts = self.inflight, self._numbers, self._timeouts
         expired_before = time.time() * 1000 - self.queue.config.retention_seconds * 1000
         all_acting = self.all_acting
         size = 0  # of the bodies taken and the one that did not fit
+        last = 0  # the last delivery number given
         # deliveries and bytes per cursor, counted for a run of one cursor at a time
         cursor: Any = None
         run = run_bytes = redelivered = 0
-        while ready and len(taken) < limit:
+        while ready and count < limit:
             entry = ready.popleft()
             if not all_acting and not entry.cursor.acting:
                 passed.append(entry)
+                continue
+            if isinstance(entry, Run):
+                if not runs or not all_acting:
+                    ready.extendleft(reversed(entry.entries()))
+                    continue
+                room = max_bytes - size if max_bytes else None
+                fits = self._deliver_run(entry, limit - count, room, count, expired_before)
+                if fits is None:  # one of them expired: deliver them one by one
+                    ready.extendleft(reversed(entry.entries()))
+                    continue
+                n, body_bytes = fits
+                if not n:  # no room left for the next body
+                    ready.appendleft(entry)
+                    break
+                first = next(numbers)
+                if n > 1:
+                    _skip(islice(numbers, n - 1))
+                made = Delivered(entry, n, first, owner, deadline)
+                if len(entry):
+                    ready.appendleft(entry)
+                self._runs[first] = made
+                self._firsts.append(first)
+                made.cursor.ack.hold(made.ordinal, [made] * n)
+                taken.append(made)
+                count += n
+                size += body_bytes
+                last = first + n - 1
+                made.cursor.delivered += n
+                made.cursor.delivered_bytes += body_bytes
                 continue
             record = entry.record
             body = len(record.body)
@@ -274,12 +391,13 @@ class GroupConsumer:
                     self.parked.forget(entry.row)
                 self._room.set()
                 continue
-            no = next(numbers)
+            no = last = next(numbers)
             entry.no = no
             entry.deadline = deadline
             entry.owner = owner
             inflight[no] = entry
             taken.append(entry)
+            count += 1
             if entry.count:
                 redelivered += 1
             entry.count += 1
@@ -299,9 +417,28 @@ class GroupConsumer:
         if not ready:
             self.readable.clear()
         if taken:
-            heapq.heappush(timeouts, (deadline, taken[-1].no))  # one timer a batch; see _expire
-            self.delivered += len(taken)
-        return taken
+            heapq.heappush(timeouts, (deadline, last))  # one timer a batch; see _expire
+            self.delivered += count
+        return taken, count
+
+    @staticmethod
+    def _deliver_run(
+        run: Run, limit: int, room: int | None, count: int, expired_before: float
+    ) -> tuple[int, int] | None:
+        """How many of a ready run's next messages to deliver now (at most ``limit``,
+        bodies in ``room`` bytes unless ``room`` is None, at least one when nothing was
+        taken yet), and their body bytes; None when one of them has expired."""
+        pos = run.pos
+        records = run.records[pos : pos + limit]
+        if min(map(ENQUEUED, records)) < expired_before:
+            return None
+        sizes = list(accumulate(map(len, map(BODY, records))))
+        n = len(records)
+        if room is not None:
+            n = bisect_right(sizes, room)
+            if not n and not count:
+                n = 1
+        return n, (sizes[n - 1] if n else 0)
 
     def _settle(self, numbers: list[int], owner: Any) -> tuple[list[Entry], list[int]]:
         settled: list[Entry] = []
@@ -320,32 +457,78 @@ class GroupConsumer:
 
     def ack(self, numbers: list[int], owner: Any = None) -> list[int]:
         """Ack current deliveries; returns the numbers that were stale. (The hot path
-        of consuming: one pass, each cursor's ordinals acked together.)"""
+        of consuming: runs of numbers delivered as a run settle as ranges; the rest one
+        pass, each cursor's ordinals acked together.)"""
+        enqueued: Counter[int] = Counter()  # ms; a batch's messages mostly share a few
+        acked = 0
+        if self._runs:
+            numbers, acked = self._ack_runs(numbers, owner, enqueued)
         settled, stale = self._settle(numbers, owner)
-        if not settled:
+        if settled:
+            enqueued.update(map(ENQUEUED, map(RECORD, settled)))
+            cursor: Any = None
+            ordinals: list[int] = []
+            for entry in settled:
+                if entry.cursor is not cursor:
+                    if ordinals:
+                        cursor.ack.ack_many(ordinals)
+                    cursor, ordinals = entry.cursor, []
+                ordinals.append(entry.ordinal)
+                if entry.row is not None:
+                    self.parked.forget(entry.row)
+            cursor.ack.ack_many(ordinals)
+            acked += len(settled)
+        if not acked:
             return stale
-        enqueued: list[int] = []  # ms; a batch's messages mostly share a few values
-        cursor: Any = None
-        ordinals: list[int] = []
-        for entry in settled:
-            enqueued.append(entry.record.enqueued_ms)
-            if entry.cursor is not cursor:
-                if ordinals:
-                    cursor.ack.ack_many(ordinals)
-                cursor, ordinals = entry.cursor, []
-            ordinals.append(entry.ordinal)
-            if entry.row is not None:
-                self.parked.forget(entry.row)
-        cursor.ack.ack_many(ordinals)
         now_ms = time.time() * 1000
         self.end_to_end.observe_counted(  # ages per distinct enqueue time, counted in C
-            (max(0.0, (now_ms - ms) / 1000), n) for ms, n in Counter(enqueued).items()
+            (max(0.0, (now_ms - ms) / 1000), n) for ms, n in enqueued.items()
         )
-        self.acked += len(settled)
+        self.acked += acked
         self._room.set()
         return stale
 
+    def _ack_runs(
+        self, numbers: list[int], owner: Any, enqueued: Counter[int]
+    ) -> tuple[list[int], int]:
+        """Acks of deliveries made as runs: a stretch of consecutive numbers in one run
+        is marked at once. Returns the numbers not of a current run delivery (settled
+        one by one, or stale) and how many were acked."""
+        rest: list[int] = []
+        acked = i = 0
+        end = len(numbers)
+        while i < end:
+            no = numbers[i]
+            run = self._run_of(no)
+            if run is None or (owner is not None and run.owner is not owner):
+                rest.append(no)
+                i += 1
+                continue
+            at = no - run.first
+            n = min(end - i, run.n - at)
+            if n > 1 and numbers[i + n - 1] != no + n - 1:
+                n = _consecutive(numbers, i, n) if numbers[i + 1] == no + 1 else 1
+            settled = run.settled
+            if n > 1 and (
+                numbers[i : i + n] != list(range(no, no + n)) or settled.find(1, at, at + n) != -1
+            ):
+                n = 1
+            if n == 1 and settled[at]:
+                rest.append(no)  # acked before: stale
+                i += 1
+                continue
+            settled[at : at + n] = b"\x01" * n
+            enqueued.update(map(ENQUEUED, run.records[at : at + n]))
+            run.cursor.ack.ack_range(run.ordinal + at, n)
+            run.left -= n
+            if not run.left:
+                self._forget_run(run)
+            acked += n
+            i += n
+        return rest, acked
+
     def nack(self, numbers: list[int], delay: float, owner: Any = None) -> list[int]:
+        self._unrun_numbers(numbers)
         settled, stale = self._settle(numbers, owner)
         self.nacked += len(settled)
         self._park(settled, delay)
@@ -353,6 +536,7 @@ class GroupConsumer:
 
     def extend(self, numbers: list[int], visibility: float, owner: Any = None) -> list[int]:
         deadline = time.monotonic() + visibility
+        self._unrun_numbers(numbers)
         stale = []
         for no in numbers:
             entry = self.inflight.get(no)
@@ -365,6 +549,8 @@ class GroupConsumer:
 
     def release_owner(self, owner: Any) -> None:
         """A stream closed: what it held is parked, due at once."""
+        for run in [d for d in self._runs.values() if d.owner is owner]:
+            self._unrun(run)
         held = [no for no, e in self.inflight.items() if e.owner is owner]
         self._park(self._settle(held, owner)[0], 0.0)
 
@@ -456,11 +642,13 @@ class GroupConsumer:
         if self.outstanding() < timing.current.read_ahead:
             self._held.clear()
             return
-        heads = {e.no for c in self.cursors.values() if (e := c.ack.oldest()) and e.no}
+        heads = {no for c in self.cursors.values() if (no := self._head_number(c))}
         held, self._held = heads & self._held, heads
         if not held:
             return
         newest = max(held)
+        for run in [d for d in self._runs.values() if d.first <= newest]:
+            self._unrun(run)  # a row each for those, as for any delivery
         now_ms = int(time.time() * 1000)
         for entry in self.inflight.values():
             if entry.no <= newest and entry.row is None:
@@ -496,6 +684,8 @@ class GroupConsumer:
             heapq.heappop(timeouts)
             fired = True
         if fired:
+            for run in [d for d in self._runs.values() if d.deadline <= now]:
+                self._unrun(run)
             # a batch shares one timer, so collect every delivery whose deadline passed
             expired = [e for e in inflight.values() if e.deadline <= now]
             for entry in expired:
@@ -519,5 +709,26 @@ class GroupConsumer:
         return total + self.parked.held()
 
     def oldest_unacked_ms(self) -> int | None:
-        oldest = [e.record.enqueued_ms for c in self.cursors.values() if (e := c.ack.oldest())]
+        oldest = []
+        for cursor in self.cursors.values():
+            head = cursor.ack.oldest()
+            if head is not None and (holder := head[1]) is not None:
+                if isinstance(holder, Entry):
+                    oldest.append(holder.record.enqueued_ms)
+                else:
+                    oldest.append(holder.records[head[0] - holder.ordinal].enqueued_ms)
         return min(oldest) if oldest else None
+
+    @staticmethod
+    def _head_number(cursor: ExtentCursor) -> int:
+        """The delivery number of the oldest message of the cursor not acked yet (0:
+        none, or not in flight)."""
+        head = cursor.ack.oldest()
+        if head is None:
+            return 0
+        ordinal, holder = head
+        if isinstance(holder, Entry):
+            return holder.no
+        if isinstance(holder, Delivered):
+            return holder.first + ordinal - holder.ordinal
+        return 0
