@@ -12,9 +12,11 @@ import msgspec
 
 from cherami import timing
 from cherami.roles.outputhost.entry import Delivered, Entry, Run
+from cherami.roles.outputhost.extentreader import _run
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
 from cherami.wire import stream as f
 from cherami.wire.keys import plain_key
+from cherami.wire.records import Record
 from tests.unit.test_redelivery import _consumer, _Metadata, _read_run, write
 
 OWNER, OTHER = object(), object()
@@ -38,8 +40,13 @@ def _state(consumer: GroupConsumer) -> tuple[Any, ...]:
 
 async def test_a_run_is_delivered_whole_and_says_what_entries_would() -> None:
     by_runs, by_entries = _consumer(), _consumer()
-    await by_runs.admit(_read_run(by_runs.cursors["e1"], range(1, 11)))
-    await by_entries.admit(_read_run(by_entries.cursors["e1"], range(1, 11)))
+    now_ms = int(time.time() * 1000)
+    keys = [plain_key(s) for s in range(1, 11)]
+    records = [Record(now_ms, now_ms, f"m{s}".encode(), {"k": str(s)} if s % 3 else None)
+               for s in range(1, 11)]  # fmt: skip
+    ids = [f"e1:{s}" for s in range(1, 11)]
+    await by_runs.admit(_run(by_runs.cursors["e1"], keys, records, ids))
+    await by_entries.admit(_run(by_entries.cursors["e1"], keys, records, ids))
     taken, count = by_runs.take_runs(100, OWNER, 1 << 20)
     (run,) = taken
     assert isinstance(run, Delivered) and count == 10 and by_runs.in_flight == 10
@@ -86,6 +93,16 @@ async def test_acks_of_runs_match_acks_of_entries() -> None:
                 picked += picked[:3]  # repeats
             elif kind == 3:
                 picked.append((10_000, 10_000))  # never given
+            elif kind == 5:  # a few nacked (or extended) first: those are entries now
+                some = picked[:: rng.randrange(2, 9)]
+                if rng.randrange(2):
+                    stale_runs = by_runs.nack([r for r, _ in some], 3600.0, OWNER)
+                    stale_entries = by_entries.nack([e for _, e in some], 3600.0, OWNER)
+                else:
+                    stale_runs = by_runs.extend([r for r, _ in some], 3600.0, OWNER)
+                    stale_entries = by_entries.extend([e for _, e in some], 3600.0, OWNER)
+                assert len(stale_runs) == len(stale_entries)
+                assert _state(by_runs) == _state(by_entries)
             owner = OTHER if kind == 4 else OWNER
             stale_runs = by_runs.ack([r for r, _ in picked], owner)
             stale_entries = by_entries.ack([e for _, e in picked], owner)
@@ -97,8 +114,9 @@ async def test_acks_of_runs_match_acks_of_entries() -> None:
                 by_runs.ack([r for r, _ in picked], OWNER)
                 by_entries.ack([e for _, e in picked], OWNER)
                 assert _state(by_runs) == _state(by_entries)
-        assert by_runs.in_flight == 0 and not by_runs._runs
-        assert by_runs.cursors["e1"].ack.acked == 199
+        assert by_runs.in_flight == 0 and not by_runs._runs and not by_runs.inflight
+        assert by_runs.nacked == by_entries.nacked
+        assert by_runs.acked + by_runs.nacked == 199  # the nacked hold the level: parked
 
 
 async def test_a_byte_budget_splits_a_run_and_the_rest_stays_ready() -> None:
@@ -119,7 +137,7 @@ async def test_a_nack_in_a_run_parks_that_message_and_the_rest_stay_settleable()
     await consumer.admit(_read_run(cursor, range(1, 6)))
     numbers = _numbers(consumer.take_runs(10, OWNER, 1 << 20)[0])
     assert consumer.nack([numbers[1]], delay=3600.0, owner=OWNER) == []
-    assert not consumer._runs and len(consumer.inflight) == 4  # entries now
+    assert len(consumer._runs) == 1 and consumer.in_flight == 4  # the rest stay a run
     assert consumer.ack(numbers, OWNER) == [numbers[1]]  # nacked: no longer current
     await write(meta, [consumer.parked], None)  # type: ignore[arg-type]
     assert cursor.ack.acked == 5 and meta.rows[("e1", plain_key(2))].count == 1
@@ -207,3 +225,22 @@ async def test_messages_not_ready_now_are_admitted_one_by_one() -> None:
     )
     await consumer.admit(_read_run(consumer.cursors["e1"], range(1, 4)))  # before the start
     assert not consumer.ready and consumer.cursors["e1"].ack.acked == 3
+
+
+async def test_run_acks_count_end_to_end_ages_as_entry_acks_do() -> None:
+    by_runs, by_entries = _consumer(), _consumer()
+    now_ms = int(time.time() * 1000)
+    ages = [30_000] * 5 + [2_000, 30_000, 20, 2_000, 20]  # one shared age, then mixed
+    keys = [plain_key(s) for s in range(1, 11)]
+    records = [Record(now_ms - a, now_ms - 30_000, b"x") for a in ages]
+    ids = [f"e1:{s}" for s in range(1, 11)]
+    await by_runs.admit(_run(by_runs.cursors["e1"], keys, records, ids))
+    await by_entries.admit(_run(by_entries.cursors["e1"], keys, records, ids))
+    runs = _numbers(by_runs.take_runs(100, OWNER, 1 << 20)[0])
+    entries = [e.no for e in by_entries.take(100, None, owner=OWNER)]
+    for part in (slice(0, 5), slice(5, 10)):
+        assert by_runs.ack(runs[part], OWNER) == by_entries.ack(entries[part], OWNER) == []
+    one, other = by_runs.end_to_end, by_entries.end_to_end
+    assert one.counts == other.counts and one.count == other.count == 10
+    assert abs(one.sum - other.sum) < 0.5 and one.counts[-1] == 0
+    assert sum(one.counts[: one.bounds.index(60.0) + 1]) == 10

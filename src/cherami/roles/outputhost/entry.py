@@ -91,7 +91,8 @@ class Run:
 class Delivered:
     """``n`` messages of one extent delivered at once to one stream: delivery number
     ``first + i`` is ``records[i]`` (tracked at ordinal ``ordinal + i``), its first
-    delivery. ``settled[i]`` is set once it is acked; ``left`` counts the rest."""
+    delivery. ``settled[i]`` is set once it is acked or taken out of the run as an entry
+    (``take_out``); ``left`` counts the rest."""
 
     __slots__ = (
         "cursor", "ordinal", "keys", "records", "ids", "first", "n", "owner", "deadline",
@@ -132,19 +133,27 @@ class Delivered:
         )  # fmt: skip
 
     def entries(self) -> list[Entry]:
-        """The deliveries not settled yet, as entries in flight (which the cursor then
-        tracks)."""
-        made: list[Entry] = []
-        cursor, settled = self.cursor, self.settled
-        for i in range(self.n):
-            if settled[i]:
-                continue
-            entry = Entry(cursor, self.ordinal + i, self.ids[i], self.records[i], self.keys[i])
-            entry.count = 1
-            entry.no = self.first + i
-            entry.deadline = self.deadline
-            entry.owner = self.owner
-            cursor.ack.hold(entry.ordinal, [entry])
-            made.append(entry)
+        """The deliveries still in the run, as entries in flight (which the cursor then
+        tracks); the run is empty after."""
+        made = [self._entry(i) for i in range(self.n) if not self.settled[i]]
+        self.settled[:] = b"\x01" * self.n
         self.left = 0
         return made
+
+    def take_out(self, no: int) -> Entry | None:
+        """Delivery ``no`` as an entry in flight, out of the run (None: not in it now)."""
+        i = no - self.first
+        if not 0 <= i < self.n or self.settled[i]:
+            return None
+        self.settled[i] = 1
+        self.left -= 1
+        return self._entry(i)
+
+    def _entry(self, i: int) -> Entry:
+        entry = Entry(self.cursor, self.ordinal + i, self.ids[i], self.records[i], self.keys[i])
+        entry.count = 1
+        entry.no = self.first + i
+        entry.deadline = self.deadline
+        entry.owner = self.owner
+        self.cursor.ack.hold(entry.ordinal, [entry])
+        return entry

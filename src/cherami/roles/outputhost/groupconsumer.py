@@ -12,8 +12,8 @@ import time
 from bisect import bisect_right
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable
-from itertools import accumulate, islice
-from operator import attrgetter
+from itertools import accumulate, compress, count, islice
+from operator import attrgetter, ne
 from typing import Any
 
 from cherami import timing
@@ -39,19 +39,6 @@ _skip: Callable[[Iterable[int]], None] = deque[int](
     maxlen=0
 ).extend  # runs an iterator to its end in C
 RECORD = attrgetter("record")
-
-
-def _consecutive(numbers: list[int], i: int, n: int) -> int:
-    """How many of ``numbers[i:i + n]`` go up by one from ``numbers[i]``, if they rise
-    (found by halving; the caller checks the stretch)."""
-    no, lo, hi = numbers[i], 1, n - 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if numbers[i + mid - 1] == no + mid - 1:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 class GroupConsumer:
@@ -233,12 +220,21 @@ class GroupConsumer:
         for entry in run.entries():
             inflight[entry.no] = entry
 
-    def _unrun_numbers(self, numbers: Iterable[int]) -> None:
-        if self._runs:
-            for no in numbers:
-                run = self._run_of(no)
-                if run is not None:
-                    self._unrun(run)
+    def _take_out(self, numbers: Iterable[int]) -> None:
+        """The deliveries named that are in runs become entries in flight (a nack or an
+        extend settles them one by one; the rest of their runs stay as they are)."""
+        if not self._runs:
+            return
+        inflight = self.inflight
+        for no in numbers:
+            run = self._run_of(no)
+            if run is None:
+                continue
+            entry = run.take_out(no)
+            if entry is not None:
+                inflight[no] = entry
+                if not run.left:
+                    self._forget_run(run)
 
     @property
     def in_flight(self) -> int:
@@ -506,19 +502,23 @@ class GroupConsumer:
                 continue
             at = no - run.first
             n = min(end - i, run.n - at)
-            if n > 1 and numbers[i + n - 1] != no + n - 1:
-                n = _consecutive(numbers, i, n) if numbers[i + 1] == no + 1 else 1
+            if n > 1:  # how far the numbers go up by one from here (found in C)
+                rising = map(ne, islice(numbers, i + 1, i + n), range(no + 1, no + n))
+                n = next(compress(count(1), rising), n)
             settled = run.settled
-            if n > 1 and (
-                numbers[i : i + n] != list(range(no, no + n)) or settled.find(1, at, at + n) != -1
-            ):
-                n = 1
-            if n == 1 and settled[at]:
-                rest.append(no)  # acked before: stale
+            out = settled.find(1, at, at + n)  # acked before, or an entry now
+            if out == at:
+                rest.append(no)  # stale, or settled as the entry it became
                 i += 1
                 continue
+            if out != -1:
+                n = out - at
             settled[at : at + n] = b"\x01" * n
-            enqueued.update(map(ENQUEUED, run.records[at : at + n]))
+            ages = list(map(ENQUEUED, run.records[at : at + n]))
+            if ages.count(ages[0]) == n:  # published together: one enqueue time
+                enqueued[ages[0]] += n
+            else:
+                enqueued.update(ages)
             run.cursor.ack.ack_range(run.ordinal + at, n)
             run.left -= n
             if not run.left:
@@ -528,7 +528,7 @@ class GroupConsumer:
         return rest, acked
 
     def nack(self, numbers: list[int], delay: float, owner: Any = None) -> list[int]:
-        self._unrun_numbers(numbers)
+        self._take_out(numbers)
         settled, stale = self._settle(numbers, owner)
         self.nacked += len(settled)
         self._park(settled, delay)
@@ -536,7 +536,7 @@ class GroupConsumer:
 
     def extend(self, numbers: list[int], visibility: float, owner: Any = None) -> list[int]:
         deadline = time.monotonic() + visibility
-        self._unrun_numbers(numbers)
+        self._take_out(numbers)
         stale = []
         for no in numbers:
             entry = self.inflight.get(no)
