@@ -488,43 +488,69 @@ class GroupConsumer:
         self, numbers: list[int], owner: Any, enqueued: Counter[int]
     ) -> tuple[list[int], int]:
         """Acks of deliveries made as runs: a stretch of consecutive numbers in one run
-        is marked at once. Returns the numbers not of a current run delivery (settled
-        one by one, or stale) and how many were acked."""
+        is marked at once, any other number in a short step of its own (its cursor's
+        ordinals acked together at the end). Returns the numbers not of a current run
+        delivery (settled one by one as entries, or stale), in ascending order, and how
+        many were acked."""
+        numbers = sorted(numbers)  # acks out of order make stretches again (in C)
         rest: list[int] = []
         acked = i = 0
         end = len(numbers)
+        run: Any = None
+        lo = hi = 0  # the numbers of ``run``
+        theirs = False  # ``run`` was delivered to another stream
+        singles: dict[ExtentCursor, list[int]] = {}  # ordinals acked one by one
+        ordinals: list[int] = []
+        ages: list[int] = []
         while i < end:
             no = numbers[i]
-            run = self._run_of(no)
-            if run is None or (owner is not None and run.owner is not owner):
+            if not lo <= no < hi:
+                run = self._run_of(no)
+                if run is None:
+                    rest.append(no)  # an entry's, or stale
+                    lo = hi = 0
+                    i += 1
+                    continue
+                lo, hi = run.first, run.first + run.n
+                theirs = owner is not None and run.owner is not owner
+                ordinals = singles.setdefault(run.cursor, [])
+            at = no - lo
+            settled = run.settled
+            if theirs or settled[at]:  # acked before, or taken out as an entry
                 rest.append(no)
                 i += 1
                 continue
-            at = no - run.first
-            n = min(end - i, run.n - at)
-            if n > 1:  # how far the numbers go up by one from here (found in C)
+            if i + 1 < end and numbers[i + 1] == no + 1 and no + 1 < hi:
+                # a stretch of consecutive numbers: how far it rises, found in C
+                n = min(end - i, hi - no)
                 rising = map(ne, islice(numbers, i + 1, i + n), range(no + 1, no + n))
                 n = next(compress(count(1), rising), n)
-            settled = run.settled
-            out = settled.find(1, at, at + n)  # acked before, or an entry now
-            if out == at:
-                rest.append(no)  # stale, or settled as the entry it became
-                i += 1
-                continue
-            if out != -1:
-                n = out - at
-            settled[at : at + n] = b"\x01" * n
-            ages = list(map(ENQUEUED, run.records[at : at + n]))
-            if ages.count(ages[0]) == n:  # published together: one enqueue time
-                enqueued[ages[0]] += n
+                out = settled.find(1, at, at + n)
+                if out != -1:
+                    n = out - at
+                settled[at : at + n] = b"\x01" * n
+                stretch = list(map(ENQUEUED, run.records[at : at + n]))
+                if stretch.count(stretch[0]) == n:  # published together: one enqueue time
+                    enqueued[stretch[0]] += n
+                else:
+                    enqueued.update(stretch)
+                run.cursor.ack.ack_range(run.ordinal + at, n)
             else:
-                enqueued.update(ages)
-            run.cursor.ack.ack_range(run.ordinal + at, n)
+                n = 1
+                settled[at] = 1
+                ages.append(run.records[at].enqueued_ms)
+                ordinals.append(run.ordinal + at)
             run.left -= n
             if not run.left:
                 self._forget_run(run)
+                lo = hi = 0
             acked += n
             i += n
+        for cursor, some in singles.items():
+            if some:
+                cursor.ack.ack_many(some)
+        if ages:
+            enqueued.update(ages)
         return rest, acked
 
     def nack(self, numbers: list[int], delay: float, owner: Any = None) -> list[int]:
