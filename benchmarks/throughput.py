@@ -2,7 +2,7 @@
 then 2 competing consumers in one group consume and ack them. Run for replicas 1 and 3.
 
     python benchmarks/throughput.py [--messages 200000] [--size 256] [--replicas 1,3]
-                                    [--cluster] [--tls] [--floor]
+                                    [--cluster] [--tls] [--floor] [--cpu]
 
 ``--floor`` measures the storage floor (storage_floor.py: as many synced RocksDB writers
 as replicas, at once) right after each node setup and prints publishing's share of it.
@@ -114,18 +114,48 @@ async def consume_phase(url: str, queue: str, group: str, total: int, consumers:
     return done / ((ended or time.perf_counter()) - start)
 
 
-async def run_once(url: str, replicas: int, total: int, size: int, batch: int) -> dict[str, float]:
+class CpuTimes:
+    """CPU seconds of a node (its own process, its store-host children) and of this
+    benchmark process (the clients), read around a phase."""
+
+    def __init__(self, pid: int) -> None:
+        self.node = psutil.Process(pid)
+        self.me = psutil.Process()
+
+    def read(self) -> tuple[float, float, float]:
+        def cpu(p: psutil.Process) -> float:
+            t = p.cpu_times()
+            return float(t.user + t.system)
+
+        children = self.node.children(recursive=True)
+        return cpu(self.node), sum(map(cpu, children)), cpu(self.me)
+
+
+def _per_message(before: tuple[float, ...], after: tuple[float, ...], n: int) -> str:
+    node, stores, client = ((a - b) / n * 1e6 for a, b in zip(after, before, strict=True))
+    return f"node {node:.2f}, store hosts {stores:.2f}, client {client:.2f} us/msg"
+
+
+async def run_once(
+    url: str, replicas: int, total: int, size: int, batch: int, cpu: CpuTimes | None = None
+) -> dict[str, Any]:
     queue = f"bench-r{replicas}-{int(time.time())}"
     async with AsyncClient(url) as client:
         await client.create_queue(queue, replicas=replicas)
         await client.create_group(queue, "workers")
+    t0 = cpu.read() if cpu else ()
     pub_rate, lat = await publish_phase(url, queue, total, size, batch)
+    t1 = cpu.read() if cpu else ()
     con_rate = await consume_phase(url, queue, "workers", total, consumers=2)
+    t2 = cpu.read() if cpu else ()
     return {
         "publish_msgs_s": pub_rate,
         "publish_p50_ms": quantile(lat, 0.5) * 1000,
         "publish_p99_ms": quantile(lat, 0.99) * 1000,
         "consume_ack_msgs_s": con_rate,
+        "cpu": f"publish {_per_message(t0, t1, total)}; consume+ack {_per_message(t1, t2, total)}"
+        if cpu
+        else "",
     }
 
 
@@ -177,6 +207,11 @@ def main() -> None:
     parser.add_argument("--metadata", help="metadata URL for --cluster (default SQLite)")
     parser.add_argument("--tls", action="store_true", help="each setup plain, then with TLS")
     parser.add_argument(
+        "--cpu", action="store_true",
+        help="print the CPU per message of the node, its store hosts and the clients in "
+        "each phase (node setups)",
+    )  # fmt: skip
+    parser.add_argument(
         "--floor", action="store_true",
         help="after each node setup, the storage floor for as many synced writers as it "
         "has replicas (storage_floor.py, same message count), and the ratio",
@@ -206,8 +241,9 @@ def main() -> None:
                 if setup.startswith("node")
                 else _cluster(tmp, args.metadata, with_tls)
             )
+            cpu = CpuTimes(sampler.pid) if args.cpu and setup.startswith("node") else None
             try:
-                r = uvloop.run(run_once(url, replicas, args.messages, args.size, args.batch))
+                r = uvloop.run(run_once(url, replicas, args.messages, args.size, args.batch, cpu))
             finally:
                 peak = sampler.stop()
                 stop()
@@ -221,6 +257,8 @@ def main() -> None:
             f"{peak / 2**20:.0f}",
         ]
         print(" ".join(f"{c:>14}" for c in cells), flush=True)
+        if r["cpu"]:
+            print(f"{'':>14} CPU {r['cpu']}", flush=True)
         if args.floor and setup == "node":
             _print_floor(replicas, args.messages, r["publish_msgs_s"])
         base = setup.removesuffix("+tls")
