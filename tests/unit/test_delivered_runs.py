@@ -9,8 +9,10 @@ import time
 from typing import Any
 
 import msgspec
+import pytest
 
 from cherami import timing
+from cherami.roles.outputhost import groupconsumer as gcmod
 from cherami.roles.outputhost.entry import Delivered, Entry, Run
 from cherami.roles.outputhost.extentreader import _run
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
@@ -20,6 +22,18 @@ from cherami.wire.records import Record
 from tests.unit.test_redelivery import _consumer, _Metadata, _read_run, write
 
 OWNER, OTHER = object(), object()
+REAL_MIN_RUN = {
+    "test_acks_of_runs_match_acks_of_entries",
+    "test_a_stream_taking_a_few_at_a_time_gets_entries_and_the_run_stays",
+}
+
+
+@pytest.fixture(autouse=True)
+def _runs_of_any_length(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Most tests take a few messages at a time; as runs (a stream taking fewer than
+    MIN_RUN at once gets entries: tested on its own, and mixed in the random test)."""
+    if request.node.name not in REAL_MIN_RUN:
+        monkeypatch.setattr(gcmod, "MIN_RUN", 1)
 
 
 def _numbers(taken: list[Entry | Delivered]) -> list[int]:
@@ -244,3 +258,17 @@ async def test_run_acks_count_end_to_end_ages_as_entry_acks_do() -> None:
     assert one.counts == other.counts and one.count == other.count == 10
     assert abs(one.sum - other.sum) < 0.5 and one.counts[-1] == 0
     assert sum(one.counts[: one.bounds.index(60.0) + 1]) == 10
+
+
+async def test_a_stream_taking_a_few_at_a_time_gets_entries_and_the_run_stays() -> None:
+    consumer = _consumer()
+    await consumer.admit(_read_run(consumer.cursors["e1"], range(1, 101)))
+    few, count = consumer.take_runs(gcmod.MIN_RUN - 1, OWNER, 1 << 20)
+    assert count == gcmod.MIN_RUN - 1 and all(isinstance(e, Entry) for e in few)
+    assert [e.msg_id for e in few] == [f"e1:{s}" for s in range(1, gcmod.MIN_RUN)]
+    rest, count = consumer.take_runs(1000, OWNER, 1 << 20)
+    (run,) = rest
+    assert isinstance(run, Delivered) and count == 101 - gcmod.MIN_RUN
+    assert run.ids[0] == f"e1:{gcmod.MIN_RUN}"
+    assert consumer.ack(_numbers(few) + _numbers(rest), OWNER) == []
+    assert consumer.cursors["e1"].ack.acked == 100 and consumer.in_flight == 0

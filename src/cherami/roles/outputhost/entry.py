@@ -72,18 +72,20 @@ class Run:
     def __len__(self) -> int:
         return len(self.keys) - self.pos
 
-    def entries(self) -> list[Entry]:
-        """The messages still ready, as entries (which the cursor then tracks)."""
+    def entries(self, n: int | None = None) -> list[Entry]:
+        """The next ``n`` messages still ready (all of them by default), as entries
+        (which the cursor then tracks); the run keeps the rest."""
         pos, cursor = self.pos, self.cursor
+        end = len(self.keys) if n is None else min(len(self.keys), pos + n)
         first = self.ordinal + pos
         made = [
             Entry(cursor, ordinal, msg_id, record, key)
             for ordinal, msg_id, record, key in zip(
-                range(first, first + len(self)), self.ids[pos:], self.records[pos:],
-                self.keys[pos:], strict=True,
+                range(first, first + end - pos), self.ids[pos:end], self.records[pos:end],
+                self.keys[pos:end], strict=True,
             )
         ]  # fmt: skip
-        self.pos = len(self.keys)
+        self.pos = end
         cursor.ack.hold(first, made)
         return made
 

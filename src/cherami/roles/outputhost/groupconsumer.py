@@ -33,6 +33,7 @@ READ_AHEAD = timing.DEFAULT.read_ahead  # messages read, not acked, per group (t
 TICK = 0.02
 PIN_CHECK = 0.5  # how often a full read window looks for deliveries held at its head
 RETRY_READ_MS = 1000  # a parked body that could not be read by key is tried again then
+MIN_RUN = 16  # a stream taking fewer messages than this at once gets entries, not a run
 
 DeadLetter = Callable[["GroupConsumer", list[Entry]], Awaitable[None]]
 _skip: Callable[[Iterable[int]], None] = deque[int](
@@ -348,6 +349,12 @@ class GroupConsumer:
             if isinstance(entry, Run):
                 if not runs or not all_acting:
                     ready.extendleft(reversed(entry.entries()))
+                    continue
+                if limit - count < MIN_RUN:  # a few at a time: entries, not a run each
+                    few = entry.entries(limit - count)
+                    if len(entry):
+                        ready.appendleft(entry)
+                    ready.extendleft(reversed(few))
                     continue
                 room = max_bytes - size if max_bytes else None
                 fits = self._deliver_run(entry, limit - count, room, count, expired_before)
