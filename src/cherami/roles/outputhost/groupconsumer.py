@@ -9,11 +9,11 @@ import heapq
 import itertools
 import logging
 import time
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable
-from itertools import accumulate, compress, count, islice
-from operator import attrgetter, ne
+from itertools import accumulate, compress, count, islice, repeat
+from operator import attrgetter, ne, sub
 from typing import Any
 
 from cherami import timing
@@ -33,7 +33,8 @@ READ_AHEAD = timing.DEFAULT.read_ahead  # messages read, not acked, per group (t
 TICK = 0.02
 PIN_CHECK = 0.5  # how often a full read window looks for deliveries held at its head
 RETRY_READ_MS = 1000  # a parked body that could not be read by key is tried again then
-MIN_RUN = 16  # a stream taking fewer messages than this at once gets entries, not a run
+MIN_RUN = 16  # fewer messages than this taken at once (a short read, little credit
+# left) are delivered as entries: a run each would cost more than it saves
 
 DeadLetter = Callable[["GroupConsumer", list[Entry]], Awaitable[None]]
 _skip: Callable[[Iterable[int]], None] = deque[int](
@@ -212,7 +213,8 @@ class GroupConsumer:
 
     def _forget_run(self, run: Delivered) -> None:
         del self._runs[run.first]
-        self._firsts.remove(run.first)
+        firsts = self._firsts
+        del firsts[bisect_left(firsts, run.first)]
 
     def _unrun(self, run: Delivered) -> None:
         """A delivered run's unsettled messages become entries in flight."""
@@ -350,7 +352,7 @@ class GroupConsumer:
                 if not runs or not all_acting:
                     ready.extendleft(reversed(entry.entries()))
                     continue
-                if limit - count < MIN_RUN:  # a few at a time: entries, not a run each
+                if min(len(entry), limit - count) < MIN_RUN:  # a few: entries, not a run
                     few = entry.entries(limit - count)
                     if len(entry):
                         ready.appendleft(entry)
@@ -500,9 +502,12 @@ class GroupConsumer:
         delivery (settled one by one as entries, or stale), in ascending order, and how
         many were acked."""
         numbers = sorted(numbers)  # acks out of order make stretches again (in C)
+        end = len(numbers)
+        # where each stretch of consecutive numbers starts, found once (in C)
+        steps = map(sub, islice(numbers, 1, None), numbers)
+        starts = list(compress(count(1), map(ne, steps, repeat(1))))
         rest: list[int] = []
         acked = i = 0
-        end = len(numbers)
         run: Any = None
         lo = hi = 0  # the numbers of ``run``
         theirs = False  # ``run`` was delivered to another stream
@@ -528,10 +533,9 @@ class GroupConsumer:
                 i += 1
                 continue
             if i + 1 < end and numbers[i + 1] == no + 1 and no + 1 < hi:
-                # a stretch of consecutive numbers: how far it rises, found in C
-                n = min(end - i, hi - no)
-                rising = map(ne, islice(numbers, i + 1, i + n), range(no + 1, no + n))
-                n = next(compress(count(1), rising), n)
+                # a stretch of consecutive numbers, to its end or its run's
+                k = bisect_right(starts, i)
+                n = min(starts[k] if k < len(starts) else end, i + hi - no) - i
                 out = settled.find(1, at, at + n)
                 if out != -1:
                     n = out - at
