@@ -137,8 +137,6 @@ class ConsumeStream:
 
 def _tuples(taken: list[Entry | Delivered]) -> list[f.DeliveryTuple]:
     """What the deliver frame says of each message (wire.stream.encode_deliver)."""
-    if len(taken) == 1 and isinstance(run := taken[0], Delivered):
-        return run.tuples()
     tuples: list[f.DeliveryTuple] = []
     for e in taken:
         if isinstance(e, Delivered):

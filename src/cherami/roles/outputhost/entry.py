@@ -45,6 +45,14 @@ class Entry:
         self.owner: Any = None  # the stream that holds the current delivery, if any
         self.row: Parked | None = None  # its redelivery row, once it has one
 
+    # what every holder of a tracked message says of it (ackmanager.py)
+    def record_at(self, ordinal: int) -> Record:
+        return self.record
+
+    def number_at(self, ordinal: int) -> int:
+        """The current delivery number of the message at ``ordinal`` (0: none)."""
+        return self.no
+
 
 class Run:
     """Messages read in a row from one extent (``keys[i]`` holds ``records[i]``, whose
@@ -71,6 +79,12 @@ class Run:
 
     def __len__(self) -> int:
         return len(self.keys) - self.pos
+
+    def record_at(self, ordinal: int) -> Record:
+        return self.records[ordinal - self.ordinal]
+
+    def number_at(self, ordinal: int) -> int:
+        return 0  # not delivered yet
 
     def entries(self, n: int | None = None) -> list[Entry]:
         """The next ``n`` messages still ready (all of them by default), as entries
@@ -122,6 +136,12 @@ class Delivered:
         self.deadline = deadline
         self.settled = bytearray(n)
         run.pos = end
+
+    def record_at(self, ordinal: int) -> Record:
+        return self.records[ordinal - self.ordinal]
+
+    def number_at(self, ordinal: int) -> int:
+        return self.first + ordinal - self.ordinal
 
     def tuples(self) -> list[DeliveryTuple]:
         """What a deliver frame says of each (wire.stream.encode_deliver), built in C."""

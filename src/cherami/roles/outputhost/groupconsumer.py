@@ -37,9 +37,8 @@ MIN_RUN = 16  # fewer messages than this taken at once (a short read, little cre
 # left) are delivered as entries: a run each would cost more than it saves
 
 DeadLetter = Callable[["GroupConsumer", list[Entry]], Awaitable[None]]
-_skip: Callable[[Iterable[int]], None] = deque[int](
-    maxlen=0
-).extend  # runs an iterator to its end in C
+# runs an iterator to its end in C (numbers handed out to a run, skipped past)
+_skip: Callable[[Iterable[int]], None] = deque[int](maxlen=0).extend
 RECORD = attrgetter("record")
 
 
@@ -367,21 +366,13 @@ class GroupConsumer:
                 if not n:  # no room left for the next body
                     ready.appendleft(entry)
                     break
-                first = next(numbers)
-                if n > 1:
-                    _skip(islice(numbers, n - 1))
-                made = Delivered(entry, n, first, owner, deadline)
+                made = self._hand_out(entry, n, body_bytes, owner, deadline)
                 if len(entry):
                     ready.appendleft(entry)
-                self._runs[first] = made
-                self._firsts.append(first)
-                made.cursor.ack.hold(made.ordinal, [made] * n)
                 taken.append(made)
                 count += n
                 size += body_bytes
-                last = first + n - 1
-                made.cursor.delivered += n
-                made.cursor.delivered_bytes += body_bytes
+                last = made.first + n - 1
                 continue
             record = entry.record
             body = len(record.body)
@@ -425,6 +416,24 @@ class GroupConsumer:
             heapq.heappush(timeouts, (deadline, last))  # one timer a batch; see _expire
             self.delivered += count
         return taken, count
+
+    def _hand_out(
+        self, run: Run, n: int, body_bytes: int, owner: Any, deadline: float
+    ) -> Delivered:
+        """The next ``n`` messages of a ready run, delivered as one run: consecutive
+        numbers, tracked by their cursor as that run."""
+        numbers = self._numbers
+        first = next(numbers)
+        if n > 1:
+            _skip(islice(numbers, n - 1))
+        made = Delivered(run, n, first, owner, deadline)
+        self._runs[first] = made
+        self._firsts.append(first)
+        cursor = made.cursor
+        cursor.ack.hold(made.ordinal, [made] * n)
+        cursor.delivered += n
+        cursor.delivered_bytes += body_bytes
+        return made
 
     @staticmethod
     def _deliver_run(
@@ -749,11 +758,8 @@ class GroupConsumer:
         oldest = []
         for cursor in self.cursors.values():
             head = cursor.ack.oldest()
-            if head is not None and (holder := head[1]) is not None:
-                if isinstance(holder, Entry):
-                    oldest.append(holder.record.enqueued_ms)
-                else:
-                    oldest.append(holder.records[head[0] - holder.ordinal].enqueued_ms)
+            if head is not None and head[1] is not None:
+                oldest.append(head[1].record_at(head[0]).enqueued_ms)
         return min(oldest) if oldest else None
 
     @staticmethod
@@ -761,11 +767,4 @@ class GroupConsumer:
         """The delivery number of the oldest message of the cursor not acked yet (0:
         none, or not in flight)."""
         head = cursor.ack.oldest()
-        if head is None:
-            return 0
-        ordinal, holder = head
-        if isinstance(holder, Entry):
-            return holder.no
-        if isinstance(holder, Delivered):
-            return holder.first + ordinal - holder.ordinal
-        return 0
+        return 0 if head is None or head[1] is None else head[1].number_at(head[0])
