@@ -2,21 +2,25 @@
 host cut off from the metadata store *alone* must stop acting at its leases' end, since
 its peer still reaches the store and takes its extents over.
 
-Hosts in network namespaces (cherami.cluster.netns), the metadata PostgreSQL on the
-gateway (the root namespace) with the producers and consumers beside it. One output
-host is cut off from the root namespace for 12 s: it reaches neither the store nor the
-clients, but still reaches its peer, the frontend and the store hosts, so the frontend
-goes on forwarding receives to it. Its peer answers that it reaches the store, so the
-cut host must not act on: lost 0, no message held by two consumers at once, and its
-extents delivered by the peer during the cut. (A stream ack the cut host applied but
-could not persist is delivered again by the peer: at least once, as after any failover.) Needs root,
-iproute2 and iptables; a missing facility fails the test."""
+Hosts in network
+namespaces (cherami.cluster.netns), the metadata PostgreSQL on the gateway (the root
+namespace) with the producers and consumers beside it. One output host is cut off from
+the root namespace for 12 s: it reaches neither the store nor the clients, but still
+reaches its peer, the frontend and the store hosts, so the frontend goes on forwarding
+receives to it. Its peer answers that it reaches the store, so the cut host must not act
+on: lost 0, no message held by two consumers at once, and its extents delivered by the
+peer during the cut. (A peer whose own ownership tick is slow on a loaded machine says
+it cannot reach the store either, and takes nothing meanwhile: the cut host may act on
+while such a tick runs, and only then.) (A stream ack the cut host applied but could not
+persist is delivered again by the peer: at least once, as after any failover.) Needs
+root, iproute2 and iptables; a missing facility fails the test."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -41,6 +45,21 @@ async def _holders(url: str, queue: str) -> list[str]:
     async with AsyncClient(url) as client:
         route = await client.request("GET", f"/v1/queues/{queue}/groups/{GROUP}/consumers")
     return sorted(h["address"] for h in route["output_hosts"])
+
+
+def _stamp(line: str) -> float:
+    return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def _acting_on_unvouched(cut_log: str, peer_log: str) -> list[str]:
+    """The cut host's "acting on" lines that its peer did not vouch for. The peer says it
+    cannot reach the store while one of its ownership ticks fails or runs past SLOW_TICK
+    (a loaded machine can do that with the store in reach); it takes nothing then, so the
+    cut host acting on its word is safe, and the peer logs such a tick when it ends."""
+    slow = [_stamp(ln) for ln in peer_log.splitlines()
+            if "ownership tick took" in ln or "extent ownership tick failed" in ln]  # fmt: skip
+    return [ln for ln in cut_log.splitlines() if "acting on for" in ln
+            and not any(0 <= t - _stamp(ln) < 10 for t in slow)]  # fmt: skip
 
 
 @pytest.mark.timeout(150)
@@ -86,7 +105,9 @@ async def test_output_host_cut_from_the_store_alone_stops_acting(
     print(f"output host cut from the store: {report}, holders at the cut's end {during}, "
           f"delivered in the cut's last {CUT_SECONDS - 6:.0f} s {delivered_late_in_cut}, "
           f"all delivered {complete}")  # fmt: skip
-    assert "acting on for" not in log_text, "the cut host acted on past its leases"
+    peer = next(n for n in cluster.names("outputhost") if n != cut)
+    unvouched = _acting_on_unvouched(log_text, cluster.procs[peer].log.read_text(errors="replace"))
+    assert not unvouched, f"the cut host acted on past its leases on no peer's word: {unvouched}"
     assert not any(a.startswith(cut_address) for a in during), during
     assert delivered_late_in_cut > 0, "the peer did not take the cut host's extents over"
     assert report["acked"] > 500, report

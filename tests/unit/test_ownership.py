@@ -223,6 +223,25 @@ async def test_outage_acting_goes_on_only_on_every_peers_word(
     assert not a.acting(*unit)
 
 
+async def test_every_peers_word_with_every_window_run_out_is_no_acting_on(
+    meta: SqliteMetadataStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A host cut off alone may hear "unreachable" from a peer whose tick is merely slow
+    (it takes nothing then either) after its own windows ran out: it has nothing to act
+    for, and neither acts nor says it does."""
+    await _queue(meta, "q", ["g"], [PLAIN, PLAIN])
+    a, b = _host(meta, "outputhost-a"), _host(meta, "outputhost-b")
+    await _ticks([a, b], meta, 2)
+    unit = next(iter(a.held))
+    await _failing_tick(a)
+    a.held[unit].acting_until = time.monotonic() - 0.01
+    a.outage._ask = _Peers({"outputhost-b": True}).ask  # type: ignore[method-assign]
+    with caplog.at_level("INFO", logger="cherami.outputhost.outage"):
+        await a.outage.check()
+    assert not a.outage.riding and not a.acting(*unit)
+    assert "acting on for" not in caplog.text
+
+
 async def test_no_taking_while_a_tick_is_slow_or_after_an_outage(
     meta: SqliteMetadataStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

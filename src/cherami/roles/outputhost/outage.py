@@ -81,16 +81,24 @@ class OutageWatch:
         answers = await asyncio.gather(*(self._ask(a) for a in peers.values()))
         # alone, a host cannot tell an outage from being cut off (a host started to
         # replace it, which reaches the store, would take its extents): it stops
+        units = 0
         if peers and all(answers) and self.owner.store_unreachable():
             units = self.owner.ride_out(asked + RECOVERY_GRACE - timing.current.lease_margin)
+        # every window may have run out before the peers answered (the store went away
+        # while this host was cut off too, or a peer's tick was merely slow): then there
+        # is nothing to act on, and nothing is said
+        if units:
             if not self.riding:
                 log.warning("metadata store unreachable from every output host (%d peers): "
                             "acting on for %d extents", len(peers), units)  # fmt: skip
             self.riding = True
         elif self.riding:
             cut = sorted(p for p, ok in zip(peers, answers, strict=True) if not ok)
-            log.warning("metadata outage: peers %s reach the store or do not answer: "
-                        "acting stops with the leases", cut)  # fmt: skip
+            if cut:
+                log.warning("metadata outage: peers %s reach the store or do not answer: "
+                            "acting stops with the leases", cut)  # fmt: skip
+            else:
+                log.warning("metadata outage: no extent left to act for")
             self.riding = False
 
     async def _ask(self, address: str) -> bool:
