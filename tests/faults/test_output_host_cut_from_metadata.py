@@ -55,7 +55,8 @@ def _acting_on_unvouched(cut_log: str, peer_log: str) -> list[str]:
     """The cut host's "acting on" lines that its peer did not vouch for. The peer says it
     cannot reach the store while one of its ownership ticks fails or runs past SLOW_TICK
     (a loaded machine can do that with the store in reach); it takes nothing then, so the
-    cut host acting on its word is safe, and the peer logs such a tick (when it ends, or as it fails)."""
+    cut host acting on its word is safe, and the peer logs such a tick (as it ends or
+    fails)."""
     slow = [_stamp(ln) for ln in peer_log.splitlines()
             if "ownership tick took" in ln or "extent ownership tick failed" in ln]  # fmt: skip
     return [ln for ln in cut_log.splitlines() if "acting on for" in ln
