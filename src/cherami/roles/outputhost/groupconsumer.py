@@ -222,6 +222,10 @@ class GroupConsumer:
         for entry in run.entries():
             inflight[entry.no] = entry
 
+    def _unrun_where(self, which: Callable[[Delivered], bool]) -> None:
+        for run in [d for d in self._runs.values() if which(d)]:
+            self._unrun(run)
+
     def _take_out(self, numbers: Iterable[int]) -> None:
         """The deliveries named that are in runs become entries in flight (a nack or an
         extend settles them one by one; the rest of their runs stay as they are)."""
@@ -595,8 +599,7 @@ class GroupConsumer:
 
     def release_owner(self, owner: Any) -> None:
         """A stream closed: what it held is parked, due at once."""
-        for run in [d for d in self._runs.values() if d.owner is owner]:
-            self._unrun(run)
+        self._unrun_where(lambda run: run.owner is owner)
         held = [no for no, e in self.inflight.items() if e.owner is owner]
         self._park(self._settle(held, owner)[0], 0.0)
 
@@ -693,8 +696,7 @@ class GroupConsumer:
         if not held:
             return
         newest = max(held)
-        for run in [d for d in self._runs.values() if d.first <= newest]:
-            self._unrun(run)  # a row each for those, as for any delivery
+        self._unrun_where(lambda run: run.first <= newest)  # a row each, as for any delivery
         now_ms = int(time.time() * 1000)
         for entry in self.inflight.values():
             if entry.no <= newest and entry.row is None:
@@ -730,8 +732,7 @@ class GroupConsumer:
             heapq.heappop(timeouts)
             fired = True
         if fired:
-            for run in [d for d in self._runs.values() if d.deadline <= now]:
-                self._unrun(run)
+            self._unrun_where(lambda run: run.deadline <= now)
             # a batch shares one timer, so collect every delivery whose deadline passed
             expired = [e for e in inflight.values() if e.deadline <= now]
             for entry in expired:
