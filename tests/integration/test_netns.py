@@ -280,7 +280,9 @@ def test_cli_cluster_up_netns_and_down_leave_nothing(tmp_path: Path) -> None:
          "--controllers", "1", "--inputs", "1", "--outputs", "1", "--port", "8090"],
         capture_output=True, text=True, timeout=90,
     )  # fmt: skip
-    state = json.loads((tmp_path / "cli" / "cluster.json").read_text())
+    saved = tmp_path / "cli" / "cluster.json"
+    assert saved.exists(), f"cluster up saved no state: {up.returncode}\n{up.stdout}{up.stderr}"
+    state = json.loads(saved.read_text())
     run_id = state["netns"]["id"]
     try:
         assert up.returncode == 0, up.stdout + up.stderr
