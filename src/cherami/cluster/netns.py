@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
@@ -31,6 +32,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -134,11 +136,12 @@ class Network:
                 raise NetnsError(f"{tool} is not installed (apt-get install iproute2 iptables)")
         if len(self._zones) > 250:
             raise NetnsError("at most 250 hosts")
-        self.subnet = _free_subnet()
-        net = ipaddress.ip_network(self.subnet)
-        self.gateway = str(net[1])
-        _sh("ip", "link", "add", self.bridge, "type", "bridge")
-        _sh("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+        with _subnet_lock():  # two networks built at once must not pick the same subnet
+            self.subnet = _free_subnet()
+            net = ipaddress.ip_network(self.subnet)
+            self.gateway = str(net[1])
+            _sh("ip", "link", "add", self.bridge, "type", "bridge")
+            _sh("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
         _sh("ip", "link", "set", self.bridge, "up")
         # with br_netfilter, bridged frames pass the root FORWARD chain (Docker drops them)
         _sh("iptables", "-w", "-I", "FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT")
@@ -504,6 +507,16 @@ def _rmdir(path: Path) -> None:
             return
         except OSError:
             time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def _subnet_lock() -> Iterator[None]:
+    """Held from choosing a subnet until the bridge has its address (other processes
+    building networks look for free subnets by the addresses in use)."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / "subnet.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _free_subnet() -> str:
