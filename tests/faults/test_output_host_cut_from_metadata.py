@@ -2,18 +2,18 @@
 host cut off from the metadata store *alone* must stop acting at its leases' end, since
 its peer still reaches the store and takes its extents over.
 
-Hosts in network
-namespaces (cherami.cluster.netns), the metadata PostgreSQL on the gateway (the root
-namespace) with the producers and consumers beside it. One output host is cut off from
-the root namespace for 12 s: it reaches neither the store nor the clients, but still
-reaches its peer, the frontend and the store hosts, so the frontend goes on forwarding
-receives to it. Its peer answers that it reaches the store, so the cut host must not act
-on: lost 0, no message held by two consumers at once, and its extents delivered by the
-peer during the cut. (A peer whose own ownership tick is slow on a loaded machine says
-it cannot reach the store either, and takes nothing meanwhile: the cut host may act on
-while such a tick runs, and only then.) (A stream ack the cut host applied but could not
-persist is delivered again by the peer: at least once, as after any failover.) Needs
-root, iproute2 and iptables; a missing facility fails the test."""
+Hosts in network namespaces (cherami.cluster.netns), the metadata PostgreSQL on the
+gateway (the root namespace) with the producers and consumers beside it. One output host
+is cut off from the root namespace for 12 s: it reaches neither the store nor the
+clients, but still reaches its peer, the frontend and the store hosts, so the frontend
+goes on forwarding receives to it. Its peer answers that it reaches the store, so the
+cut host must not act on: lost 0, no message held by two consumers at once, and its
+extents delivered by the peer during the cut. (A peer whose own ownership tick is slow
+on a loaded machine says it cannot reach the store either, and takes nothing meanwhile:
+the cut host may act on while such a tick runs, and only then.) (A stream ack the cut
+host applied but could not persist is delivered again by the peer: at least once, as
+after any failover.) Needs root, iproute2 and iptables; a missing facility fails the
+test."""
 
 from __future__ import annotations
 
