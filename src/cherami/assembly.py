@@ -83,11 +83,17 @@ class Assembly:
     outputs: LocalOutputHost | None = None
     ownership: ExtentOwnership | None = None
     leader: Leader | None = None
+    recovers: bool = False  # a node: its input host's extents are looked at first
     _stoppers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     async def start(self) -> None:
         """Start the roles' background work: once the process heartbeats (the leader
-        seals the extents of input hosts it does not see alive)."""
+        seals the extents of input hosts it does not see alive). A node recovers what
+        its last run left open first: here, not while assembling, so its store hosts
+        heartbeat however long that takes (it was once long enough for them to count
+        as dead and the node could not start)."""
+        if self.recovers:
+            await self.controller.recover()
         if self.outputs is not None:
             await self.outputs.service.start()
             self._stoppers.insert(0, self.outputs.service.stop)
@@ -115,8 +121,6 @@ async def assemble(s: Surroundings, roles: frozenset[str]) -> Assembly:
         s.metadata, s.stores, s.pick_input_host, manage_extents=CONTROLLER in roles,
         live_stores=lambda: s.watcher.live, default_min_extents=s.default_min_extents,
     )  # fmt: skip
-    if alone:  # the node's input host died with its last run: seal what it left open
-        await controller.recover()
     inputs = None
     if INPUTHOST in roles:
         failed = partial(report_failing, s.metadata)
@@ -144,7 +148,8 @@ async def assemble(s: Surroundings, roles: frozenset[str]) -> Assembly:
     if ownership is not None:  # peers ask it during a metadata outage
         add_outage_route(app, ownership.store_unreachable)
     stoppers: list[Callable[[], Awaitable[None]]] = [] if inputs is None else [inputs.stop]
-    return Assembly(controller, app, inputs, outputs, ownership, leader, stoppers)
+    # a node's input host died with its last run: Assembly.start recovers its extents
+    return Assembly(controller, app, inputs, outputs, ownership, leader, alone, stoppers)
 
 
 def _input_client(s: Surroundings, inputs: InputHostService | None) -> InputHostClient:

@@ -165,6 +165,19 @@ async def test_extent_status_and_duplicate_ids(meta: MetadataStore) -> None:
     assert await meta.list_extents("other") == []
 
 
+async def test_extents_in_statuses_across_queues(meta: MetadataStore) -> None:
+    assert await meta.insert_extent(_extent("e1"))
+    assert await meta.insert_extent(msgspec.structs.replace(_extent("e2"), queue="q2"))
+    assert await meta.insert_extent(msgspec.structs.replace(_extent("e3"), queue="q3"))
+    await meta.set_extent_status("e3", SEALED, sealed_seq=1)
+    assert {(e.id, e.queue) for e in await meta.list_extents_in((OPEN,))} == {
+        ("e1", "q1"),
+        ("e2", "q2"),
+    }
+    assert {e.id for e in await meta.list_extents_in((OPEN, SEALED))} == {"e1", "e2", "e3"}
+    assert await meta.list_extents_in((DELETED,)) == []
+
+
 async def test_delete_queue_takes_groups_and_ack_levels(meta: MetadataStore) -> None:
     await meta.insert_queue(_queue())
     await meta.insert_group(

@@ -48,6 +48,10 @@ class MetadataStore(Protocol):
 
     async def list_extents(self, queue: str, statuses: tuple[str, ...] = ()) -> list[Extent]: ...
 
+    async def list_extents_in(self, statuses: tuple[str, ...]) -> list[Extent]:
+        """Every extent of every queue in one of ``statuses``, in one read (a node's
+        recovery looks at all its open extents at once, not queue by queue)."""
+
     async def set_extent_status(
         self,
         extent_id: str,

@@ -110,6 +110,8 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     """,
     # zones and load reports (the hosts' latest, JSON) for placement and scaling
     "ALTER TABLE hosts ADD COLUMN zone text NOT NULL DEFAULT '', ADD COLUMN load jsonb;",
+    # every open extent at once (recovery), not queue by queue
+    "CREATE INDEX extents_by_status ON extents (status);",
 )
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -399,6 +401,13 @@ class PostgresMetadataStore:
             query += " AND status = ANY(%s)"
             args += (list(statuses),)
         rows = await self._fetchall(query + " ORDER BY created_at, id", args)
+        return [_extent(r) for r in rows]
+
+    async def list_extents_in(self, statuses: tuple[str, ...]) -> list[Extent]:
+        rows = await self._fetchall(
+            f"SELECT {_EXTENT_COLUMNS} FROM extents WHERE status = ANY(%s) ORDER BY created_at, id",
+            (list(statuses),),
+        )
         return [_extent(r) for r in rows]
 
     async def set_extent_status(

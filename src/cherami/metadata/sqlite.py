@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS extents (
     sealed_seq INTEGER, predecessor TEXT UNIQUE
 );
 CREATE INDEX IF NOT EXISTS extents_by_queue ON extents (queue, status);
+CREATE INDEX IF NOT EXISTS extents_by_status ON extents (status);
 CREATE TABLE IF NOT EXISTS ack_levels (
     queue TEXT NOT NULL, grp TEXT NOT NULL, extent TEXT NOT NULL, level BLOB NOT NULL,
     acked INTEGER NOT NULL, lim BLOB, PRIMARY KEY (queue, grp, extent)
@@ -307,6 +308,14 @@ class SqliteMetadataStore:
         rows = await self._run(
             lambda: self._db.execute(sql + " ORDER BY created_at, id", args).fetchall()
         )
+        return [_extent(r) for r in rows]
+
+    async def list_extents_in(self, statuses: tuple[str, ...]) -> list[Extent]:
+        sql = (
+            f"SELECT {_EXTENT_COLUMNS} FROM extents "
+            f"WHERE status IN ({', '.join('?' * len(statuses))}) ORDER BY created_at, id"
+        )
+        rows = await self._run(lambda: self._db.execute(sql, statuses).fetchall())
         return [_extent(r) for r in rows]
 
     async def set_extent_status(
