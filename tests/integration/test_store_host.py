@@ -6,6 +6,7 @@ the acked appends in the extent, readable in order, and refuse every later one."
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ from cherami.errors import Unavailable
 from cherami.roles.storehost.client import StoreClient, check_appended
 from cherami.roles.storehost.process import StoreProcess
 from cherami.wire.handshake import derive_key
-from cherami.wire.store import PLAIN, array_header, pack_records
+from cherami.wire.keys import seq_of
+from cherami.wire.store import PLAIN, TIMER, array_header, pack_records
 
 APPENDS, PER_APPEND = 300, 10
 SECRET = b"a store host's test secret, 32 b"
@@ -118,6 +120,33 @@ async def test_packed_and_unpacked_appends_and_a_malformed_one(tmp_path: Path) -
         assert bytes(joined.joined or b"") == array_header(25) + b"".join(records[5:])
         info = (await client.info(["e1"]))[0]
         assert (info.count, info.bytes) == (30, sum(map(len, records)))
+    finally:
+        await client.close()
+        await proc.stop()
+
+
+async def test_a_waiting_timer_read_answers_when_its_record_comes_due(tmp_path: Path) -> None:
+    """A reader of a timer extent may wait long at the store host (an idle one costs
+    nothing then): the record that comes due while it waits is given to it at once,
+    not at the end of the wait."""
+    proc = StoreProcess("s0", str(tmp_path / "s0"), "127.0.0.1", _no_address, SECRET)
+    await proc.start()
+    client = StoreClient("s0", proc.address, key=derive_key(SECRET))
+    try:
+        await client.create_extent("t1", TIMER)
+        await client.connect()
+        now = int(time.time() * 1000)
+        due = [now + 400, now + 3_600_000]  # soon, and in an hour
+        check_appended(await client.append_nowait("t1", 1, pack_records([b"soon", b"later"]), due))
+        client.commit_nowait("t1", 2)
+        # nothing is due yet; the read may wait 30 s, the test gives it 10 s
+        async with asyncio.timeout(10):
+            got = await client.read("t1", b"", 10, until_ms=now, wait_ms=30_000)
+        assert [seq_of(k) for k in got.keys] == [1]
+        assert int.from_bytes(got.keys[0][:8], "big") == due[0]
+        # the one due in an hour is not given early: the wait runs out empty
+        got = await client.read("t1", got.keys[0], 10, until_ms=now + 1000, wait_ms=300)
+        assert got.keys == []
     finally:
         await client.close()
         await proc.stop()

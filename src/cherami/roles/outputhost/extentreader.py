@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("cherami.outputhost.extentreader")
 
 READ_BATCH = 2000  # records per read of a store host (fewer round trips when far behind)
-TAIL_WAIT_MS = 1000
-TIMER_POLL_MS = 100
+# how long a read waits at the store host for records to come (committed, or due on a
+# timer extent): an idle extent costs one read per wait, whatever else happens
+TAIL_WAIT_MS = 5000
 SHUN_SECONDS = 5.0  # a replica whose read failed is not read again for this long
 ORIG_ID = attrgetter("orig_id")
 
@@ -100,7 +101,7 @@ async def read_extent(group: GroupConsumer, cursor: ExtentCursor, reads: SharedR
                     cursor.read_key,
                     count,
                     until_ms=due_by,
-                    wait_ms=TIMER_POLL_MS,
+                    wait_ms=TAIL_WAIT_MS,
                     joined=True,
                 )
                 chunk = decode_chunk(store_id, cursor.id, batch, timer=True)
@@ -141,5 +142,3 @@ async def read_extent(group: GroupConsumer, cursor: ExtentCursor, reads: SharedR
             ended = len(end_votes) >= 2 or not others
         if ended:
             cursor.read_done = True
-        elif timer and not chunk.keys:
-            await asyncio.sleep(TIMER_POLL_MS / 1000)

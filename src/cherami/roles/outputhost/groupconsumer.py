@@ -73,6 +73,7 @@ class GroupConsumer:
         self.readable = asyncio.Event()  # set while ready is not empty
         self._dlq_pending: list[Entry] = []
         self._ticker: asyncio.Task[None] | None = None
+        self._timers_due = asyncio.Event()  # a delivery or a parked row: the ticker runs
         self._dlq_task: asyncio.Task[None] | None = None
         self.delivered = self.acked = self.redelivered = self.dead_lettered = 0
         self.nacked = 0
@@ -418,6 +419,7 @@ class GroupConsumer:
             self.readable.clear()
         if taken:
             heapq.heappush(timeouts, (deadline, last))  # one timer a batch; see _expire
+            self._timers_due.set()
             self.delivered += count
         return taken, count
 
@@ -595,6 +597,7 @@ class GroupConsumer:
                 continue
             entry.deadline = deadline
             heapq.heappush(self._timeouts, (deadline, no))
+            self._timers_due.set()
         return stale
 
     def release_owner(self, owner: Any) -> None:
@@ -682,6 +685,7 @@ class GroupConsumer:
             rows, extents, {e: lv.level for e, lv in levels.items()},
             self.group.config.max_delivery_count, int(time.time() * 1000),
         )  # fmt: skip
+        self._timers_due.set()
 
     def _pin_held(self, now: float) -> None:
         """With the read window full, deliveries in flight at its head since the last
@@ -721,9 +725,20 @@ class GroupConsumer:
 
     # timers
     async def _tick_loop(self) -> None:
+        """Every TICK while the group has deliveries, parked rows or dead letters to
+        look after; an idle group's ticker waits, costing nothing, until it has one."""
         while True:
+            if not self._has_timers():
+                self._timers_due.clear()
+                await self._timers_due.wait()
             await asyncio.sleep(TICK)
             self._expire(time.monotonic())
+
+    def _has_timers(self) -> bool:
+        return bool(
+            self._timeouts or self.inflight or self._runs or self.parked.rows
+            or self._dlq_pending
+        )  # fmt: skip
 
     def _expire(self, now: float) -> None:
         timeouts, inflight = self._timeouts, self.inflight

@@ -298,8 +298,13 @@ class StoreHostService:
         raise StorageError("invalid_request", f"unexpected frame {type(request).__name__}")
 
     async def _read(self, request: w.Read) -> w.ReadResult:
+        """Records after ``request.after``, waiting up to ``wait_ms`` for some: a new
+        commit, a seal or a drop wakes the wait, and on a timer extent so does the next
+        record coming due (``until_ms`` moves on with the clock while it waits), so a
+        reader that waits long costs nothing until there is something to give it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(request.wait_ms, MAX_READ_WAIT_MS) / 1000
+        asked_ms = time.time() * 1000
         while True:
             event = self._tail_events.setdefault(request.extent, asyncio.Event())
             info = self.store.info(request.extent)
@@ -308,13 +313,16 @@ class StoreHostService:
                 max_seq = committed
             else:  # open: nothing is known to be on every replica yet; sealed: all is
                 max_seq = 0 if info.exists and not info.sealed else -1
+            until_ms = request.until_ms
+            if until_ms:  # a timer read: what came due while it waited is due now
+                until_ms += int(time.time() * 1000 - asked_ms)
             batch = await loop.run_in_executor(
                 self._reads,
                 self.store.read,
                 request.extent,
                 request.after,
                 request.max_count,
-                request.until_ms,
+                until_ms,
                 request.max_bytes,
                 max_seq,
             )
@@ -330,8 +338,21 @@ class StoreHostService:
                     joined = w.join_records(batch.records)
                     return w.ReadResult(request.rid, batch.keys, [], batch.end, joined)
                 return w.ReadResult(request.rid, batch.keys, batch.records, batch.end)
+            if until_ms:
+                remaining = min(remaining, await self._until_due(request, until_ms, max_seq))
             try:
                 async with asyncio.timeout(remaining):
                     await event.wait()
             except TimeoutError:
                 pass
+
+    async def _until_due(self, request: w.Read, until_ms: int, max_seq: int) -> float:
+        """Seconds until the next record of a timer extent after the read's position
+        comes due for it (a long time when there is none)."""
+        peek = await asyncio.get_running_loop().run_in_executor(
+            self._reads, self.store.read, request.extent, request.after, 1, 0, 1 << 20, max_seq
+        )
+        if not peek.keys:
+            return MAX_READ_WAIT_MS / 1000
+        due_ms = int.from_bytes(peek.keys[0][:8], "big")
+        return max(0.001, (due_ms - until_ms) / 1000)
