@@ -541,3 +541,34 @@ async def test_a_deleted_extent_stays_deleted(meta: MetadataStore) -> None:
     await meta.set_extent_status("x1", SEALED, sealed_seq=4)  # a late seal
     extent = await meta.get_extent("x1")
     assert extent is not None and extent.status == DELETED
+
+
+async def test_change_log_names_the_queues_written_since(meta: MetadataStore) -> None:
+    start, anything = await meta.changes_since(-1)
+    assert anything is None  # an unknown point: anything may have changed
+    assert await meta.changes_since(start) == (start, set())
+    await meta.insert_queue(_queue("q1"))
+    await meta.insert_queue(_queue("q2"))
+    after_queues, changed = await meta.changes_since(start)
+    assert after_queues > start and changed == {"q1", "q2"}
+    assert await meta.insert_extent(_extent("e1", queue="q2"))
+    at, changed = await meta.changes_since(after_queues)
+    assert changed == {"q2"}
+    await meta.set_extent_status("e1", SEALED, sealed_seq=3)
+    at2, changed = await meta.changes_since(at)
+    assert at2 > at and changed == {"q2"}
+    # acks are not catalog changes; a merged DLQ range (a level with a limit) is
+    await meta.put_ack_levels([AckLevel(queue="q1", group="g", extent="e1", level=b"", acked=0)])
+    assert await meta.changes_since(at2) == (at2, set())
+    await meta.put_ack_levels(
+        [AckLevel(queue="q1", group="g", extent="e1", level=b"", acked=0, limit=b"\x05")]
+    )
+    at3, changed = await meta.changes_since(at2)
+    assert changed == {"q1"}
+    await meta.put_ack_levels(
+        [AckLevel(queue="q1", group="g", extent="e1", level=b"\x01", acked=1, limit=b"\x05")]
+    )
+    assert await meta.changes_since(at3) == (at3, set())
+    await meta.delete_queue("q1")
+    assert (await meta.changes_since(at3))[1] == {"q1"}
+    assert (await meta.changes_since(10**12))[1] is None  # ahead of the log: unknown

@@ -48,6 +48,13 @@ class MetadataStore(Protocol):
 
     async def list_extents(self, queue: str, statuses: tuple[str, ...] = ()) -> list[Extent]: ...
 
+    async def changes_since(self, after: int) -> tuple[int, set[str] | None]:
+        """The change log: the newest change's number, and the queues written since
+        change ``after`` (a queue's record, its groups, its extents, a merged DLQ range
+        of one of its groups); None for the queues when ``after`` is unknown (-1) or
+        older than the log keeps (the newest 10,000 changes): then anything may have
+        changed. What polls the catalog asks this and reads only what changed."""
+
     async def list_extents_in(self, statuses: tuple[str, ...]) -> list[Extent]:
         """Every extent of every queue in one of ``statuses``, in one read (a node's
         recovery looks at all its open extents at once, not queue by queue)."""

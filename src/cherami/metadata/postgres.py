@@ -112,6 +112,40 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     "ALTER TABLE hosts ADD COLUMN zone text NOT NULL DEFAULT '', ADD COLUMN load jsonb;",
     # every open extent at once (recovery), not queue by queue
     "CREATE INDEX extents_by_status ON extents (status);",
+    # the change log (MetadataStore.changes_since): numbered from one counter row, whose
+    # lock orders the writers, so numbers become visible in order and without gaps
+    """
+    CREATE TABLE changes (seq bigint PRIMARY KEY, queue text NOT NULL);
+    CREATE TABLE change_counter (one boolean PRIMARY KEY, seq bigint NOT NULL);
+    INSERT INTO change_counter VALUES (true, 0);
+    CREATE FUNCTION note_change() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE
+        q text;
+        n bigint;
+    BEGIN
+        IF TG_OP = 'DELETE' THEN
+            IF TG_TABLE_NAME = 'queues' THEN q := OLD.name; ELSE q := OLD.queue; END IF;
+        ELSE
+            IF TG_TABLE_NAME = 'queues' THEN q := NEW.name; ELSE q := NEW.queue; END IF;
+        END IF;
+        UPDATE change_counter SET seq = seq + 1 RETURNING seq INTO n;
+        INSERT INTO changes VALUES (n, q);
+        DELETE FROM changes WHERE seq <= n - 10000;
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER queues_changed AFTER INSERT OR UPDATE OR DELETE ON queues
+        FOR EACH ROW EXECUTE FUNCTION note_change();
+    CREATE TRIGGER groups_changed AFTER INSERT OR UPDATE OR DELETE ON groups
+        FOR EACH ROW EXECUTE FUNCTION note_change();
+    CREATE TRIGGER extents_changed AFTER INSERT OR DELETE OR UPDATE OF status ON extents
+        FOR EACH ROW EXECUTE FUNCTION note_change();
+    CREATE TRIGGER limit_added AFTER INSERT ON ack_levels
+        FOR EACH ROW WHEN (NEW.lim IS NOT NULL) EXECUTE FUNCTION note_change();
+    CREATE TRIGGER limit_changed AFTER UPDATE ON ack_levels
+        FOR EACH ROW WHEN (NEW.lim IS DISTINCT FROM OLD.lim) EXECUTE FUNCTION note_change();
+    CREATE TRIGGER limit_deleted AFTER DELETE ON ack_levels
+        FOR EACH ROW WHEN (OLD.lim IS NOT NULL) EXECUTE FUNCTION note_change();
+    """,
 )
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -402,6 +436,17 @@ class PostgresMetadataStore:
             args += (list(statuses),)
         rows = await self._fetchall(query + " ORDER BY created_at, id", args)
         return [_extent(r) for r in rows]
+
+    async def changes_since(self, after: int) -> tuple[int, set[str] | None]:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute("SELECT min(seq), max(seq) FROM changes")
+            row = await cur.fetchone()
+            first, last = row if row else (None, None)
+            latest = last or 0
+            if after < 0 or after > latest or (first is not None and after < first - 1):
+                return latest, None  # unknown, or older than the log keeps
+            cur = await conn.execute("SELECT DISTINCT queue FROM changes WHERE seq > %s", (after,))
+            return latest, {r[0] for r in await cur.fetchall()}
 
     async def list_extents_in(self, statuses: tuple[str, ...]) -> list[Extent]:
         rows = await self._fetchall(

@@ -64,6 +64,36 @@ CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL,
     epoch INTEGER NOT NULL DEFAULT 1
 );
+-- the change log: a row per write to a queue, its groups, its extents or a merged DLQ
+-- range (an ack level with a limit), in commit order; the newest KEPT_CHANGES are kept
+CREATE TABLE IF NOT EXISTS changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL);
+CREATE TRIGGER IF NOT EXISTS changes_kept AFTER INSERT ON changes
+    BEGIN DELETE FROM changes WHERE seq <= NEW.seq - 10000; END;
+CREATE TRIGGER IF NOT EXISTS queue_added AFTER INSERT ON queues
+    BEGIN INSERT INTO changes (queue) VALUES (NEW.name); END;
+CREATE TRIGGER IF NOT EXISTS queue_changed AFTER UPDATE ON queues
+    BEGIN INSERT INTO changes (queue) VALUES (NEW.name); END;
+CREATE TRIGGER IF NOT EXISTS queue_deleted AFTER DELETE ON queues
+    BEGIN INSERT INTO changes (queue) VALUES (OLD.name); END;
+CREATE TRIGGER IF NOT EXISTS group_added AFTER INSERT ON groups
+    BEGIN INSERT INTO changes (queue) VALUES (NEW.queue); END;
+CREATE TRIGGER IF NOT EXISTS group_changed AFTER UPDATE ON groups
+    BEGIN INSERT INTO changes (queue) VALUES (NEW.queue); END;
+CREATE TRIGGER IF NOT EXISTS group_deleted AFTER DELETE ON groups
+    BEGIN INSERT INTO changes (queue) VALUES (OLD.queue); END;
+CREATE TRIGGER IF NOT EXISTS extent_added AFTER INSERT ON extents
+    BEGIN INSERT INTO changes (queue) VALUES (NEW.queue); END;
+CREATE TRIGGER IF NOT EXISTS extent_changed AFTER UPDATE OF status ON extents
+    BEGIN INSERT INTO changes (queue) VALUES (NEW.queue); END;
+CREATE TRIGGER IF NOT EXISTS extent_deleted AFTER DELETE ON extents
+    BEGIN INSERT INTO changes (queue) VALUES (OLD.queue); END;
+CREATE TRIGGER IF NOT EXISTS limit_added AFTER INSERT ON ack_levels WHEN NEW.lim IS NOT NULL
+    BEGIN INSERT INTO changes (queue) VALUES (NEW.queue); END;
+CREATE TRIGGER IF NOT EXISTS limit_changed AFTER UPDATE ON ack_levels
+    WHEN NEW.lim IS NOT OLD.lim
+    BEGIN INSERT INTO changes (queue) VALUES (NEW.queue); END;
+CREATE TRIGGER IF NOT EXISTS limit_deleted AFTER DELETE ON ack_levels WHEN OLD.lim IS NOT NULL
+    BEGIN INSERT INTO changes (queue) VALUES (OLD.queue); END;
 CREATE TABLE IF NOT EXISTS redeliveries (
     queue TEXT NOT NULL, grp TEXT NOT NULL, extent TEXT NOT NULL, key BLOB NOT NULL,
     count INTEGER NOT NULL, due_ms INTEGER NOT NULL, PRIMARY KEY (queue, grp, extent, key)
@@ -309,6 +339,19 @@ class SqliteMetadataStore:
             lambda: self._db.execute(sql + " ORDER BY created_at, id", args).fetchall()
         )
         return [_extent(r) for r in rows]
+
+    async def changes_since(self, after: int) -> tuple[int, set[str] | None]:
+        def read() -> tuple[int, set[str] | None]:
+            first, last = self._db.execute("SELECT min(seq), max(seq) FROM changes").fetchone()
+            latest = last or 0
+            if after < 0 or after > latest or (first is not None and after < first - 1):
+                return latest, None  # unknown, or older than the log keeps
+            rows = self._db.execute(
+                "SELECT DISTINCT queue FROM changes WHERE seq > ?", (after,)
+            ).fetchall()
+            return latest, {r[0] for r in rows}
+
+        return await self._run(read)
 
     async def list_extents_in(self, statuses: tuple[str, ...]) -> list[Extent]:
         sql = (

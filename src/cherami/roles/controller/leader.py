@@ -15,7 +15,7 @@ from functools import partial
 
 from cherami import timing
 from cherami.cluster.membership import INPUTHOST, live_hosts
-from cherami.errors import CheramiError
+from cherami.errors import CheramiError, QueueNotFound
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import FAILING, OPEN, Extent, Fence, Queue
 from cherami.periodic import Periodic
@@ -69,6 +69,9 @@ class Leader:
         # off makes each of its calls wait out the store deadline (3 s), which inside the
         # tick held the lease renewal back until another controller took over
         self._behind: dict[str, asyncio.Task[None]] = {}
+        self._seen = -1  # the metadata change log, as far as _catalog has followed it
+        self._queues: dict[str, Queue] = {}
+        self._extents: dict[str, list[Extent]] = {}  # queue -> its open and failing ones
         self._periodic = Periodic("controller tick", timing.current.leader_tick, self._lead)
 
     def start(self) -> None:
@@ -103,7 +106,8 @@ class Leader:
             await self.tick()
             if time.monotonic() - self._retained_at >= RETENTION_INTERVAL:
                 self._retained_at = time.monotonic()
-                self._run_behind("retention", self.retention.tick)
+                queues = list(self._queues.values())
+                self._run_behind("retention", lambda: self.retention.tick(queues))
 
     async def tick(self) -> None:
         live_stores = await self.stores.refresh()
@@ -119,12 +123,9 @@ class Leader:
         # whole extents again for those opened degraded (min_replicas) once hosts are back
         await self.controller.restore_replication(rescan=bool(back))
         self._run_behind("sealing straggling replicas", self.controller.seal_stragglers)
-        queues = await self.metadata.list_queues()
+        queues, extents = await self._catalog()
         if self.scaling is not None:
             self.scaling.forget({q.name for q in queues})
-        extents = {
-            q.name: await self.metadata.list_extents(q.name, (OPEN, FAILING)) for q in queues
-        }
         to_seal = [
             e for es in extents.values() for e in es if _needs_seal(e, live_inputs, live_stores)
         ]
@@ -151,6 +152,32 @@ class Leader:
                     await self._scale(queue, healthy, rates)
                 except CheramiError as err:
                     log.warning("queue %s: cannot open extents: %s", queue.name, err)
+
+    async def _catalog(self) -> tuple[list[Queue], dict[str, list[Extent]]]:
+        """The queues and their open and failing extents, kept up to date from the
+        metadata's change log: a tick reads again only the queues written since the
+        last (every queue at the first, or when the log has moved on too far)."""
+        latest, changed = await self.metadata.changes_since(self._seen)
+        if changed is None:
+            queues = {q.name: q for q in await self.metadata.list_queues()}
+            extents: dict[str, list[Extent]] = {name: [] for name in queues}
+            for extent in await self.metadata.list_extents_in((OPEN, FAILING)):
+                if extent.queue in extents:
+                    extents[extent.queue].append(extent)
+            self._queues, self._extents = queues, extents
+        else:
+            for name in sorted(changed):
+                try:
+                    queue = await self.metadata.get_queue(name)
+                except QueueNotFound:
+                    self._queues.pop(name, None)
+                    self._extents.pop(name, None)
+                    continue
+                self._extents[name] = await self.metadata.list_extents(name, (OPEN, FAILING))
+                self._queues[name] = queue
+        self._seen = latest
+        queues_now = [self._queues[name] for name in sorted(self._queues)]
+        return queues_now, self._extents
 
     async def _seal_all(self, extents: list[Extent]) -> None:
         """Seal the extents at once, each in a task of its own, and wait up to SEAL_WAIT

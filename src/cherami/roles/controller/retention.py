@@ -38,30 +38,48 @@ class Retention:
         self.stores = stores
         self._consumed_since: dict[str, float] = {}
 
-    async def tick(self) -> None:
-        for queue in await self.metadata.list_queues():
-            if queue.dlq_of is not None:
-                continue  # a DLQ's extents are consumed by merges and purges: kept
+    async def tick(self, queues: list[Queue] | None = None) -> None:
+        """One pass over the extents (``queues``: the catalog as the leader knows it;
+        None reads it). Open extents are looked at in one info request per store host;
+        only queues with sealed extents cost more, so an idle queue costs a row."""
+        if queues is None:
+            queues = await self.metadata.list_queues()
+        # a DLQ's extents are consumed by merges and purges: kept
+        kept = {q.name: q for q in queues if q.dlq_of is None}
+        try:
+            opened = await self.metadata.list_extents_in((OPEN,))
+            await self._roll([e for e in opened if e.queue in kept])
+        except CheramiError as err:
+            log.warning("retention: rolling extents over: %s", err)
+        sealed: dict[str, list[Extent]] = {}
+        for extent in await self.metadata.list_extents_in((SEALED,)):
+            if extent.queue in kept:
+                sealed.setdefault(extent.queue, []).append(extent)
+        for name, extents in sorted(sealed.items()):
             try:
-                await self._roll(queue)
-                await self._free(queue)
+                await self._free(kept[name], extents)
             except CheramiError as err:
-                log.warning("retention of queue %s: %s", queue.name, err)
+                log.warning("retention of queue %s: %s", name, err)
 
-    async def _roll(self, queue: Queue) -> None:
-        """Seal open extents that are old or large; their successors take over."""
-        for extent in await self.metadata.list_extents(queue.name, (OPEN,)):
-            info = await self.stores.info(extent)
-            if (
-                time.time() - extent.created_at > MAX_EXTENT_AGE
-                or info.count >= self.max_extent_messages
-            ):
+    async def _roll(self, extents: list[Extent]) -> None:
+        """Seal open extents that are large, or old and not empty (an idle queue's empty
+        extent stays: sealing it would free nothing); their successors take over."""
+        infos = await self.stores.infos(extents)
+        now = time.time()
+        for extent in extents:
+            info = infos.get(extent.id)
+            if info is None:
+                continue
+            old = now - extent.created_at > MAX_EXTENT_AGE and info.count > 0
+            if old or info.count >= self.max_extent_messages:
                 log.info(
-                    "extent %s of %s rolls over (%d messages)", extent.id, queue.name, info.count
+                    "extent %s of %s rolls over (%d messages)", extent.id, extent.queue, info.count
                 )
                 await self.controller.replace_extent(extent.id)
 
-    async def _free(self, queue: Queue) -> None:
+    async def _free(self, queue: Queue, extents: list[Extent]) -> None:
+        """Delete the queue's sealed ``extents`` that every group consumed or that
+        expired."""
         groups = await self.metadata.list_groups(queue.name)
         acked: dict[str, list[int]] = {}
         parked: set[str] = set()  # extents holding parked messages (past their ack levels)
@@ -70,8 +88,11 @@ class Retention:
                 acked.setdefault(level.extent, []).append(level.acked)
             rows = await self.metadata.get_redeliveries(queue.name, group.name)
             parked.update(row.extent for row in rows)
-        for extent in await self.metadata.list_extents(queue.name, (SEALED,)):
-            info = await self.stores.info(extent)
+        infos = await self.stores.infos(extents)
+        for extent in extents:
+            info = infos.get(extent.id)
+            if info is None:
+                continue
             levels = acked.get(extent.id, [])
             consumed = extent.id not in parked and (
                 info.count == 0

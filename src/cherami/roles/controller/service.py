@@ -34,7 +34,7 @@ from cherami.metadata.models import (
 )
 from cherami.roles.controller.placement import Placements, pick_stores
 from cherami.roles.storehost.client import StoreError
-from cherami.roles.storehost.directory import StoreDirectory
+from cherami.roles.storehost.directory import INFO_CHUNK, StoreDirectory
 from cherami.wire.keys import plain_key
 from cherami.wire.store import PLAIN, TIMER
 
@@ -45,7 +45,6 @@ STOREHOST = "storehost"
 DLQ_CURSOR = "_dlq_cursor"  # internal group on a DLQ queue: how far it was merged or purged
 PING = "_ping"  # an extent name no extent has: asking for it tests that a store answers
 RECOVERY_CONCURRENCY = 16  # seals under way at once when a node recovers
-INFO_CHUNK = 1000  # extents asked about in one info request
 
 
 def _agreed(lasts: dict[tuple[str, str], int], extent: Extent) -> int | None:

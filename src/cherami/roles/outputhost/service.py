@@ -87,6 +87,8 @@ class OutputHostService:
         self._flushed: dict[str, asyncio.Future[dict[str, Exception]]] = {}
         self._flusher: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()  # a settlement waits for the next flush
+        self._seen = -1  # the metadata change log, as far as the refresh has followed it
+        self._again: set[str] = set()  # groups whose refresh failed: read them next time
         self._refresher = Periodic(
             "extent refresh", timing.current.extent_refresh_interval, self._refresh
         )
@@ -245,13 +247,16 @@ class OutputHostService:
         if consumer is not None:
             consumer.group = group
 
-    async def _sync_quietly(self, consumer: GroupConsumer) -> None:
+    async def _sync_quietly(self, consumer: GroupConsumer) -> bool:
+        """Whether the group is in step with the metadata now (or gone)."""
         try:
             await self._sync(consumer)
         except GroupNotFound:
             pass
         except Exception:
             log.exception("group %s: extent refresh failed", consumer.key)
+            return False
+        return True
 
     def riding_out(self) -> bool:
         """Whether this host acts through a metadata outage now (outage.py): it leaves
@@ -259,10 +264,20 @@ class OutputHostService:
         return self._holdings is not None and self._holdings.riding_out()
 
     async def _refresh(self) -> None:
+        """Follow what changed since the last refresh (the metadata's change log): the
+        groups of the queues written since, and of their dead-letter queues, are read
+        again; an idle group costs nothing here. A group whose read failed is read
+        again next time; an unknown point in the log reads every group."""
         if self.riding_out():
             return
-        for consumer in list(self.groups.values()):
-            await self._sync_quietly(consumer)
+        latest, changed = await self.metadata.changes_since(self._seen)
+        again, self._again = self._again, set()
+        for key, consumer in list(self.groups.items()):
+            group = consumer.group
+            stale = changed is None or group.queue in changed or group.dlq in changed
+            if (stale or key in again) and not await self._sync_quietly(consumer):
+                self._again.add(key)
+        self._seen = latest
 
     # ack levels
     async def flushed(self, consumer: GroupConsumer, extents: Iterable[str] | None = None) -> None:

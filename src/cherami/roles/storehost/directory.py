@@ -15,6 +15,7 @@ from cherami.wire.store import ExtentInfo, ReadResult
 
 T = TypeVar("T")
 
+INFO_CHUNK = 1000  # extents asked about in one info request
 REFRESH_INTERVAL = 0.5  # how often a StoreWatcher reads the live store hosts
 
 
@@ -45,6 +46,33 @@ class StoreDirectory:
         """The extent's info from the first of its replicas that answers."""
         (info,) = await self._any(extent, lambda c: c.info([extent.id]))
         return info
+
+    async def infos(self, extents: list[Extent]) -> dict[str, ExtentInfo]:
+        """Each extent's info from one of its replicas: one request per store host for
+        all the extents it is asked about (each from its first replica; an extent whose
+        store host does not answer is asked of its other replicas one by one). An
+        extent no replica answers for is left out."""
+        by_store: dict[str, list[Extent]] = {}
+        for extent in extents:
+            if extent.stores:
+                by_store.setdefault(extent.stores[0], []).append(extent)
+        found: dict[str, ExtentInfo] = {}
+        for store_id, asked in by_store.items():
+            try:
+                for i in range(0, len(asked), INFO_CHUNK):
+                    chunk = [e.id for e in asked[i : i + INFO_CHUNK]]
+                    for info in await self.get(store_id).info(chunk):
+                        if info.exists:
+                            found[info.extent] = info
+            except CheramiError:
+                pass
+            for extent in asked:
+                if extent.id not in found:
+                    try:
+                        found[extent.id] = await self.info(extent)
+                    except CheramiError:
+                        continue
+        return found
 
     async def read(self, extent: Extent, after: bytes, max_count: int) -> ReadResult:
         """Read from the first of the extent's replicas that answers."""
