@@ -343,8 +343,7 @@ class ControllerService:
             created_at=time.time(),
             predecessor=predecessor if queue.config.type == "cp" else None,
         )  # fmt: skip
-        for store_id in stores:
-            await self.stores.get(store_id).create_extent(extent.id, kind)
+        await asyncio.gather(*(self.stores.get(s).create_extent(extent.id, kind) for s in stores))
         if not await self.metadata.insert_extent(extent, fence=self.fence):
             raise Unavailable(f"extent {predecessor} already has a successor")
         log.info("extent %s opened for queue %s on %s", extent.id, queue.name, stores)
@@ -375,9 +374,9 @@ class ControllerService:
     async def _up_stores(self) -> list[str]:
         """The store hosts that are live (heartbeating) and answer now."""
         live = self._live_stores() if self._live_stores else None
-        return [
-            s for s in self.stores.ids() if (live is None or s in live) and await self._reachable(s)
-        ]
+        ids = [s for s in self.stores.ids() if live is None or s in live]
+        answers = await asyncio.gather(*(self._reachable(s) for s in ids))
+        return [s for s, reachable in zip(ids, answers, strict=True) if reachable]
 
     async def _reachable(self, store_id: str) -> bool:
         try:
