@@ -107,10 +107,13 @@ def test_group_lifecycle(http: httpx.Client) -> None:
     assert missing.status_code == 404 and _code(missing) == "group_not_found"
 
 
-@pytest.mark.parametrize("name", ["-bad", "has space", "a" * 129, "semi;colon", "_internal"])
+@pytest.mark.parametrize(
+    "name", ["-bad", "has space", "a" * 129, "semi;colon", "_internal", "orders%0A", "a%0D"]
+)
 def test_invalid_names(http: httpx.Client, name: str) -> None:
-    resp = http.put(f"/v1/queues/{name}")
+    resp = http.put(f"/v1/queues/{name}")  # %0A: a trailing newline once made "orders\n"
     assert resp.status_code == 400 and _code(resp) == "invalid_name"
+    assert http.get(f"/v1/queues/{name}").status_code in (400, 404)
 
 
 def test_invalid_requests_are_400_never_500(http: httpx.Client) -> None:

@@ -23,7 +23,7 @@ COMPETING, STREAM = "competing", "stream"
 
 
 def check_name(kind: str, name: str) -> str:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):  # match with $ took a trailing newline
         raise InvalidName(
             f"{kind} name {name!r} must be 1-128 characters from A-Z a-z 0-9 . _ - "
             "starting with a letter or digit"
