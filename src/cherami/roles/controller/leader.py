@@ -72,6 +72,10 @@ class Leader:
         self._seen = -1  # the metadata change log, as far as _catalog has followed it
         self._queues: dict[str, Queue] = {}
         self._extents: dict[str, list[Extent]] = {}  # queue -> its open and failing ones
+        self._hosts_seen: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
+        self._again: set[str] = set()  # queues a tick could not settle: the next looks again
+        self._wide: set[str] = set()  # queues above their minimum plain extents (scaling)
+        self._to_seal: list[Extent] = []
         self._periodic = Periodic("controller tick", timing.current.leader_tick, self._lead)
 
     def start(self) -> None:
@@ -123,13 +127,54 @@ class Leader:
         # whole extents again for those opened degraded (min_replicas) once hosts are back
         await self.controller.restore_replication(rescan=bool(back))
         self._run_behind("sealing straggling replicas", self.controller.seal_stragglers)
-        queues, extents = await self._catalog()
+        queues, extents, changed = await self._catalog()
         if self.scaling is not None:
             self.scaling.forget({q.name for q in queues})
-        to_seal = [
-            e for es in extents.values() for e in es if _needs_seal(e, live_inputs, live_stores)
-        ]
-        for extent in to_seal:
+        look = self._look_at(queues, extents, changed, live_inputs, live_stores, rates)
+        healthy = {name: self._healthy(name, extents.get(name, []), live_inputs, live_stores)
+                   for name in look}  # fmt: skip
+        await self._seal_all(self._to_seal)  # before their successors open (CP order)
+        self._to_seal = []
+        for i, name in enumerate(look):
+            if not self.acting():  # the lease may have run out: leave the rest to the next
+                log.info("controller %s stops acting: its lease may have expired", self.id)
+                self._again.update(look[i:])
+                return
+            await self._tend(name, healthy[name], bool(live_inputs), rates)
+
+    def _look_at(
+        self,
+        queues: list[Queue],
+        extents: dict[str, list[Extent]],
+        changed: set[str] | None,
+        live_inputs: set[str],
+        live_stores: set[str],
+        rates: dict[str, float],
+    ) -> list[str]:
+        """The queues this tick looks at: every queue when the hosts alive changed or the
+        catalog was read whole; else those written since the last tick, those it could
+        not settle then, and (scaling) those carrying traffic or above their minimum.
+        An idle, healthy queue is not looked at."""
+        hosts = (frozenset(live_inputs), frozenset(live_stores))
+        everything = changed is None or hosts != self._hosts_seen
+        self._hosts_seen = hosts
+        again, self._again = self._again, set()
+        if changed is None or everything:
+            return [q.name for q in queues]
+        names = changed | again
+        if self.scaling is not None:
+            busy = {e: q for q, es in extents.items() for e in (x.id for x in es)}
+            names |= {busy[e] for e, rate in rates.items() if rate > 0 and e in busy}
+            names |= self._wide
+        return sorted(n for n in names if n in self._queues)
+
+    def _healthy(
+        self, name: str, extents: list[Extent], live_inputs: set[str], live_stores: set[str]
+    ) -> list[Extent]:
+        """The queue's extents that keep their hosts; the others are to be sealed (and
+        the queue is looked at again next tick)."""
+        broken = [e for e in extents if _needs_seal(e, live_inputs, live_stores)]
+        for extent in broken:
             # failing with every host alive: an input host cannot reach one of its stores
             if (
                 extent.status == FAILING
@@ -137,23 +182,33 @@ class Leader:
                 and all(s in live_stores for s in extent.stores)
             ):
                 self.controller.placed.failed(extent.id, extent.stores)
-        await self._seal_all(to_seal)
-        for queue in queues:
-            if not self.acting():  # the lease may have run out: leave the rest to the next
-                log.info("controller %s stops acting: its lease may have expired", self.id)
-                return
-            healthy = [
-                e for e in extents[queue.name] if not _needs_seal(e, live_inputs, live_stores)
-            ]
-            if live_inputs:
-                try:
-                    if _short_of_extents(queue, healthy):  # read under the queue's lock
-                        await self.controller.ensure_extents(queue.name, patience=0)
-                    await self._scale(queue, healthy, rates)
-                except CheramiError as err:
-                    log.warning("queue %s: cannot open extents: %s", queue.name, err)
+        if broken:
+            self._to_seal += broken
+            self._again.add(name)
+        return [e for e in extents if e not in broken]
 
-    async def _catalog(self) -> tuple[list[Queue], dict[str, list[Extent]]]:
+    async def _tend(
+        self, name: str, healthy: list[Extent], inputs_alive: bool, rates: dict[str, float]
+    ) -> None:
+        """Open what the queue is short of and scale it; a queue left unsettled is
+        looked at again next tick."""
+        queue = self._queues[name]
+        if sum(e.kind == PLAIN for e in healthy) > (queue.config.min_extents or 1):
+            self._wide.add(name)
+        else:
+            self._wide.discard(name)
+        if not inputs_alive:
+            self._again.add(name)
+            return
+        try:
+            if _short_of_extents(queue, healthy):  # read under the queue's lock
+                await self.controller.ensure_extents(queue.name, patience=0)
+            await self._scale(queue, healthy, rates)
+        except CheramiError as err:
+            log.warning("queue %s: cannot open extents: %s", queue.name, err)
+            self._again.add(name)
+
+    async def _catalog(self) -> tuple[list[Queue], dict[str, list[Extent]], set[str] | None]:
         """The queues and their open and failing extents, kept up to date from the
         metadata's change log: a tick reads again only the queues written since the
         last (every queue at the first, or when the log has moved on too far)."""
@@ -177,7 +232,7 @@ class Leader:
                 self._queues[name] = queue
         self._seen = latest
         queues_now = [self._queues[name] for name in sorted(self._queues)]
-        return queues_now, self._extents
+        return queues_now, self._extents, changed
 
     async def _seal_all(self, extents: list[Extent]) -> None:
         """Seal the extents at once, each in a task of its own, and wait up to SEAL_WAIT

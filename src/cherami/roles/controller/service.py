@@ -450,10 +450,10 @@ class ControllerService:
         look for them in the metadata too (a new leader does not know them). Sealed
         degraded extents keep the replicas they have until retention drops them."""
         if rescan:
-            for queue in await self.metadata.list_queues():
-                for extent in await self.metadata.list_extents(queue.name, (OPEN,)):
-                    if len(extent.stores) < (queue.config.replicas or 1):
-                        self.degraded[extent.id] = queue.name
+            wanted = {q.name: q.config.replicas or 1 for q in await self.metadata.list_queues()}
+            for extent in await self.metadata.list_extents_in((OPEN,)):
+                if len(extent.stores) < wanted.get(extent.queue, 1):
+                    self.degraded[extent.id] = extent.queue
         if not self.degraded:
             return
         up = await self._up_stores()
@@ -496,13 +496,12 @@ class ControllerService:
 
     async def reseal_replicas(self, store_id: str) -> None:
         """A store host came back: seal its replicas of extents sealed while it was away."""
-        for queue in await self.metadata.list_queues():
-            for extent in await self.metadata.list_extents(queue.name, (SEALED,)):
-                if store_id in extent.stores and extent.sealed_seq is not None:
-                    try:
-                        await self.stores.get(store_id).seal(extent.id, extent.sealed_seq)
-                    except CheramiError as err:
-                        log.warning("reseal of %s on %s failed: %s", extent.id, store_id, err)
+        for extent in await self.metadata.list_extents_in((SEALED,)):
+            if store_id in extent.stores and extent.sealed_seq is not None:
+                try:
+                    await self.stores.get(store_id).seal(extent.id, extent.sealed_seq)
+                except CheramiError as err:
+                    log.warning("reseal of %s on %s failed: %s", extent.id, store_id, err)
 
     async def recover(self) -> None:
         """At a node's start: the extents its input host left open (it died with the

@@ -9,7 +9,7 @@ one holder for many ordinals."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 E = TypeVar("E")
@@ -21,7 +21,8 @@ class AckManager(Generic[E]):
     def __init__(self, level: bytes = b"", acked: int = 0) -> None:
         self.level = level
         self.acked = acked
-        self.dirty = False
+        self._dirty = False
+        self.on_dirty: Callable[[], None] | None = None  # called when the level moves
         self._keys: list[bytes] = []
         self._entries: list[E | None] = []
         self._done = bytearray()
@@ -109,6 +110,17 @@ class AckManager(Generic[E]):
         if newly and done[head]:
             self._advance()
         return newly
+
+    @property
+    def dirty(self) -> bool:
+        """Whether the level moved since it was last written."""
+        return self._dirty
+
+    @dirty.setter
+    def dirty(self, value: bool) -> None:
+        self._dirty = value
+        if value and self.on_dirty is not None:
+            self.on_dirty()
 
     def _advance(self) -> None:
         done = self._done

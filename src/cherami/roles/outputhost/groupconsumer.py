@@ -65,6 +65,10 @@ class GroupConsumer:
         self._firsts: list[int] = []  # the keys of _runs, in order
         self._timeouts: list[tuple[float, int]] = []
         self.parked = Redeliveries(group.queue, group.name, self._covered, self._redeliver)
+        self.parked.on_pending = self._unwritten
+        # called when an ack level moves or a parked row changes: the output host writes
+        # this group at its next flush (and only the groups it was told of)
+        self.on_unwritten: Callable[[], None] = lambda: None
         self._reading: set[asyncio.Task[None]] = set()  # parked bodies read by key
         self._held: set[int] = set()  # in flight at a full window's head at the last check
         self._pin_at = 0.0
@@ -124,6 +128,7 @@ class GroupConsumer:
             cursor = self.cursors.get(extent.id)
             if cursor is None:
                 cursor = ExtentCursor(extent, level)
+                cursor.ack.on_dirty = self._unwritten
                 self.cursors[extent.id] = cursor
             else:
                 cursor.extent = extent
@@ -246,6 +251,9 @@ class GroupConsumer:
     @property
     def in_flight(self) -> int:
         return len(self.inflight) + sum(run.left for run in self._runs.values())
+
+    def _unwritten(self) -> None:
+        self.on_unwritten()
 
     def unwritten(self) -> set[str]:
         """Extents with an ack level or parked rows to write."""

@@ -90,6 +90,7 @@ class Redeliveries:
         self._tie = itertools.count()
         self._upserts: dict[Key, Parked] = {}
         self._deletes: dict[Key, Redelivery] = {}
+        self.on_pending: Callable[[], None] = lambda: None  # a change waits to be written
 
     @property
     def pending(self) -> bool:
@@ -164,10 +165,12 @@ class Redeliveries:
         parked.state = GONE
         parked.version += 1  # a write under way does not act on it any more
         self._deletes[key] = self._row(parked)
+        self.on_pending()
 
     def _queue(self, parked: Parked) -> None:
         parked.version += 1
         self._upserts[(parked.extent, parked.key)] = parked
+        self.on_pending()
 
     def _row(self, parked: Parked) -> Redelivery:
         return Redelivery(
@@ -239,6 +242,8 @@ class Redeliveries:
             key = (row.extent, row.key)
             if key not in self.rows:
                 self._deletes.setdefault(key, row)
+        if self.pending:
+            self.on_pending()
 
     # loading
     def load(

@@ -10,6 +10,7 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 from cherami import timing
@@ -87,6 +88,7 @@ class OutputHostService:
         self._flushed: dict[str, asyncio.Future[dict[str, Exception]]] = {}
         self._flusher: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()  # a settlement waits for the next flush
+        self._unwritten: set[str] = set()  # groups with levels or rows to write
         self._seen = -1  # the metadata change log, as far as the refresh has followed it
         self._again: set[str] = set()  # groups whose refresh failed: read them next time
         self._refresher = Periodic(
@@ -175,10 +177,14 @@ class OutputHostService:
             consumer = GroupConsumer(
                 queue_record, group, self.reads, self._dead_letter, self._numbers
             )
+            consumer.on_unwritten = partial(self._mark_unwritten, key)
             consumer.start()
             self.groups[key] = consumer
             await self._sync(consumer)
             return consumer
+
+    def _mark_unwritten(self, key: str) -> None:
+        self._unwritten.add(key)  # the set of the moment: _flush_once swaps it
 
     async def _sync(self, consumer: GroupConsumer) -> None:
         """Follow the group's extents (those this host holds): new ones get a cursor,
@@ -319,15 +325,18 @@ class OutputHostService:
         failed: dict[str, dict[str, Exception]] = {}
         if self.riding_out():  # written once the store answers again (outage.py)
             return failed
+        # only the groups that were told of a change: an idle group costs the flush nothing
+        keys, self._unwritten = self._unwritten, set()
+        touched = [c for k in keys if (c := self.groups.get(k)) is not None]
         if self._holdings is None:
-            unfenced = list(self.groups.values())
+            unfenced = touched
             err = await self._write_levels(unfenced, None, None)
             if err is not None:
                 for consumer in unfenced:
                     failed[consumer.key] = dict.fromkeys(consumer.cursors, err)
             return failed
         writes: list[tuple[GroupConsumer, Fence, set[str]]] = []
-        for consumer in list(self.groups.values()):
+        for consumer in touched:
             by_fence: dict[Fence, set[str]] = {}
             queue, group = consumer.group.queue, consumer.group.name
             for extent in consumer.unwritten():
@@ -349,6 +358,9 @@ class OutputHostService:
                 for extent in extents:
                     if (cursor := consumer.cursors.get(extent)) is not None:
                         cursor.fenced, cursor.acting = True, False
+        for consumer in touched:  # kept for the new holder, or to write again
+            if consumer.unwritten():
+                self._unwritten.add(consumer.key)
         return failed
 
     async def _write_levels(
