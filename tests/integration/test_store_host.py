@@ -6,6 +6,8 @@ the acked appends in the extent, readable in order, and refuse every later one."
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -147,6 +149,34 @@ async def test_a_waiting_timer_read_answers_when_its_record_comes_due(tmp_path: 
         # the one due in an hour is not given early: the wait runs out empty
         got = await client.read("t1", got.keys[0], 10, until_ms=now + 1000, wait_ms=300)
         assert got.keys == []
+    finally:
+        await client.close()
+        await proc.stop()
+
+
+async def test_a_long_read_on_a_store_host_that_stops_answering_fails_soon(
+    tmp_path: Path,
+) -> None:
+    """Reads wait up to 30 s at the store host; one whose host stops answering (SIGSTOP:
+    as a host cut off) fails within seconds, by the connection's liveness check, so its
+    reader moves to another replica instead of waiting the read out."""
+    proc = StoreProcess("s0", str(tmp_path / "s0"), "127.0.0.1", _no_address, SECRET)
+    await proc.start()
+    client = StoreClient("s0", proc.address, key=derive_key(SECRET))
+    try:
+        await client.create_extent("e1", PLAIN)
+        read = asyncio.ensure_future(client.read("e1", b"", 10, wait_ms=30_000))
+        await asyncio.sleep(0)  # sent
+        assert proc.pid is not None
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            async with asyncio.timeout(10):
+                with pytest.raises(Unavailable):
+                    await read
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        # the next request connects again
+        assert [i.exists for i in await client.info(["e1"])] == [True]
     finally:
         await client.close()
         await proc.stop()

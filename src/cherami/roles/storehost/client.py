@@ -4,7 +4,12 @@ Requests are written without waiting for earlier replies; each reply resolves th
 future of its request id. Frames made in one event-loop turn leave in one write (a
 loopback write costs a system call and a wake-up of the store host; appends, commits and
 reads of every group and producer of a node share the connection). When the connection
-drops, every pending request fails with Unavailable and the next request reconnects."""
+drops, every pending request fails with Unavailable and the next request reconnects.
+
+Reads may wait long at the store host for records to come (an idle extent then costs
+one read per wait); so that a store host cut off is not waited for that long, the
+connection itself is watched: while requests wait on it, a cheap request goes every
+LIVENESS_INTERVAL, and one not answered in CALL_TIMEOUT drops the connection."""
 
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ log = logging.getLogger("cherami.storehost.client")
 
 _HIGH_WATER = 4 << 20
 CALL_TIMEOUT = 3.0
+LIVENESS_INTERVAL = 2.0  # while requests wait on a connection, it is asked this often
+_PING = "_ping"  # an extent name no extent has: asking about it tests the connection
 STORAGE_FULL_RETRY = 2.0  # seconds a publish refused for a store's full disk waits
 
 
@@ -62,6 +69,7 @@ class StoreClient:
         self._pending: dict[int, asyncio.Future[w.Reply]] = {}
         self._writer: FrameWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._connecting: asyncio.Lock = asyncio.Lock()
         self._frames = Cork()  # the frames of one loop turn leave in one write
         self.closed = False
@@ -105,7 +113,21 @@ class StoreClient:
                 )
             self._writer = writer
             self._reader_task = asyncio.create_task(self._read_replies(reader, writer))
+            self._watcher = asyncio.create_task(self._watch(writer))
             return writer
+
+    async def _watch(self, writer: FrameWriter) -> None:
+        """Ask the store host something every LIVENESS_INTERVAL while requests wait on
+        this connection (``call`` drops it when no answer comes in CALL_TIMEOUT)."""
+        while True:
+            await asyncio.sleep(LIVENESS_INTERVAL)
+            if self._writer is not writer or writer.is_closing():
+                return
+            if self._pending:
+                try:
+                    await self.call(w.Info, [_PING])
+                except CheramiError:
+                    pass
 
     async def _read_replies(self, reader: FrameReader, writer: FrameWriter) -> None:
         try:
@@ -252,9 +274,10 @@ class StoreClient:
         self.closed = True
         if self._writer is not None:
             self._writer.close()
-        if self._reader_task is not None:
-            self._reader_task.cancel()
-            await asyncio.gather(self._reader_task, return_exceptions=True)
+        tasks = [t for t in (self._reader_task, self._watcher) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._fail_pending(Unavailable(f"store {self.store_id} client closed"))
 
 
