@@ -30,7 +30,8 @@ from cherami.wire.records import message_id
 log = logging.getLogger("cherami.outputhost.groupconsumer")
 
 READ_AHEAD = timing.DEFAULT.read_ahead  # messages read, not acked, per group (timing.py)
-TICK = 0.02
+TICK = 0.02  # a group's timers fire at most this often
+MAX_TICK = 1.0  # and look at least this often while it has any
 PIN_CHECK = 0.5  # how often a full read window looks for deliveries held at its head
 RETRY_READ_MS = 1000  # a parked body that could not be read by key is tried again then
 MIN_RUN = 16  # fewer messages than this taken at once (a short read, little credit
@@ -64,8 +65,10 @@ class GroupConsumer:
         self._runs: dict[int, Delivered] = {}  # delivered as runs, by first number
         self._firsts: list[int] = []  # the keys of _runs, in order
         self._timeouts: list[tuple[float, int]] = []
+        self._timers_due = asyncio.Event()  # a new timer: the ticker looks again
         self.parked = Redeliveries(group.queue, group.name, self._covered, self._redeliver)
         self.parked.on_pending = self._unwritten
+        self.parked.on_waiting = self._timers_due.set
         # called when an ack level moves or a parked row changes: the output host writes
         # this group at its next flush (and only the groups it was told of)
         self.on_unwritten: Callable[[], None] = lambda: None
@@ -77,7 +80,6 @@ class GroupConsumer:
         self.readable = asyncio.Event()  # set while ready is not empty
         self._dlq_pending: list[Entry] = []
         self._ticker: asyncio.Task[None] | None = None
-        self._timers_due = asyncio.Event()  # a delivery or a parked row: the ticker runs
         self._dlq_task: asyncio.Task[None] | None = None
         self.delivered = self.acked = self.redelivered = self.dead_lettered = 0
         self.nacked = 0
@@ -733,14 +735,35 @@ class GroupConsumer:
 
     # timers
     async def _tick_loop(self) -> None:
-        """Every TICK while the group has deliveries, parked rows or dead letters to
-        look after; an idle group's ticker waits, costing nothing, until it has one."""
+        """Wakes when the group's next timer is due (a visibility timeout, a parked
+        message, the full window's check), at most every TICK and at least every
+        MAX_TICK while it has deliveries, parked rows or dead letters to look after; a
+        new timer wakes it early. An idle group's ticker waits, costing nothing."""
         while True:
             if not self._has_timers():
                 self._timers_due.clear()
                 await self._timers_due.wait()
-            await asyncio.sleep(TICK)
+            self._timers_due.clear()
+            wait = max(TICK, self._next_timer_in(time.monotonic()))
+            try:
+                async with asyncio.timeout(wait):
+                    await self._timers_due.wait()
+                await asyncio.sleep(TICK)  # what a burst of new timers brings, together
+            except TimeoutError:
+                pass
             self._expire(time.monotonic())
+
+    def _next_timer_in(self, now: float) -> float:
+        """Seconds until the first of the group's timers is due (MAX_TICK at most)."""
+        first = now + MAX_TICK
+        if self._timeouts:
+            first = min(first, self._timeouts[0][0])
+        due_ms = self.parked.next_due_ms()
+        if due_ms is not None:
+            first = min(first, now + (due_ms - time.time() * 1000) / 1000)
+        if self.outstanding() >= timing.current.read_ahead:
+            first = min(first, self._pin_at)
+        return first - now
 
     def _has_timers(self) -> bool:
         return bool(

@@ -91,6 +91,7 @@ class Redeliveries:
         self._upserts: dict[Key, Parked] = {}
         self._deletes: dict[Key, Redelivery] = {}
         self.on_pending: Callable[[], None] = lambda: None  # a change waits to be written
+        self.on_waiting: Callable[[], None] = lambda: None  # a message waits to be due
 
     @property
     def pending(self) -> bool:
@@ -151,6 +152,7 @@ class Redeliveries:
         parked.due_ms = due_ms
         parked.state = WAITING
         heapq.heappush(self._heap, (due_ms, next(self._tie), parked))
+        self.on_waiting()
 
     def forget(self, parked: Parked) -> None:
         """Acked, dead-lettered, expired or its extent is gone: delete its row."""
@@ -179,6 +181,11 @@ class Redeliveries:
         )  # fmt: skip
 
     # timers
+    def next_due_ms(self) -> int | None:
+        """When the first waiting message is due (an entry taken off since may come
+        first: a wake-up too early, never too late)."""
+        return self._heap[0][0] if self._heap else None
+
     def due(self, now_ms: int) -> list[Parked]:
         """Waiting messages whose time has come, taken off the heap (state DUE)."""
         heap = self._heap
@@ -202,6 +209,7 @@ class Redeliveries:
             else:
                 self.bodies += 1
         heapq.heappush(self._heap, (parked.due_ms, next(self._tie), parked))
+        self.on_waiting()
 
     # writing
     def collect(self, extents: set[str] | None = None) -> Batch:
