@@ -40,6 +40,7 @@ LEASE_TTL = timing.DEFAULT.lease_ttl
 MARGIN = timing.DEFAULT.lease_margin  # seconds before the lease's end the leader stops acting
 TICK = timing.DEFAULT.leader_tick
 RETENTION_INTERVAL = 2.0  # seconds between retention passes (each behind the tick)
+ROLL_CHECK_ALL = 60.0  # every open extent is looked at for rolling over this often
 # how long a tick waits for the seals it started before it goes on (they go on behind it)
 SEAL_WAIT = 1.0
 
@@ -76,6 +77,8 @@ class Leader:
         self._again: set[str] = set()  # queues a tick could not settle: the next looks again
         self._wide: set[str] = set()  # queues above their minimum plain extents (scaling)
         self._to_seal: list[Extent] = []
+        self._busy: set[str] = set()  # extents the input hosts' load reports show written
+        self._rolled_all_at = -ROLL_CHECK_ALL  # the first pass looks at every open extent
         self._periodic = Periodic("controller tick", timing.current.leader_tick, self._lead)
 
     def start(self) -> None:
@@ -108,10 +111,23 @@ class Leader:
         self._acting_until = asked + timing.current.lease_ttl - timing.current.lease_margin
         if leading:
             await self.tick()
-            if time.monotonic() - self._retained_at >= RETENTION_INTERVAL:
-                self._retained_at = time.monotonic()
-                queues = list(self._queues.values())
-                self._run_behind("retention", lambda: self.retention.tick(queues))
+            now = time.monotonic()
+            if now - self._retained_at >= RETENTION_INTERVAL:
+                self._retained_at = now
+                self._run_behind("retention", partial(self._retain, now))
+
+    async def _retain(self, now: float) -> None:
+        """A retention pass: the open extents carrying traffic are looked at for rolling
+        over (size), and every open extent once a ROLL_CHECK_ALL (age); an idle one costs
+        a pass nothing. From the catalog the ticks keep, not a read of every extent."""
+        whole = now - self._rolled_all_at >= ROLL_CHECK_ALL
+        if whole:
+            self._rolled_all_at = now
+        opened = [
+            e for es in self._extents.values() for e in es
+            if e.status == OPEN and (whole or e.id in self._busy)
+        ]  # fmt: skip
+        await self.retention.tick(list(self._queues.values()), opened)
 
     async def tick(self) -> None:
         live_stores = await self.stores.refresh()
@@ -120,6 +136,7 @@ class Leader:
         rates = extent_rates([
             {e: load.msgs_in for e, load in h.load.extents.items()} for h in inputs if h.load
         ])  # fmt: skip
+        self._busy = {e for e, rate in rates.items() if rate > 0}
         back = live_stores - self._seen_stores
         self._seen_stores = live_stores
         for store_id in back:

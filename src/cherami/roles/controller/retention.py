@@ -38,16 +38,20 @@ class Retention:
         self.stores = stores
         self._consumed_since: dict[str, float] = {}
 
-    async def tick(self, queues: list[Queue] | None = None) -> None:
-        """One pass over the extents (``queues``: the catalog as the leader knows it;
-        None reads it). Open extents are looked at in one info request per store host;
-        only queues with sealed extents cost more, so an idle queue costs a row."""
+    async def tick(
+        self, queues: list[Queue] | None = None, opened: list[Extent] | None = None
+    ) -> None:
+        """One pass (``queues``: the catalog as the leader knows it, ``opened``: the open
+        extents to look at for rolling over; None reads them). Open extents are looked
+        at in one info request per store host; only queues with sealed extents cost
+        more."""
         if queues is None:
             queues = await self.metadata.list_queues()
         # a DLQ's extents are consumed by merges and purges: kept
         kept = {q.name: q for q in queues if q.dlq_of is None}
         try:
-            opened = await self.metadata.list_extents_in((OPEN,))
+            if opened is None:
+                opened = await self.metadata.list_extents_in((OPEN,))
             await self._roll([e for e in opened if e.queue in kept])
         except CheramiError as err:
             log.warning("retention: rolling extents over: %s", err)
