@@ -12,7 +12,7 @@ from cherami.client.asyncclient import AsyncClient
 from cherami.errors import CheramiError
 from tests.support.checker import QueueHistory
 from tests.support.drain import drain
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, recovered
 
 QUEUE, GROUP = "crash", "workers"
 
@@ -82,7 +82,8 @@ async def _run(server: ServerProcess) -> tuple[dict[str, int], set[str], QueueHi
     async with AsyncClient(server.url) as client:
         # what was open at the crash was looked at: sealed where a publish was under
         # way (its replicas differ), kept open where every replica agrees
-        assert any("recovered" in line for line in server.output)
+        total, kept, sealed = recovered(server)
+        assert total >= 2 and kept + sealed == total
         idle_since = time.monotonic()
         while time.monotonic() - idle_since < 3:
             got = await client.receive(QUEUE, GROUP, max_messages=1000, wait_seconds=0.5)
