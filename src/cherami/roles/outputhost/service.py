@@ -14,7 +14,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 from cherami import timing
-from cherami.errors import Fenced, GroupNotFound, Unavailable
+from cherami.errors import Fenced, GroupNotFound, QueueNotFound, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import CONSUMED, FAILING, OPEN, SEALED, Fence, Group
 from cherami.periodic import Periodic
@@ -87,6 +87,7 @@ class OutputHostService:
         self._loading: dict[str, asyncio.Lock] = {}
         self._flushed: dict[str, asyncio.Future[dict[str, Exception]]] = {}
         self._flusher: asyncio.Task[None] | None = None
+        self._loader: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()  # a settlement waits for the next flush
         self._unwritten: set[str] = set()  # groups with levels or rows to write
         self._seen = -1  # the metadata change log, as far as the refresh has followed it
@@ -141,14 +142,33 @@ class OutputHostService:
         await asyncio.gather(*(c(code, reason) for c in closers), return_exceptions=True)
 
     async def start(self) -> None:
+        """Start the background work. A host that serves every group (a node) loads them
+        all behind its start, so a node with many groups is up as soon as its roles are;
+        a group asked for before its turn (a receive, a stream, its stats) loads then."""
         if self._holdings is None:
-            for queue in await self.metadata.list_queues():
-                for group in await self.metadata.list_groups(queue.name):
-                    await self.group(group.queue, group.name)
+            self._loader = asyncio.create_task(self._load_every_group())
         self._flusher = asyncio.create_task(self._flush_loop())
         self._refresher.start()
 
+    async def _load_every_group(self) -> None:
+        loaded = 0
+        started = time.monotonic()
+        for queue in await self.metadata.list_queues():
+            for group in await self.metadata.list_groups(queue.name):
+                try:
+                    await self.group(group.queue, group.name)
+                except (GroupNotFound, QueueNotFound):
+                    continue  # deleted meanwhile
+                except Exception:  # it loads when it is asked for, or at its next change
+                    log.exception("group %s/%s could not be loaded", group.queue, group.name)
+                    continue
+                loaded += 1
+        log.info("loaded %d groups in %.1f s", loaded, time.monotonic() - started)
+
     async def stop(self) -> None:
+        if self._loader is not None:
+            self._loader.cancel()
+            await asyncio.gather(self._loader, return_exceptions=True)
         await self._refresher.stop()
         if self._flusher is not None:
             self._flusher.cancel()
