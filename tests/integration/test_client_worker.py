@@ -301,3 +301,25 @@ async def test_worker_stops_gracefully_on_sigterm(client: AsyncClient) -> None:
     assert sorted(finished) == sorted(started) and worker.acked == len(started)
     assert signal.getsignal(signal.SIGTERM) == before
     await stats_are(client, queue, group, backlog=6 - len(started), in_flight=0, acked=len(started))
+
+
+def test_one_str_or_bytes_is_one_message_and_a_dict_is_refused(server: ServerProcess) -> None:
+    """``publish(queue, "one string")`` once published a message per character (and a
+    dict its keys); over HTTP and on a stream alike, a str or bytes is one message."""
+    queue, group = unique("q"), unique("g")
+    with Client(server.url) as c:
+        c.create_queue(queue)
+        c.create_group(queue, group)
+        assert len(c.publish(queue, "one string")) == 1
+        assert len(c.publish(queue, b"\x00one body")) == 1
+        with c.publisher(queue) as publisher:
+            assert len(publisher.publish("hey")) == 1
+        with pytest.raises(TypeError, match="a dict is not a message"):
+            c.publish(queue, {"id": 1})
+        with pytest.raises(TypeError, match="not dict"):
+            c.publish(queue, [{"id": 1}])
+        with pytest.raises(TypeError, match="not int"):
+            c.publish(queue, 7)  # type: ignore[arg-type]
+        got = receive_n(c, queue, group, 3)
+        assert sorted(m.body for m in got) == [b"\x00one body", b"hey", b"one string"]
+        assert c.receive(queue, group, max_messages=10, wait_seconds=0.5) == []

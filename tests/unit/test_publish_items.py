@@ -25,3 +25,21 @@ def test_outgoing_messages_keep_every_field() -> None:
     assert publish_item(item) == {"body_b64": b"b", "attributes": {"k": "v"},
                                   "delay_seconds": 1.5, "dedup_id": "d"}  # fmt: skip
     assert publish_item(OutgoingMessage("t")) == {"body": "t"}
+
+
+def test_a_publish_takes_one_message_or_an_iterable_of_them() -> None:
+    from cherami.client.models import message_list
+
+    assert message_list("abc") == ["abc"]
+    assert message_list(b"abc") == [b"abc"]
+    one = OutgoingMessage("x")
+    assert message_list(one) == [one]
+    assert message_list(iter(["a", b"b"])) == ["a", b"b"]
+    for wrong, says in [({"a": 1}, "a dict is not a message"), (5, "not int"),
+                        ([1], "not int"), ([{"a": 1}], "not dict")]:  # fmt: skip
+        try:
+            message_list(wrong)
+        except TypeError as err:
+            assert says in str(err)
+        else:
+            raise AssertionError(f"{wrong!r} was taken")

@@ -13,7 +13,13 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from cherami.client.models import OutgoingMessage, ReceiveAnswer, Received, publish_item
+from cherami.client.models import (
+    OutgoingMessage,
+    ReceiveAnswer,
+    Received,
+    message_list,
+    publish_item,
+)
 from cherami.client.stream import Publisher, StreamConsumer
 from cherami.errors import Throttled, Unavailable, error_from_response
 from cherami.wire import tls
@@ -195,7 +201,7 @@ class AsyncClient:
         A batch refused 429 (``throttled``, ``backlog_full``) stored nothing: it is sent
         again after the wait the server names, for up to ``throttled_retry_seconds``, so
         publishing slows to the limit and loses nothing."""
-        items = list(map(publish_item, messages))
+        items = list(map(publish_item, message_list(messages)))
         ids: list[str] = []
         for start in range(0, len(items), PUBLISH_BATCH):
             reply = await self._retrying(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -33,6 +34,37 @@ class OutgoingMessage:
         if self.dedup_id is not None:
             out["dedup_id"] = self.dedup_id
         return out
+
+
+_BODIES = (bytes, bytearray, memoryview, str)
+
+
+def message_list(messages: Any) -> list[Any]:
+    """The messages of a publish: one message (``str``, ``bytes``, an OutgoingMessage) or
+    an iterable of them. A str or bytes is one message, never one per character; a dict
+    or anything else that is not a message is refused with a TypeError that says so."""
+    if isinstance(messages, (*_BODIES, OutgoingMessage)):
+        return [messages]
+    if isinstance(messages, Mapping):
+        raise TypeError(
+            "a dict is not a message: publish json.dumps(it), an OutgoingMessage, "
+            "or a list of messages"
+        )
+    try:
+        items = list(messages)
+    except TypeError:
+        raise TypeError(_not_a_message(messages)) from None
+    for item in items:
+        if not isinstance(item, (*_BODIES, OutgoingMessage)):
+            raise TypeError(_not_a_message(item))
+    return items
+
+
+def _not_a_message(item: Any) -> str:
+    return (
+        f"a message is a str, bytes or OutgoingMessage (or a list of them), not "
+        f"{type(item).__name__}"
+    )
 
 
 def outgoing(item: OutgoingMessage | bytes | str) -> OutgoingMessage:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import msgspec
 
-from cherami.client.models import OutgoingMessage, Received
+from cherami.client.models import OutgoingMessage, Received, message_list
 from cherami.errors import (
     CheramiError,
     GroupNotFound,
@@ -535,7 +535,7 @@ class Publisher:
         self, messages: Iterable[OutgoingMessage | bytes | str]
     ) -> asyncio.Future[list[str]]:
         """Send one batch; returns a future of its ids (waits while too many are in flight)."""
-        outs = [_out(m) for m in messages]
+        outs = [_out(m) for m in message_list(messages)]
         await self._slots.acquire()
         future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
         batch = _Batch(outs, future)

@@ -22,7 +22,7 @@ from cherami.client.asyncclient import (
     THROTTLED_RETRY_SECONDS,
     AsyncClient,
 )
-from cherami.client.models import OutgoingMessage, Received
+from cherami.client.models import OutgoingMessage, Received, message_list
 from cherami.client.stream import Publisher, StreamConsumer
 from cherami.client.worker import STOP_SIGNALS, Handler, Worker
 
@@ -152,7 +152,7 @@ class Client:
     def publish(
         self, queue: str, messages: Messages, retry_seconds: float = PUBLISH_RETRY_SECONDS
     ) -> list[str]:
-        return self._run(self.aio.publish(queue, list(messages), retry_seconds))
+        return self._run(self.aio.publish(queue, message_list(messages), retry_seconds))
 
     def receive(
         self,
@@ -246,12 +246,12 @@ class SyncPublisher:
 
     def send(self, messages: Messages) -> concurrent.futures.Future[list[str]]:
         """Send one batch (blocks while too many are in flight); returns a future of its ids."""
-        sent = self._client._run(self._inner.send(list(messages)))
+        sent = self._client._run(self._inner.send(message_list(messages)))
         return self._client._loop.submit(_result(sent))
 
     def publish(self, messages: Messages) -> list[str]:
         """Send one batch and wait until every message of it is durable."""
-        return self._client._run(self._inner.publish(list(messages)))
+        return self._client._run(self._inner.publish(message_list(messages)))
 
     def flush(self) -> None:
         """Wait for every batch sent so far."""
