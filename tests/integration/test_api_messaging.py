@@ -12,7 +12,7 @@ import pytest
 
 from cherami.client.asyncclient import AsyncClient
 from cherami.client.models import OutgoingMessage
-from cherami.errors import MessageTooLarge
+from cherami.errors import InvalidRequest, MessageTooLarge
 from tests.support.server import ServerProcess, unique
 
 
@@ -100,10 +100,16 @@ async def test_forged_receipts_are_stale(client: AsyncClient) -> None:
     signed, index = m.receipt.split("~")
     forged = signed[:-3] + ("AAA" if not signed.endswith("AAA") else "BBB") + "~" + index
     beyond = signed + "~1"  # a place past what its receive delivered
-    for bad in [forged, beyond, "garbage", "x" * 200]:
+    for bad in [forged, beyond, "garbage", "x" * 64]:
         assert (await client.ack(q, "g", [bad])) == {"acked": 0, "stale": [bad]}
+    for too_long in ["x" * 65, "x" * 100_000, ""]:  # not echoed back: refused whole
+        with pytest.raises(InvalidRequest):
+            await client.ack(q, "g", [m.receipt, too_long])
     assert (await client.ack(q, "other", [m.receipt]))["stale"] == [m.receipt]
-    assert (await client.ack(q, "g", [m.receipt]))["acked"] == 1
+    # the same receipt twice in one request: the first settles, the repeat is reported
+    assert await client.ack(q, "g", [m.receipt, m.receipt]) == {
+        "acked": 1, "stale": [m.receipt],
+    }  # fmt: skip
 
 
 async def test_nack_with_delay(client: AsyncClient) -> None:

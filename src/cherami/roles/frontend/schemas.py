@@ -33,7 +33,8 @@ class ReceiveRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     visibility_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=12 * 3600)] | None = None
 
 
-Receipts = Annotated[list[str], msgspec.Meta(min_length=1, max_length=10000)]
+Receipt = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]  # docs/api.md "Receipts"
+Receipts = Annotated[list[Receipt], msgspec.Meta(min_length=1, max_length=10000)]
 
 
 class ReceivedMessage(msgspec.Struct, omit_defaults=True):

@@ -444,7 +444,7 @@ class OutputHostService:
         stale: list[str] = []
         numbers = self.signer.verify_all(consumer.scope, receipts)
         for receipt, no in zip(receipts, numbers, strict=True):
-            if no is None:
+            if no is None or no in by_number:  # not ours, or repeated in this request
                 stale.append(receipt)
             else:
                 by_number[no] = receipt
