@@ -301,3 +301,33 @@ async def test_a_refused_batch_in_a_shared_frame_fails_alone(client: AsyncClient
     assert isinstance(results[1], MessageTooLarge)
     assert [len(r) for r in (results[0], results[2]) if isinstance(r, list)] == [5, 3]
     assert (await client.get_queue(q))["stats"]["messages_published"] == 8
+
+
+async def test_a_frame_nested_too_deeply_is_an_error_frame_not_a_crash(
+    server: ServerProcess, client: AsyncClient
+) -> None:
+    """A msgpack value nested 100,000 deep once raised RecursionError in the decoder and
+    the error middleware wrote an HTTP 500 into the upgraded WebSocket. Now it is the
+    protocol's error frame, on a consume and a publish stream, and the stream goes on."""
+    q = await _queue(client, "g")
+    nested = b"\x93\xa6credit\x00" + b"\x91" * 100_000 + b"\xc0"
+    nested_pub = b"\x93\xa3pub\x01" + b"\x91" * 100_000 + b"\xc0"
+    base = server.url.replace("http", "ws") + f"/v1/queues/{q}"
+    async with aiohttp.ClientSession() as s:
+        async with s.ws_connect(base + "/groups/g/consume") as ws:
+            await ws.send_bytes(nested)
+            error = f.decode_server((await ws.receive(timeout=5)).data)
+            assert isinstance(error, f.Error) and error.code == "invalid_request"
+            assert "nested too deeply" in error.message
+            await client.publish(q, ["after"])
+            await ws.send_bytes(f.encode(f.Credit(10)))
+            frame = f.decode_server((await ws.receive(timeout=5)).data)
+            assert isinstance(frame, f.Deliver) and [m.body for m in frame.messages] == [b"after"]
+        async with s.ws_connect(base + "/publish") as ws:
+            await ws.send_bytes(nested_pub)
+            error = f.decode_server((await ws.receive(timeout=5)).data)
+            assert isinstance(error, f.Error) and error.code == "invalid_request"
+    deep_json = b'{"messages": [{"body": "x", "attributes": ' + b"[" * 100_000 + b"]" * 100_000
+    async with aiohttp.ClientSession() as s:
+        resp = await s.post(f"{server.url}/v1/queues/{q}/messages", data=deep_json + b"}]}")
+    assert resp.status == 400

@@ -129,15 +129,18 @@ _publish_header_decoder = msgspec.msgpack.Decoder(_PublishHeader)
 def decode_client(data: bytes) -> ClientFrame:
     """Decode one client frame. Raises ``BadPublish`` for a ``pub`` frame whose id is
     readable but whose batch is not, and ``msgspec.DecodeError`` for any other frame
-    that does not decode (answer those with ``Error(0, ...)``)."""
+    that does not decode (answer those with ``Error(0, ...)``), a frame nested too deeply
+    to decode included."""
     try:
         return _client_decoder.decode(data)
     except msgspec.ValidationError as err:
         try:
             header = _publish_header_decoder.decode(data)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             raise err from None
         raise BadPublish(header.id, str(err)) from None
+    except RecursionError:  # a value nested thousands deep (an attack, not a client)
+        raise msgspec.DecodeError("a value is nested too deeply") from None
 
 
 def decode_server(data: bytes) -> ServerFrame:

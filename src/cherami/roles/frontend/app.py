@@ -107,6 +107,8 @@ async def decode(request: web.Request, type_: type[T], empty_ok: bool = True) ->
             raise InvalidRequest(str(again)) from None
     except msgspec.DecodeError as err:
         raise InvalidRequest(f"malformed JSON: {err}") from None
+    except RecursionError:
+        raise InvalidRequest("malformed JSON: a value is nested too deeply") from None
 
 
 def _integral(value: Any) -> Any:
