@@ -6,9 +6,11 @@ the acked appends in the extent, readable in order, and refuse every later one."
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,8 @@ import pytest
 from cherami.errors import Unavailable
 from cherami.roles.storehost.client import StoreClient, check_appended
 from cherami.roles.storehost.process import StoreProcess
+from cherami.roles.storehost.server import StoreHostService
+from cherami.storage.memory import MemoryExtentStore
 from cherami.wire.handshake import derive_key
 from cherami.wire.keys import seq_of
 from cherami.wire.store import PLAIN, TIMER, array_header, pack_records
@@ -180,3 +184,37 @@ async def test_a_long_read_on_a_store_host_that_stops_answering_fails_soon(
     finally:
         await client.close()
         await proc.stop()
+
+
+async def test_connections_that_send_no_hello_hold_little_and_leave_nothing(
+    tmp_path: Path,
+) -> None:
+    """Each connection to a store host's port allocated a 256 KiB read buffer before its
+    hello, so connects that sent nothing took a store host from 50 to 540 MB. Now one
+    holds a few KiB until it has said its hello, and nothing stays once it is gone
+    (measured with tracemalloc, with the store host's server in this process)."""
+    service = StoreHostService(MemoryExtentStore(), key=derive_key(SECRET))
+    await service.start()
+    host, port = service.address.rsplit(":", 1)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        conns = [await asyncio.open_connection(host, int(port)) for _ in range(300)]
+        deadline = time.monotonic() + 10
+        while service.connections() < 300 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert service.connections() == 300
+        held = tracemalloc.get_traced_memory()[0] - before
+        assert held < 300 * 32 * 1024, f"{held / 300:.0f} bytes a silent connection"
+        for _, writer in conns:
+            writer.close()
+        while service.connections() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert service.connections() == 0
+        conns.clear()
+        gc.collect()  # the test's own client connections refer to themselves too
+        left = tracemalloc.get_traced_memory()[0] - before
+        assert left < 1 << 20, f"{left} bytes left after every connection closed"
+    finally:
+        tracemalloc.stop()
+        await service.stop()

@@ -20,6 +20,9 @@ READ_BUFFER = 1 << 20  # larger stream buffers slow the consume path (PERFORMANC
 _HEADER = struct.Struct(">I")
 _JOIN_BELOW = 16 << 10  # smaller frames are copied behind their header: fewer buffers
 _CHUNK = 256 << 10  # FrameReader's buffer for headers and small frames
+# its buffer until it first fills past the preamble: a connection that never sends a
+# hello (or a valid one) holds this much, not _CHUNK
+_FIRST = 4 << 10
 _DIRECT = 64 << 10  # frames from this size are read into a buffer of their own
 
 
@@ -73,7 +76,7 @@ class FrameReader(asyncio.BufferedProtocol):
     the transport stops reading until the reader catches up (as a StreamReader's limit)."""
 
     def __init__(self, preamble: int = 0, limit: int = READ_BUFFER) -> None:
-        self._buf = bytearray(_CHUNK)
+        self._buf = bytearray(max(_FIRST, preamble))
         self._start = self._end = 0  # bytes received and not yet parsed: _buf[_start:_end]
         self._preamble = preamble
         self._body = -1  # the length of the frame whose body is awaited, -1: a header is
@@ -96,7 +99,12 @@ class FrameReader(asyncio.BufferedProtocol):
             return memoryview(self._big)[self._big_len :]
         if self._end == len(self._buf):  # move what is left of a small frame to the front
             left = self._end - self._start
-            self._buf[:left] = self._buf[self._start : self._end]
+            if not self._preamble and len(self._buf) < _CHUNK:  # past the hello: grow
+                grown = bytearray(_CHUNK)
+                grown[:left] = self._buf[self._start : self._end]
+                self._buf = grown
+            else:
+                self._buf[:left] = self._buf[self._start : self._end]
             self._start, self._end = 0, left
         return memoryview(self._buf)[self._end :]
 
@@ -171,6 +179,10 @@ class FrameReader(asyncio.BufferedProtocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        # nothing more arrives: the read buffers go now, not when the garbage collector
+        # gets to the connection (its task and this protocol refer to each other)
+        self._buf, self._big = bytearray(), None
+        self._start = self._end = 0
         self._end_with(exc if exc is not None else asyncio.IncompleteReadError(b"", None))
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)  # nothing more will drain: the replies tell
