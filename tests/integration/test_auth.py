@@ -72,3 +72,17 @@ def test_remote_listen_without_keys_is_refused(tmp_path: Path) -> None:
     proc.extra = ["--host", "0.0.0.0"]
     with pytest.raises(RuntimeError, match="refusing to listen"):
         proc.start(timeout=20)
+
+
+def test_the_console_and_api_explorer_pages_hold_no_data(secured: ServerProcess) -> None:
+    """/ui and /docs answer without a key (static pages, as docs/api.md's table says);
+    what they show comes from the API, which answers them only with a key."""
+    with httpx.Client(base_url=secured.url) as http:
+        http.put("/v1/queues/console-secret-q", headers=_h("admin-key"))
+        for page in ("/ui/", "/docs"):
+            resp = http.get(page)
+            assert resp.status_code == 200, page
+            assert "console-secret-q" not in resp.text
+        assert http.get("/v1/queues").status_code == 401
+        listed = http.get("/v1/queues", headers=_h("admin-key")).text
+        assert "console-secret-q" in listed
