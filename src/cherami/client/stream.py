@@ -237,7 +237,8 @@ class Publisher:
 
     Batches sent in the same event-loop turn (several tasks publishing at once) travel
     in one frame of up to 400 messages / 1 MiB (a batch larger than that goes in a frame
-    of its own, up to the server's 1,000), which the server appends and fsyncs as one; each caller still gets exactly its own ids. If the server refuses a merged frame
+    of its own, up to the server's 1,000), which the server appends and fsyncs as one;
+    each caller still gets exactly its own ids. If the server refuses a merged frame
     for one batch's content (``invalid_request``, ``message_too_large``), every batch of
     it is sent again alone, so only the faulty one fails.
 
