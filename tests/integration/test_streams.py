@@ -331,3 +331,31 @@ async def test_a_frame_nested_too_deeply_is_an_error_frame_not_a_crash(
     async with aiohttp.ClientSession() as s:
         resp = await s.post(f"{server.url}/v1/queues/{q}/messages", data=deep_json + b"}]}")
     assert resp.status == 400
+
+
+async def test_a_consumer_used_without_async_with_acks_what_it_acks(
+    client: AsyncClient,
+) -> None:
+    """``c = client.consumer(q, g); async for m in c: c.ack(m)`` once received up to its
+    credit and never sent an ack: every message came back after its visibility timeout.
+    Now the first iteration opens it, acks are sent, and the group's backlog empties."""
+    q = await _queue(client, "g")
+    await client.publish(q, [f"m{i}" for i in range(20)])
+    c = client.consumer(q, "g", credit=50)
+    seen = []
+    async for m in c:
+        seen.append(m.text)
+        c.ack(m)
+        if len(seen) == 20:
+            break
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            stats = (await client.get_group(q, "g"))["stats"]
+            if stats["acked"] == 20:
+                break
+            await asyncio.sleep(0.1)
+        assert stats["acked"] == 20 and stats["backlog"] == 0
+    finally:
+        await c.close()
+    assert sorted(seen) == sorted(f"m{i}" for i in range(20))

@@ -687,6 +687,11 @@ class StreamConsumer:
         await self.close()
 
     async def open(self) -> None:
+        """Connect and start sending settlements. ``async with`` opens it; so does the
+        first ``get`` or iteration of a consumer used without it (its acks were never
+        sent then, and every message came back after its visibility timeout)."""
+        if self._flusher is not None:
+            return
         await self._reroute()
         self._flusher = self._spawn(self._flush_loop(), "consumer flush")
         self._refresher = self._spawn(self._refresh_loop(), "consumer route refresh")
@@ -883,6 +888,8 @@ class StreamConsumer:
     # taking messages
     async def get(self, timeout: float | None = None) -> Received | None:
         """The next message, or None after ``timeout`` seconds without one."""
+        if self._flusher is None and not self._closed:
+            await self.open()
         while not self._buffer:
             if self._closed:
                 return None
