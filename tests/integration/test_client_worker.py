@@ -323,3 +323,22 @@ def test_one_str_or_bytes_is_one_message_and_a_dict_is_refused(server: ServerPro
         got = receive_n(c, queue, group, 3)
         assert sorted(m.body for m in got) == [b"\x00one body", b"hey", b"one string"]
         assert c.receive(queue, group, max_messages=10, wait_seconds=0.5) == []
+
+
+def test_http_settlements_take_the_messages_a_receive_returned(server: ServerProcess) -> None:
+    """``ack`` given message objects once failed with an unclear error; it takes them (or
+    one), and a thing that is neither a receipt nor such a message is a clear TypeError."""
+    queue, group = unique("q"), unique("g")
+    with Client(server.url) as c:
+        c.create_queue(queue)
+        c.create_group(queue, group)
+        c.publish(queue, ["a", "b", "c"])
+        got = receive_n(c, queue, group, 3)
+        assert c.extend(queue, group, got[0], visibility_timeout_seconds=60)["extended"] == 1
+        assert c.ack(queue, group, got[:2])["acked"] == 2
+        assert c.nack(queue, group, got[2])["nacked"] == 1
+        with pytest.raises(TypeError, match="not int"):
+            c.ack(queue, group, [1])
+        stream_message = Received(handle=1, id="x:1", body=b"", delivery_count=1, enqueued_ms=0)
+        with pytest.raises(TypeError, match="settle it through its consumer"):
+            c.ack(queue, group, [stream_message])

@@ -19,6 +19,7 @@ from cherami.client.models import (
     Received,
     message_list,
     publish_item,
+    receipt_list,
 )
 from cherami.client.stream import Publisher, StreamConsumer
 from cherami.errors import Throttled, Unavailable, error_from_response
@@ -249,18 +250,23 @@ class AsyncClient:
         )
         return answer.received()  # type: ignore[no-any-return]
 
-    async def ack(self, queue: str, group: str, receipts: list[str]) -> dict[str, Any]:
-        return await self.request("POST", self._g(queue, group) + "/ack", {"receipts": receipts})  # type: ignore[no-any-return]
+    async def ack(self, queue: str, group: str, receipts: Any) -> dict[str, Any]:
+        """Ack by receipts, or the messages a receive returned (one or a list)."""
+        body = {"receipts": receipt_list(receipts)}
+        return await self.request("POST", self._g(queue, group) + "/ack", body)  # type: ignore[no-any-return]
 
     async def nack(
-        self, queue: str, group: str, receipts: list[str], delay_seconds: float = 0
+        self, queue: str, group: str, receipts: Any, delay_seconds: float = 0
     ) -> dict[str, Any]:
-        body = {"receipts": receipts, "delay_seconds": delay_seconds}
+        body = {"receipts": receipt_list(receipts), "delay_seconds": delay_seconds}
         return await self.request("POST", self._g(queue, group) + "/nack", body)  # type: ignore[no-any-return]
 
-    async def extend(self, queue: str, group: str, receipts: list[str],
+    async def extend(self, queue: str, group: str, receipts: Any,
                      visibility_timeout_seconds: float) -> dict[str, Any]:  # fmt: skip
-        body = {"receipts": receipts, "visibility_timeout_seconds": visibility_timeout_seconds}
+        body = {
+            "receipts": receipt_list(receipts),
+            "visibility_timeout_seconds": visibility_timeout_seconds,
+        }
         return await self.request("POST", self._g(queue, group) + "/visibility", body)  # type: ignore[no-any-return]
 
     # dead-letter queue

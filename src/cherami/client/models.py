@@ -158,3 +158,26 @@ def _ms(rfc3339: str | None) -> int:
             seconds = _SECONDS[rfc3339[:19]] = int(when.timestamp())
         return seconds * 1000 + int(rfc3339[20:23])
     return int(datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def receipt_list(receipts: Any) -> list[str]:
+    """The receipts of an HTTP ack, nack or extend: receipts (``str``) or the messages a
+    receive returned (their ``receipt``), one or a list of them."""
+    if isinstance(receipts, (str, Received)):
+        receipts = [receipts]
+    out: list[str] = []
+    for item in receipts:
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, Received):
+            if item.receipt is None:
+                raise TypeError(
+                    "a message delivered on a stream has no receipt: settle it through its "
+                    "consumer (consumer.ack(message))"
+                )
+            out.append(item.receipt)
+        else:
+            raise TypeError(
+                f"a receipt is a str or a message a receive returned, not {type(item).__name__}"
+            )
+    return out

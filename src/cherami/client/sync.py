@@ -166,16 +166,16 @@ class Client:
             self.aio.receive(queue, group, max_messages, wait_seconds, visibility_timeout_seconds)
         )
 
-    def ack(self, queue: str, group: str, receipts: list[str]) -> dict[str, Any]:
+    def ack(self, queue: str, group: str, receipts: Any) -> dict[str, Any]:
         return self._run(self.aio.ack(queue, group, receipts))
 
     def nack(
-        self, queue: str, group: str, receipts: list[str], delay_seconds: float = 0
+        self, queue: str, group: str, receipts: Any, delay_seconds: float = 0
     ) -> dict[str, Any]:
         return self._run(self.aio.nack(queue, group, receipts, delay_seconds))
 
     def extend(
-        self, queue: str, group: str, receipts: list[str], visibility_timeout_seconds: float
+        self, queue: str, group: str, receipts: Any, visibility_timeout_seconds: float
     ) -> dict[str, Any]:
         return self._run(self.aio.extend(queue, group, receipts, visibility_timeout_seconds))
 
