@@ -161,5 +161,11 @@ def error_from_response(status: int, raw: bytes) -> CheramiError:
         if isinstance(error, Throttled) and "retry_after_ms" in err:
             error.retry_after = max(0.0, float(err["retry_after_ms"]) / 1000)
     except (msgspec.DecodeError, KeyError, TypeError, ValueError):
-        return CheramiError(f"HTTP {status}: {raw[:200]!r}")
+        what = (
+            f"HTTP {status} without a Cherami error body: the URL may not point at a "
+            f"Cherami server, or a proxy answered ({raw[:120]!r})"
+        )
+        if status in (502, 503, 504):  # a proxy or balancer in front: worth a retry
+            return Unavailable(what)
+        return CheramiError(what)
     return error

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cherami.client.asyncclient import AsyncClient
-from cherami.errors import Unavailable
+from cherami.errors import CheramiError, Unavailable
 from tests.support.blackhole import free_port
 
 
@@ -45,3 +45,30 @@ async def test_idempotent_calls_wait_for_the_node(tmp_path: Path) -> None:
         finally:
             node.terminate()
             assert await asyncio.wait_for(node.wait(), 30) == 0
+
+
+async def test_a_server_that_is_not_cherami_is_named_as_such() -> None:
+    """A URL that points at another web server once reported ``internal: HTTP 404:
+    b'<!DOCTYPE…'``, which docs/api.md calls a Cherami bug. Now the error says the URL
+    may not be a Cherami server; a proxy's 502-504 is Unavailable (retried)."""
+    from aiohttp import web
+
+    async def page(request: web.Request) -> web.Response:
+        if request.path.startswith("/v1/queues/busy"):
+            return web.Response(status=503, text="<html>upstream down</html>")
+        return web.Response(status=404, text="<!DOCTYPE html><html>Not Found</html>")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", page)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        async with AsyncClient(f"http://127.0.0.1:{port}", idempotent_retry_seconds=0) as c:
+            with pytest.raises(CheramiError, match="may not point at a Cherami server"):
+                await c.create_queue("orders")
+            with pytest.raises(Unavailable, match="may not point at a Cherami server"):
+                await c.get_queue("busy")
+    finally:
+        await runner.cleanup()
