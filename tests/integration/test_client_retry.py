@@ -72,3 +72,13 @@ async def test_a_server_that_is_not_cherami_is_named_as_such() -> None:
                 await c.get_queue("busy")
     finally:
         await runner.cleanup()
+
+
+async def test_a_host_name_that_does_not_resolve_fails_at_once() -> None:
+    """A wrong URL once made ``publish`` retry in silence for 30 s: a name that does
+    not resolve is a mistake in the URL, not a server that is down, so it is said at once
+    (the ``.invalid`` top-level domain never resolves)."""
+    async with AsyncClient("http://no-such-host.invalid:8080") as c:
+        async with asyncio.timeout(10):  # the publish retry window is 30 s
+            with pytest.raises(CheramiError, match="cannot resolve the host"):
+                await c.publish("orders", ["x"])

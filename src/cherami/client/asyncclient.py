@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import socket
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
@@ -22,7 +23,7 @@ from cherami.client.models import (
     receipt_list,
 )
 from cherami.client.stream import Publisher, StreamConsumer
-from cherami.errors import Throttled, Unavailable, error_from_response
+from cherami.errors import CheramiError, Throttled, Unavailable, error_from_response
 from cherami.wire import tls
 
 PUBLISH_BATCH = 1000
@@ -141,6 +142,10 @@ class AsyncClient:
         except TimeoutError as err:
             raise _TimedOut(f"{self.url}: request timed out") from err
         except aiohttp.ClientConnectorError as err:
+            if isinstance(err.os_error, socket.gaierror):  # a name that does not resolve
+                raise CheramiError(
+                    f"{self.url}: cannot resolve the host (check the URL): {err}"
+                ) from None
             raise Unavailable(f"{self.url}: {err}") from err
         except aiohttp.ClientError as err:
             raise _Dropped(f"{self.url}: {err}") from err
