@@ -182,3 +182,21 @@ def test_bulk_publish_reports_a_refused_batch_instead_of_a_partial_count(
     assert "published 900 messages; not that batch" in result.stderr
     stats = ok_json(server, "queue", "show", queue)["stats"]
     assert stats["messages_published"] == 900
+
+
+def test_url_works_before_the_command_too(server: ServerProcess) -> None:
+    """``cherami --url U queue list`` once said "no such option": --url (and --api-key,
+    --tls-ca) went only after the command. Both places work, and a flag beats
+    CHERAMI_URL wherever it is given."""
+    q = unique("q")
+    created = cherami(None, "--url", server.url, "queue", "create", q)
+    assert created.returncode == 0, created.stderr
+    env_elsewhere = dict(os.environ, CHERAMI_URL="http://127.0.0.1:9")  # nothing listens
+    listed = subprocess.run(
+        [sys.executable, "-m", "cherami.cli.main", "--url", server.url, "queue", "list"],
+        capture_output=True, text=True, timeout=60, env=env_elsewhere, check=False,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    assert q in listed.stdout
+    bad = cherami(None, "--url", "ftp://x", "queue", "list")
+    assert bad.returncode == 2 and "must start with http:// or https://" in bad.stderr

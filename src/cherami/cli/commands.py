@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import IO, Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from cherami.cli.main import cli
 from cherami.cli.output import emit
@@ -42,9 +43,22 @@ def connection_options(command: F) -> F:
                   help="PEM CA that verifies an https:// server (env CHERAMI_TLS_CA).")  # fmt: skip
     @functools.wraps(command)
     def wrapper(url: str, api_key: str | None, tls_ca: str | None, **kwargs: Any) -> Any:
+        url = _check_url(None, None, _before_the_command("url", url))  # type: ignore[arg-type]
+        api_key = _before_the_command("api_key", api_key)
+        tls_ca = _before_the_command("tls_ca", tls_ca)
         return command(lambda: AsyncClient(url, api_key, tls_ca=tls_ca), **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _before_the_command(name: str, value: Any) -> Any:
+    """The option as given before the command (``cherami --url U queue list``) unless
+    the command was given it itself; a flag beats the environment either way."""
+    ctx = click.get_current_context()
+    given = ctx.find_root().params.get(name)
+    if given is not None and ctx.get_parameter_source(name) != ParameterSource.COMMANDLINE:
+        return given
+    return value
 
 
 def _check_url(ctx: click.Context, param: click.Parameter, url: str) -> str:

@@ -29,7 +29,10 @@ class _Cli(click.Group):
     "--output", "-o", type=click.Choice(FORMATS), default="json", envvar="CHERAMI_OUTPUT",
     show_default=True, help="How answers print: json (for scripts) or table (env CHERAMI_OUTPUT).",
 )  # fmt: skip
-def cli(output: str) -> None:
+@click.option("--url", default=None, help="Server URL, for every command (as its own --url).")
+@click.option("--api-key", default=None, help="API key, for every command (as its --api-key).")
+@click.option("--tls-ca", default=None, help="PEM CA, for every command (as its --tls-ca).")
+def cli(output: str, url: str | None, api_key: str | None, tls_ca: str | None) -> None:
     """Cherami: a durable task queue with consumer groups, DLQ and delayed messages."""
 
 
