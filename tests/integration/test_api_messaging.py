@@ -359,3 +359,16 @@ async def test_expired_messages_are_never_delivered(client: AsyncClient) -> None
     await client.ack(q, "g", [m.receipt or "" for m in got])
     await asyncio.sleep(0.1)
     assert (await client.get_group(q, "g"))["stats"]["backlog"] == 0
+
+
+async def test_receive_and_consume_refuse_a_stream_mode_group(client: AsyncClient) -> None:
+    """A stream-mode group is read by offsets (Spark); a receive of one answered an empty
+    list forever (and `cherami consume` printed nothing and exited 0)."""
+    q = await _setup(client)
+    await client.create_group(q, "analytics", type="stream")
+    await client.publish(q, ["x"])
+    with pytest.raises(InvalidRequest, match="stream-mode group"):
+        await client.receive(q, "analytics", wait_seconds=1)
+    with pytest.raises(InvalidRequest, match="stream-mode group"):
+        async with client.consumer(q, "analytics") as consumer:
+            await consumer.get(timeout=1)

@@ -19,6 +19,7 @@ from cherami.client.models import OutgoingMessage, Received, message_list
 from cherami.errors import (
     CheramiError,
     GroupNotFound,
+    InvalidRequest,
     NotFound,
     QueueNotFound,
     Unavailable,
@@ -57,7 +58,12 @@ async def _connect(client: AsyncClient, path: str) -> aiohttp.ClientWebSocketRes
     except aiohttp.WSServerHandshakeError as err:
         if 400 <= err.status < 500:
             # the handshake carries no error body: ask the resource for its exact error
-            await client.request("GET", path.rsplit("/", 1)[0])
+            resource = await client.request("GET", path.rsplit("/", 1)[0])
+            if isinstance(resource, dict) and resource.get("type") == "stream":
+                raise InvalidRequest(
+                    f"group {resource.get('name')} is a stream-mode group: it is read by "
+                    "offsets (the Spark source), not by a consume stream"
+                ) from None
         raise error_from_code(_code_for(err.status), err.message) from None
     except (aiohttp.ClientError, OSError) as err:
         raise Unavailable(f"{client.url}: {err}") from err

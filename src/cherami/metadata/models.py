@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from cherami.errors import InvalidName
+from cherami.errors import InvalidName, InvalidRequest
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # a queue's or group's name
 _NAME = re.compile(NAME_PATTERN)
@@ -20,6 +20,17 @@ Rate = Annotated[float, msgspec.Meta(ge=0, le=1e12)]  # per second (or a burst);
 OPEN, SEALED, CONSUMED, DELETED = "open", "sealed", "consumed", "deleted"
 FAILING = "failing"  # open, but its input host saw a replica fail: the controller seals it
 COMPETING, STREAM = "competing", "stream"
+
+
+def check_competing(group: Group) -> Group:
+    """The group, if receives and consume streams serve it: a stream-mode group is read
+    by offsets (the Spark source); a receive of one answered nothing, forever."""
+    if group.config.type == STREAM:
+        raise InvalidRequest(
+            f"group {group.name} is a stream-mode group: it is read by offsets (the Spark "
+            "source, docs/spark.md), not by receive or a consume stream"
+        )
+    return group
 
 
 def check_name(kind: str, name: str) -> str:

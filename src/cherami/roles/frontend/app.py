@@ -26,6 +26,7 @@ from cherami.metadata.models import (
     Queue,
     QueueConfig,
     QueuePatch,
+    check_competing,
     check_name,
 )
 from cherami.roles.controller.client import ControllerClient
@@ -398,7 +399,7 @@ class Frontend:
 
     # receive and settle (consumerrouting.py spreads them over a cluster's output hosts)
     async def receive(self, request: web.Request) -> web.Response:
-        group = await self.group_record(request, "consume")
+        group = check_competing(await self.group_record(request, "consume"))
         body = await decode(request, s.ReceiveRequest)
 
         def waiting(wait: float) -> s.ReceiveRequest:

@@ -20,7 +20,7 @@ from cherami.errors import (
     Throttled,
     Unauthorized,
 )
-from cherami.metadata.models import Queue
+from cherami.metadata.models import Queue, check_competing
 from cherami.roles.frontend.consumerrouting import is_direct
 from cherami.roles.frontend.convert import check_size
 from cherami.wire import close
@@ -169,6 +169,7 @@ class StreamHandlers:
             group = await self.f.group_record(request, "consume")
         else:
             group = await self.f.served_group(request, "consume")
+        check_competing(group)  # before the upgrade: an HTTP 400
         outputs = self.f.r.outputs
         if outputs is not None:  # before the upgrade: its errors are HTTP answers
             await outputs.load(group.queue, group.name)
