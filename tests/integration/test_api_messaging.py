@@ -372,3 +372,35 @@ async def test_receive_and_consume_refuse_a_stream_mode_group(client: AsyncClien
     with pytest.raises(InvalidRequest, match="stream-mode group"):
         async with client.consumer(q, "analytics") as consumer:
             await consumer.get(timeout=1)
+
+
+async def test_a_client_that_drops_mid_body_is_one_line_not_a_traceback(
+    fresh_server: ServerProcess,
+) -> None:
+    """A client that went away in the middle of its request body logged a full ERROR
+    traceback each time (100 in 0.1 s). Now it is one INFO line, and the node answers on."""
+    fresh_server.start()
+    host, port = fresh_server.url.rsplit("//", 1)[1].split(":")
+    q = unique()
+    async with AsyncClient(fresh_server.url) as client:
+        await client.create_queue(q)
+    for _ in range(20):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            f"POST /v1/queues/{q}/messages HTTP/1.1\r\nHost: x\r\n"
+            "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+            '{"messages": [{"bo'.encode()
+        )
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+    async with AsyncClient(fresh_server.url) as client:
+        assert len(await client.publish(q, ["still here"])) == 1
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        gone = [line for line in fresh_server.output if "the client went away" in line]
+        if len(gone) == 20:
+            break
+        await asyncio.sleep(0.1)
+    assert len(gone) == 20
+    assert not [line for line in fresh_server.output if "Traceback" in line or "ERROR" in line]

@@ -170,6 +170,16 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             answer.headers["Allow"] = ", ".join(sorted(allowed))
             return answer
         raise
+    except ConnectionError as err:
+        transport = request.transport
+        if transport is not None and not transport.is_closing():
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            return json_response({"error": {"code": "internal", "message": "internal error"}}, 500)
+        # the client went away mid-request: its doing, worth one line, not a traceback
+        log.info("%s %s: the client went away (%s)", request.method, request.path, err)
+        return json_response(
+            {"error": {"code": "invalid_request", "message": "connection lost mid-request"}}, 400
+        )
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return json_response({"error": {"code": "internal", "message": "internal error"}}, 500)
