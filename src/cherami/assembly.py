@@ -120,6 +120,7 @@ async def assemble(s: Surroundings, roles: frozenset[str]) -> Assembly:
     controller = ControllerService(
         s.metadata, s.stores, s.pick_input_host, manage_extents=CONTROLLER in roles,
         live_stores=lambda: s.watcher.live, default_min_extents=s.default_min_extents,
+        restarts_stores=alone,
     )  # fmt: skip
     inputs = None
     if INPUTHOST in roles:

@@ -110,6 +110,7 @@ class ControllerService:
         manage_extents: bool = True,
         live_stores: Callable[[], set[str]] | None = None,
         default_min_extents: int = 1,
+        restarts_stores: bool = False,
     ) -> None:
         """``pick_input_host`` is given the queue's open extents. ``manage_extents``
         false: only the leading controller opens extents (a frontend in a cluster writes
@@ -121,6 +122,7 @@ class ControllerService:
         self.manage_extents = manage_extents
         self._live_stores = live_stores
         self.default_min_extents = default_min_extents
+        self._restarts_stores = restarts_stores  # a node: a store host that dies comes back
         self.placed = Placements()  # placements the hosts' load reports do not show yet
         # replicas a seal could not reach; sealed when they answer again
         self.unsealed_replicas: set[tuple[str, str]] = set()
@@ -471,9 +473,9 @@ class ControllerService:
                 self.degraded.pop(extent_id, None)
 
     def _warn_without_spare_store(self, name: str, config: QueueConfig) -> None:
-        # in a cluster (live_stores given) nothing restarts a store host that went down
+        # in a cluster nothing restarts a store host that went down (a node does)
         stores = len(self.stores.ids())
-        if self._live_stores and config.min_replicas == config.replicas == stores:
+        if not self._restarts_stores and config.min_replicas == config.replicas == stores:
             log.warning(
                 "queue %s has %d replicas on %d store hosts: publishing to it stops while "
                 "any store host is down; run %d store hosts or set min_replicas below %d",

@@ -43,7 +43,10 @@ async def _main(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_signal_handler(signal.SIGINT, stop.set)
+    # a node's store host is stopped by the node (SIGTERM), after the roles that use it:
+    # a Ctrl-C reaches the whole foreground process group, and store hosts that stopped
+    # first left the node's readers logging dozens of "connection lost" on the way out
+    loop.add_signal_handler(signal.SIGINT, (lambda: None) if args.parent else stop.set)
     watcher = asyncio.create_task(_watch_parent(args.parent)) if args.parent else None
     await stop.wait()
     if watcher:
