@@ -117,15 +117,19 @@ class Leader:
                 self._run_behind("retention", partial(self._retain, now))
 
     async def _retain(self, now: float) -> None:
-        """A retention pass: the open extents carrying traffic are looked at for rolling
-        over (size), and every open extent once a ROLL_CHECK_ALL (age); an idle one costs
-        a pass nothing. From the catalog the ticks keep, not a read of every extent."""
+        """A retention pass: the open extents carrying traffic or opened in the last
+        ROLL_CHECK_ALL are looked at for rolling over (size), and every open extent once a
+        ROLL_CHECK_ALL (age); an idle one costs a pass nothing. From the catalog the
+        ticks keep, not a read of every extent."""
         whole = now - self._rolled_all_at >= ROLL_CHECK_ALL
         if whole:
             self._rolled_all_at = now
+        # a young extent too: one that just took over from a rolled one carries its
+        # queue's traffic before a load report shows it
+        young = time.time() - ROLL_CHECK_ALL
         opened = [
             e for es in self._extents.values() for e in es
-            if e.status == OPEN and (whole or e.id in self._busy)
+            if e.status == OPEN and (whole or e.id in self._busy or e.created_at > young)
         ]  # fmt: skip
         await self.retention.tick(list(self._queues.values()), opened)
 
