@@ -130,6 +130,18 @@ def test_a_surplus_is_not_asked_back_while_no_stream_is_short() -> None:
     assert not policy.reclaiming("a")
 
 
+def test_nothing_is_asked_back_for_a_listed_stream_until_it_opens() -> None:
+    # "a" and "b" hold 500 each; the route lists a third host: both are over their new
+    # share, but no open stream is short, so nothing is asked back until "c" opens
+    policy = _policy(1000, expected=2)
+    policy.grant(["a", "b"])
+    policy.expected = 3
+    assert policy.grant(["a", "b"]) == []
+    assert not policy.reclaiming("a") and not policy.reclaiming("b")
+    assert policy.grant(["a", "b", "c"]) == [("a", -166), ("b", -167)]
+    assert policy.reclaiming("a") and policy.reclaiming("b")
+
+
 def test_settled_credit_is_granted_again() -> None:
     policy = _policy(100, expected=1)
     policy.grant(["a"])
