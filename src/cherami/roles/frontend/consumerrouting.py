@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -27,11 +27,9 @@ from cherami.cluster.membership import OUTPUTHOST, live_hosts
 from cherami.errors import CheramiError, Unavailable, error_from_response
 from cherami.metadata.models import Group
 from cherami.roles.frontend import schemas as s
+from cherami.roles.frontend.context import Frontend
+from cherami.roles.frontend.proxy import Router
 from cherami.roles.outputhost.receipts import host_tag, tag_of
-
-if TYPE_CHECKING:
-    from cherami.roles.frontend.app import Frontend
-    from cherami.roles.frontend.proxy import Router
 
 log = logging.getLogger("cherami.frontend.consumerrouting")
 

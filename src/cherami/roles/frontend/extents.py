@@ -15,9 +15,10 @@ from aiohttp import web
 
 from cherami.cluster.membership import INPUTHOST
 from cherami.errors import CheramiError, InvalidRequest
+from cherami.httpbase import decode, json_response
 from cherami.metadata.models import DELETED, OPEN, STREAM, AckLevel, Extent, Group, check_name
-from cherami.roles.frontend.app import Frontend, decode, json_response
 from cherami.roles.frontend.clusterview import HostView, read_hosts
+from cherami.roles.frontend.context import Frontend
 from cherami.roles.frontend.convert import rfc3339
 from cherami.roles.frontend.schemas import OffsetsBody
 from cherami.wire import tls

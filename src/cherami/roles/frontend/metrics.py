@@ -20,7 +20,7 @@ from cherami.roles.frontend.lag import stream_lags
 from cherami.telemetry import Histogram, counter, gauge, histogram, process_families, render
 
 if TYPE_CHECKING:
-    from cherami.roles.frontend.app import Frontend
+    from cherami.roles.frontend.context import Frontend
 
 QG = ["queue", "group"]
 

@@ -10,8 +10,9 @@ from typing import Any
 from aiohttp import web
 
 from cherami.cluster.membership import INPUTHOST, live_hosts
+from cherami.httpbase import json_response
 from cherami.metadata.models import OPEN
-from cherami.roles.frontend.app import Frontend, json_response
+from cherami.roles.frontend.context import Frontend
 from cherami.wire.store import PLAIN
 
 REFRESH_SECONDS = 10  # how often a producer should ask again

@@ -7,7 +7,6 @@ import asyncio
 import logging
 import time
 import weakref
-from typing import TYPE_CHECKING
 
 import msgspec
 from aiohttp import WSMsgType, web
@@ -20,15 +19,18 @@ from cherami.errors import (
     Throttled,
     Unauthorized,
 )
+from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Queue, check_competing
+from cherami.roles.frontend.auth import KeyRing
 from cherami.roles.frontend.consumerrouting import is_direct
+from cherami.roles.frontend.context import Lookup
 from cherami.roles.frontend.convert import check_size
+from cherami.roles.frontend.metrics import Metrics
+from cherami.roles.frontend.throttle import Throttle
+from cherami.roles.outputhost.client import OutputHostClient
 from cherami.wire import close
 from cherami.wire import stream as f
 from cherami.wire.records import Message
-
-if TYPE_CHECKING:
-    from cherami.roles.frontend.app import Frontend
 
 log = logging.getLogger("cherami.frontend.streams")
 
@@ -54,8 +56,21 @@ def _check(queue: Queue, messages: list[f.OutMessage]) -> None:
 
 
 class StreamHandlers:
-    def __init__(self, frontend: Frontend) -> None:
-        self.f = frontend
+    def __init__(
+        self,
+        lookup: Lookup,
+        metadata: MetadataStore,
+        keys: KeyRing,
+        throttle: Throttle,
+        metrics: Metrics,
+        outputs: OutputHostClient | None,
+    ) -> None:
+        self.lookup = lookup
+        self.metadata = metadata
+        self.keys = keys
+        self.throttle = throttle
+        self.metrics = metrics
+        self.outputs = outputs
         self.open: weakref.WeakSet[web.WebSocketResponse] = weakref.WeakSet()
 
     def count(self) -> int:
@@ -70,7 +85,7 @@ class StreamHandlers:
         """Whether the queue a stream was opened for still exists (and is not another
         queue since made under its name)."""
         try:
-            current = await self.f.r.metadata.get_queue(queue.name)
+            current = await self.metadata.get_queue(queue.name)
         except QueueNotFound:
             return False
         return current.created_at == queue.created_at
@@ -87,15 +102,15 @@ class StreamHandlers:
                 await ws.close(code=close.DELETED, message=b"queue deleted")
 
     async def publish(self, request: web.Request) -> web.StreamResponse:
-        queue = await self.f.queue(request, "produce")
-        inputs = await self.f.input_host(queue)
+        queue = await self.lookup.queue(request, "produce")
+        inputs = await self.lookup.input_host(queue)
         ws = web.WebSocketResponse(max_msg_size=WS_MAX_MSG, heartbeat=30)
         await ws.prepare(request)
         self.open.add(ws)
         slots = asyncio.Semaphore(MAX_BATCHES_IN_FLIGHT)
         tasks: set[asyncio.Task[None]] = set()
         watcher = asyncio.create_task(self._watch_queue(ws, queue))
-        keys, header = self.f.r.keys, request.headers.get("Authorization")
+        keys, header = self.keys, request.headers.get("Authorization")
 
         async def handle(frame: f.Publish) -> None:
             started = time.perf_counter()
@@ -109,9 +124,9 @@ class StreamHandlers:
                 if key is None and keys.enabled:
                     raise Unauthorized("the stream's API key is no longer in the auth file")
                 size = sum(len(m.body) for m in messages)
-                await self.f.throttle.admit(queue, key, len(messages), size, fresh=False)
+                await self.throttle.admit(queue, key, len(messages), size, fresh=False)
                 ids = await inputs.publish(queue, messages)
-                self.f.r.metrics.published(queue.name, len(ids), time.perf_counter() - started)
+                self.metrics.published(queue.name, len(ids), time.perf_counter() - started)
                 reply: f.ServerFrame = f.Published(frame.id, ids)
             except Moved:
                 # reconfigure: the producer reconnects and sends its unacked batches again,
@@ -166,11 +181,11 @@ class StreamHandlers:
         them is closed at once with RECONFIGURE: the client reads the route again.
         Another stream is forwarded to a holder."""
         if is_direct(request):
-            group = await self.f.group_record(request, "consume")
+            group = await self.lookup.group_record(request, "consume")
         else:
-            group = await self.f.served_group(request, "consume")
+            group = await self.lookup.served_group(request, "consume")
         check_competing(group)  # before the upgrade: an HTTP 400
-        outputs = self.f.r.outputs
+        outputs = self.outputs
         if outputs is not None:  # before the upgrade: its errors are HTTP answers
             await outputs.load(group.queue, group.name)
         ws = web.WebSocketResponse(max_msg_size=WS_MAX_MSG, heartbeat=30)

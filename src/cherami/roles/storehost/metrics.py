@@ -7,15 +7,13 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from cherami.errors import CheramiError
-from cherami.roles.frontend.app import Handler, error_response
-from cherami.roles.frontend.auth import KeyRing
+from cherami.httpbase import KeyCheck, cherami_errors
 from cherami.roles.storehost.server import StoreHostService
 from cherami.telemetry import gauge, histogram, process_families, render
 
 
 def storehost_metrics_app(
-    service: StoreHostService, host_id: str, keys: KeyRing
+    service: StoreHostService, host_id: str, keys: KeyCheck
 ) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
         keys.check(request.headers.get("Authorization"), None, None)  # any valid key
@@ -43,14 +41,6 @@ def storehost_metrics_app(
         ])  # fmt: skip
         return web.Response(body=body, headers={"Content-Type": content_type})
 
-    app = web.Application(middlewares=[_errors])
+    app = web.Application(middlewares=[cherami_errors])  # 401 without a valid key
     app.router.add_get("/metrics", metrics)
     return app
-
-
-@web.middleware
-async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except CheramiError as err:  # 401 without a valid key
-        return error_response(err)
