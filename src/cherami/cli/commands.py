@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import json
+import signal
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import IO, Any, TypeVar
@@ -291,11 +294,23 @@ def publish(
         for message_id in run(client, lambda c: c.publish(queue_name, messages)):
             click.echo(message_id)
         return
+    if sys.stdin.isatty():
+        batch_size = 1  # a line typed is sent when Enter is pressed
+    # a reader of its own: after Ctrl-C a thread stays blocked in it, and the interpreter
+    # would abort at exit closing sys.stdin while the thread holds its lock
+    stdin = open(sys.stdin.fileno(), "rb", closefd=False)  # noqa: SIM115
     batches = (
         [OutgoingMessage(body, attributes, delay_seconds) for body in batch]
-        for batch in read_batches(sys.stdin.buffer, batch_size)
+        for batch in read_batches(stdin, batch_size)
     )
-    count = run(client, lambda c: publish_stream(c, queue_name, batches))
+    try:
+        count = run(client, lambda c: publish_stream(c, queue_name, batches))
+    except Interrupted as stop:
+        click.echo(f"interrupted: {stop}", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:  # before the stream was open
+        click.echo("interrupted: published 0 messages", err=True)
+        sys.exit(130)
     click.echo(f"published {count} messages")
 
 
@@ -317,11 +332,23 @@ def read_batches(stream: IO[bytes], size: int) -> Iterator[list[str | bytes]]:
         yield batch
 
 
+class Interrupted(Exception):
+    """Ctrl-C stopped ``cherami publish`` reading stdin; says what got in."""
+
+    def __init__(self, published: int, unconfirmed: int) -> None:
+        lost = f"; {unconfirmed} sent were not confirmed" if unconfirmed else ""
+        super().__init__(f"published {published} messages{lost}")
+
+
 async def publish_stream(
     client: AsyncClient, queue_name: str, batches: Iterator[list[OutgoingMessage]]
 ) -> int:
     """Pipeline the batches through a streaming publisher, with a progress bar on a
-    terminal; returns how many messages are durable."""
+    terminal; returns how many messages are durable.
+
+    Ctrl-C stops reading (raises ``Interrupted`` once what was sent is durable; a second
+    Ctrl-C stops waiting for it). The batches are read in a daemon thread: a read of a
+    terminal blocks until a line comes and must not keep the process from exiting."""
     from rich.console import Console
     from rich.progress import MofNCompleteColumn, Progress, SpinnerColumn, TimeElapsedColumn
 
@@ -329,7 +356,7 @@ async def publish_stream(
     console = Console(stderr=True)
     columns = (SpinnerColumn(), *Progress.get_default_columns()[:1], MofNCompleteColumn(),
                TimeElapsedColumn())  # fmt: skip
-    published = 0
+    published = sent = 0
     with Progress(*columns, console=console, transient=True,
                   disable=not console.is_terminal) as progress:  # fmt: skip
         task = progress.add_task(f"publishing to {queue_name}", total=None)
@@ -341,15 +368,97 @@ async def publish_stream(
                 progress.update(task, completed=published)
 
         async with client.publisher(queue_name) as publisher:
-            while (batch := await asyncio.to_thread(next, batches, None)) is not None:
-                future = await publisher.send(batch)
-                future.add_done_callback(done)
-            try:
-                await publisher.flush()
-            except CheramiError as err:  # say what did get in, then fail
-                err.message = f"{err.message} (published {published} messages; not that batch)"
-                raise
+            with _ctrl_c() as ctrl_c:
+                while not ctrl_c.pressed:
+                    reading = _in_daemon_thread(lambda: next(batches, None))
+                    if not await ctrl_c.or_stop(reading) or (batch := reading.result()) is None:
+                        break
+                    sending = asyncio.ensure_future(publisher.send(batch))  # waits for a slot
+                    if not await ctrl_c.or_stop(sending, 2):
+                        break
+                    sent += len(batch)
+                    sending.result().add_done_callback(done)
+                flushing = asyncio.ensure_future(publisher.flush())
+                try:
+                    if flushed := await ctrl_c.or_stop(flushing, 2):
+                        flushing.result()
+                except CheramiError as err:  # say what did get in, then fail
+                    err.message = f"{err.message} (published {published} messages; not that batch)"
+                    raise
+                if ctrl_c.pressed:
+                    raise Interrupted(published, 0 if flushed else sent - published)
     return published
+
+
+class _CtrlC:
+    """Counts SIGINTs; ``or_stop`` waits for a future unless Ctrl-C is pressed enough."""
+
+    def __init__(self) -> None:
+        self.pressed = 0
+        self._press = asyncio.Event()
+
+    def press(self) -> None:
+        self.pressed += 1
+        self._press.set()
+
+    async def or_stop(self, future: asyncio.Future[Any], presses: int = 1) -> bool:
+        """Whether ``future`` is done; False (it is cancelled) once ``presses`` in all."""
+        while not future.done() and self.pressed < presses:
+            self._press.clear()
+            waiter = asyncio.ensure_future(self._press.wait())
+            try:
+                await asyncio.wait({future, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+        if future.done():
+            return True
+        future.cancel()
+        return False
+
+
+@contextlib.contextmanager
+def _ctrl_c() -> Iterator[_CtrlC]:
+    """SIGINT counted by a ``_CtrlC`` instead of interrupting (in the main thread)."""
+    ctrl_c = _CtrlC()
+    if threading.current_thread() is not threading.main_thread():
+        yield ctrl_c
+        return
+    loop = asyncio.get_running_loop()
+    previous = signal.getsignal(signal.SIGINT)
+    loop.add_signal_handler(signal.SIGINT, ctrl_c.press)
+    try:
+        yield ctrl_c
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)  # asyncio.run's, which cancels the run
+
+
+def _in_daemon_thread(call: Callable[[], T]) -> asyncio.Future[T]:
+    """``call()`` in a daemon thread, as a future of this loop. A read of a terminal
+    left blocked there (Ctrl-C) does not hold the process up, as an executor's would."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():  # cancelled: nobody waits for it
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def main() -> None:
+        result, error = None, None
+        try:
+            result = call()
+        except Exception as err:
+            error = err
+        with contextlib.suppress(RuntimeError):  # the loop is closed
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=main, name="cherami-stdin", daemon=True).start()
+    return future
 
 
 # consume

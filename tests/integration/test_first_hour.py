@@ -1,0 +1,129 @@
+"""The first hour with Cherami (issue 34): the CLI and the client against a real node."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import termios
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from cherami import Client
+from tests.support.server import ServerProcess, unique
+
+
+def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def cli_env(server: ServerProcess) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHERAMI_")}
+    env["CHERAMI_URL"] = server.url
+    return env
+
+
+class Terminal:
+    """A pseudo-terminal whose output a thread collects (the child never blocks on it)."""
+
+    def __init__(self) -> None:
+        self.master, self.slave = os.openpty()
+        self.output = bytearray()
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.master, 4096)
+            except OSError:  # EIO: every process holding the slave is gone
+                chunk = b""
+            with self._changed:
+                if not chunk:
+                    self._changed.notify_all()
+                    return
+                self.output += chunk
+                self._changed.notify_all()
+
+    def wait_for(self, text: bytes, timeout: float = 10.0) -> None:
+        with self._changed:
+            if not self._changed.wait_for(lambda: text in self.output, timeout):
+                raise AssertionError(f"{text!r} not written in {timeout}s: {self.output!r}")
+
+    def type(self, data: bytes) -> None:
+        os.write(self.master, data)
+
+    def finished(self, timeout: float) -> bytes:
+        """Everything written once the child's end is closed (within ``timeout``)."""
+        self._reader.join(timeout)
+        return bytes(self.output)
+
+    def close(self) -> None:
+        os.close(self.master)
+
+
+def take_terminal() -> None:
+    """In the child (a session leader): make stdin its controlling terminal, so the
+    terminal's ^C signals it as a shell's would."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+@pytest.fixture
+def terminal() -> Iterator[Terminal]:
+    t = Terminal()
+    yield t
+    t.close()
+
+
+def published(server: ServerProcess, queue: str) -> int:
+    with Client(server.url) as c:
+        return int(c.get_queue(queue)["stats"]["messages_published"])
+
+
+# 1. Ctrl-C stops `cherami publish` reading a terminal
+@pytest.mark.parametrize("interrupt", ["ctrl-c key", "SIGINT"])
+@pytest.mark.parametrize("lines", [[], ["one", "two"]])
+def test_ctrl_c_stops_publish_reading_a_terminal(
+    server: ServerProcess, terminal: Terminal, interrupt: str, lines: list[str]
+) -> None:
+    queue, group = unique("q"), unique("g")
+    with Client(server.url) as c:
+        c.create_queue(queue)
+        c.create_group(queue, group, start_from="earliest")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cherami.cli.main", "publish", queue],
+        stdin=terminal.slave, stdout=terminal.slave, stderr=terminal.slave,
+        env=cli_env(server), start_new_session=True, preexec_fn=take_terminal,
+    )  # fmt: skip
+    os.close(terminal.slave)
+    try:
+        terminal.wait_for(b"publishing to " + queue.encode())  # its progress bar: reading
+        for line in lines:
+            terminal.type(line.encode() + b"\n")
+        # each line typed is sent at once, not when 500 are read
+        eventually(lambda: published(server, queue) == len(lines))
+        if interrupt == "SIGINT":
+            os.kill(proc.pid, signal.SIGINT)
+        else:
+            terminal.type(b"\x03")  # the terminal signals the foreground process group
+        assert proc.wait(timeout=10) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    output = terminal.finished(timeout=10).decode(errors="replace")
+    assert f"interrupted: published {len(lines)} messages\r\n" in output, output
+    assert "Aborted!" not in output and "Traceback" not in output
+    assert "Fatal Python error" not in output, output  # a reader left blocked at exit
+    with Client(server.url) as c:
+        got = c.receive(queue, group, max_messages=10, wait_seconds=1 if lines else 0)
+    assert sorted(m.text for m in got) == sorted(lines)
