@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from cherami.errors import InvalidRequest
+from cherami.errors import ConfigError
 from cherami.timing import Timing
 
 ROLES = ("frontend", "controller", "inputhost", "outputhost", "storehost")
@@ -55,38 +55,38 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         error."""
         name = self.log_level.upper()
         if name not in LOG_LEVELS:
-            raise InvalidRequest(
+            raise ConfigError(
                 f"--log-level {self.log_level!r}: must be one of {', '.join(LOG_LEVELS)}"
             )
         if self.log_format not in LOG_FORMATS:
-            raise InvalidRequest(f"--log-format must be one of {', '.join(LOG_FORMATS)}")
+            raise ConfigError(f"--log-format must be one of {', '.join(LOG_FORMATS)}")
         return name
 
     def check(self, auth_enabled: bool) -> None:
         self.timing.check()
         if self.role is not None and self.role not in ROLES:
-            raise InvalidRequest(f"--role must be one of {', '.join(ROLES)}")
+            raise ConfigError(f"--role must be one of {', '.join(ROLES)}")
         if self.role is not None and not self.metadata:
-            raise InvalidRequest("--role needs --metadata (sqlite:///path or postgresql://...)")
+            raise ConfigError("--role needs --metadata (sqlite:///path or postgresql://...)")
         self.log_level_name()
         if self.extent_max_messages < 1:
-            raise InvalidRequest("--extent-max-messages must be at least 1")
+            raise ConfigError("--extent-max-messages must be at least 1")
         if self.stores < 1:
-            raise InvalidRequest("--stores must be at least 1")
+            raise ConfigError("--stores must be at least 1")
         if not 0.1 <= self.load_report_interval <= 60:
-            raise InvalidRequest("--load-report-interval must be 0.1 to 60 seconds")
+            raise ConfigError("--load-report-interval must be 0.1 to 60 seconds")
         if not 0 < self.scale_up_window <= self.scale_down_window <= 3600:
-            raise InvalidRequest(
+            raise ConfigError(
                 "--scale-up-window and --scale-down-window: 0 < up <= down <= 3600 seconds"
             )
         if bool(self.tls_cert) != bool(self.tls_key):
-            raise InvalidRequest("--tls-cert and --tls-key go together")
+            raise ConfigError("--tls-cert and --tls-key go together")
         for flag, path in (("--tls-cert", self.tls_cert), ("--tls-key", self.tls_key),
                            ("--tls-ca", self.tls_ca)):  # fmt: skip
             if path and not os.path.isfile(path):
-                raise InvalidRequest(f"{flag} {path}: no such file")
+                raise ConfigError(f"{flag} {path}: no such file")
         if not auth_enabled and not self.allow_remote_without_auth and not _is_loopback(self.host):
-            raise InvalidRequest(
+            raise ConfigError(
                 f"refusing to listen on {self.host} without API keys; give --auth-file, "
                 "or --allow-remote-without-auth to accept that risk"
             )
@@ -111,10 +111,10 @@ def read_config_file(file: str) -> dict[str, Any]:
             return tomllib.loads(raw.decode())
         return msgspec.json.decode(raw, type=dict[str, Any])
     except OSError as err:
-        raise InvalidRequest(f"config file {file}: {err.strerror or err}") from None
+        raise ConfigError(f"config file {file}: {err.strerror or err}") from None
     except (msgspec.ValidationError, msgspec.DecodeError, tomllib.TOMLDecodeError,
             UnicodeDecodeError) as err:  # fmt: skip
-        raise InvalidRequest(f"config file {file}: {err}") from None
+        raise ConfigError(f"config file {file}: {err}") from None
 
 
 def load_config(
@@ -131,4 +131,4 @@ def load_config(
         return msgspec.convert(merged, NodeConfig, strict=False)
     except msgspec.ValidationError as err:
         where = f" (flags, config file {file}, CHERAMI_* variables)" if file else ""
-        raise InvalidRequest(f"configuration{where}: {err}") from None
+        raise ConfigError(f"configuration{where}: {err}") from None

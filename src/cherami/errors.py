@@ -1,5 +1,8 @@
 """The error tree. Each error carries the API error code and HTTP status it maps to;
-servers raise these, clients raise the same classes from the same codes."""
+servers raise these, clients raise the same classes from the same codes. Every error
+the product raises derives from ``CheramiError`` (the storage layer's ``StorageError``
+and the store client's ``StoreError`` too), and every code is listed in docs/api.md's
+error table (tests/unit/test_docs_consistency.py checks both ways)."""
 
 from __future__ import annotations
 
@@ -29,6 +32,15 @@ class InvalidName(CheramiError):
 
 class InvalidRequest(CheramiError):
     code, status = "invalid_request", 400
+
+
+class ConfigError(InvalidRequest):
+    """A setting a process was started with is wrong: a command-line flag, a ``CHERAMI_*``
+    variable or the config file. Raised before anything is served, never answered over
+    HTTP: the CLI prints it as one line and exits 2, as for its other usage errors. An
+    ``InvalidRequest`` still, for callers that catch that."""
+
+    code = "invalid_config"
 
 
 class Unauthorized(CheramiError):

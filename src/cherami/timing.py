@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from cherami.errors import InvalidRequest
+from cherami.errors import ConfigError
 
 
 class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -25,18 +25,18 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 
     def check(self) -> None:
         if not 0 < self.lease_margin < self.lease_ttl <= 600:
-            raise InvalidRequest("timing: 0 < lease_margin < lease_ttl <= 600 seconds")
+            raise ConfigError("timing: 0 < lease_margin < lease_ttl <= 600 seconds")
         for name in ("ownership_tick", "leader_tick", "heartbeat_interval"):
             if not 0 < getattr(self, name) < self.lease_ttl - self.lease_margin:
-                raise InvalidRequest(f"timing: 0 < {name} < lease_ttl - lease_margin")
+                raise ConfigError(f"timing: 0 < {name} < lease_ttl - lease_margin")
         if not self.dead_after >= 2 * self.heartbeat_interval:
-            raise InvalidRequest("timing: dead_after must be at least 2 heartbeat_interval")
+            raise ConfigError("timing: dead_after must be at least 2 heartbeat_interval")
         if not 0 < self.ack_flush_interval <= 1 or not 0 < self.extent_refresh_interval <= 60:
-            raise InvalidRequest(
+            raise ConfigError(
                 "timing: 0 < ack_flush_interval <= 1 and 0 < extent_refresh_interval <= 60"
             )
         if not 100 <= self.read_ahead <= 10_000_000:
-            raise InvalidRequest("timing: read_ahead must be 100 to 10,000,000 messages")
+            raise ConfigError("timing: read_ahead must be 100 to 10,000,000 messages")
 
 
 DEFAULT = Timing()

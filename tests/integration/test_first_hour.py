@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
+import logging
 import os
 import signal
 import subprocess
@@ -14,7 +16,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from cherami import Client
+from cherami import Client, Received, Worker
+from cherami.client.asyncclient import AsyncClient
 from tests.support.server import ServerProcess, unique
 
 
@@ -127,3 +130,37 @@ def test_ctrl_c_stops_publish_reading_a_terminal(
     with Client(server.url) as c:
         got = c.receive(queue, group, max_messages=10, wait_seconds=1 if lines else 0)
     assert sorted(m.text for m in got) == sorted(lines)
+
+
+# 2. the worker says a failed message goes to the DLQ when it does
+async def test_worker_logs_the_dlq_for_a_message_at_its_last_delivery(
+    server: ServerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue, group = unique("q"), unique("g")
+    async with AsyncClient(server.url) as c:
+        await c.create_queue(queue)
+        await c.create_group(queue, group, max_delivery_count=2, start_from="earliest")
+        await c.publish(queue, ["doomed"])
+        failures: list[int] = []
+
+        async def handler(message: Received) -> None:
+            failures.append(message.delivery_count)
+            raise RuntimeError("cannot handle it")
+
+        worker = Worker(c, queue, group, handler, 1, nack_backoff=(0.0, 1.0, 0.0),
+                        stop_signals=False)  # fmt: skip
+        with caplog.at_level(logging.WARNING, "cherami.client.worker"):
+            running = asyncio.create_task(worker.run())
+            deadline = time.monotonic() + 15
+            while (await c.dlq(queue, group))["depth"] < 1:
+                assert time.monotonic() < deadline, f"not in the DLQ; deliveries {failures}"
+                assert not running.done()
+                await asyncio.sleep(0.05)
+            worker.stop()
+            await asyncio.wait_for(running, 10)
+        assert failures == [1, 2]
+        logged = [r.getMessage() for r in caplog.records]
+        assert len(logged) == 2, logged
+        assert "delivery 1), retrying in 0.0s" in logged[0]
+        assert "delivery 2 of 2), sending it to the DLQ: RuntimeError" in logged[1]
+        assert "retrying" not in logged[1]

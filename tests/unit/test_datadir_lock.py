@@ -38,8 +38,8 @@ def test_unknown_log_level_is_one_line(tmp_path: Path) -> None:
          "--port", "0", "--log-level", "LOUD"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert result.returncode == 1
+    assert result.returncode == 2  # a usage error (ConfigError)
     assert result.stderr.strip().splitlines() == [
-        "error: invalid_request: --log-level 'LOUD': must be one of DEBUG, INFO, WARNING, "
+        "error: invalid_config: --log-level 'LOUD': must be one of DEBUG, INFO, WARNING, "
         "ERROR, CRITICAL"
     ]

@@ -14,6 +14,7 @@ from rich.table import Table
 from cherami.errors import (
     AlreadyExists,
     CheramiError,
+    ConfigError,
     Forbidden,
     NotFound,
     Throttled,
@@ -22,8 +23,9 @@ from cherami.errors import (
 )
 
 FORMATS = ("json", "table")
-# documented in README.md ("Exit codes"); click's usage errors are 2
+# documented in docs/client.md ("The CLI"); click's usage errors are 2
 EXIT_CODES: tuple[tuple[type[CheramiError], int], ...] = (
+    (ConfigError, 2),
     (NotFound, 3),
     (AlreadyExists, 4),
     (Unavailable, 5),

@@ -1,9 +1,11 @@
 """``Worker``: run a handler over a consumer group's stream with bounded concurrency.
 
 Each message is acked when its handler returns and nacked with an exponential backoff
-(by delivery count) when it raises. Handlers that run long keep their messages
-invisible by extending the visibility timeout periodically. ``stop()`` (or SIGINT /
-SIGTERM) stops taking messages, lets running handlers finish and flushes their acks.
+(by delivery count) when it raises; at the group's max delivery count that nack sends it
+to the group's DLQ (the server does, at once), and the log says so. Handlers that run
+long keep their messages invisible by extending the visibility timeout periodically.
+``stop()`` (or SIGINT / SIGTERM) stops taking messages, lets running handlers finish and
+flushes their acks.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ class Worker:
         self._active: dict[int, Received] = {}  # messages in a handler, by stream handle
         self._next: asyncio.Task[Received | None] | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._max_deliveries: int | None = None  # the group's, as run() found it
 
     # control
     def stop(self) -> None:
@@ -130,6 +133,8 @@ class Worker:
             self._stopping.set()
         config = await self.client.get_group(self.queue, self.group)
         visibility = float(config["visibility_timeout_seconds"])
+        limit = config.get("max_delivery_count")
+        self._max_deliveries = int(limit) if limit is not None else None
         every = self.extend_every if self.extend_every is not None else visibility / 2
         with self._signals():
             async with self.client.consumer(self.queue, self.group, self.credit) as consumer:
@@ -203,11 +208,21 @@ class Worker:
         try:
             await self._call(message)
         except Exception as err:
-            delay = self.backoff.delay(message.delivery_count)
-            log.warning(
-                "handler failed on %s (queue %s, group %s, delivery %d), retrying in %.1fs: %r",
-                message.id, self.queue, self.group, message.delivery_count, delay, err,
-            )  # fmt: skip
+            limit = self._max_deliveries
+            if limit is not None and message.delivery_count >= limit:
+                delay = 0.0  # the nack sends it to the DLQ at once: no delay to wait
+                log.warning(
+                    "handler failed on %s (queue %s, group %s, delivery %d of %d), "
+                    "sending it to the DLQ: %r",
+                    message.id, self.queue, self.group, message.delivery_count, limit, err,
+                )  # fmt: skip
+            else:
+                delay = self.backoff.delay(message.delivery_count)
+                log.warning(
+                    "handler failed on %s (queue %s, group %s, delivery %d), retrying in "
+                    "%.1fs: %r",
+                    message.id, self.queue, self.group, message.delivery_count, delay, err,
+                )  # fmt: skip
             self.nacked += 1
             await consumer.nack(message, delay_seconds=delay)
         else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from cherami.errors import InvalidRequest
+from cherami.errors import ConfigError
 from cherami.wire import handshake as h
 
 NODE_SECRET_FILE = "cluster.secret"
@@ -18,7 +18,7 @@ def _read(path: str) -> bytes:
     try:
         return h.read_secret_file(path)
     except (OSError, ValueError) as err:
-        raise InvalidRequest(f"cluster secret: {err}") from None
+        raise ConfigError(f"cluster secret: {err}") from None
 
 
 def role_secret(secret_file: str | None) -> bytes:
@@ -29,7 +29,7 @@ def role_secret(secret_file: str | None) -> bytes:
         return os.environ[h.SECRET_ENV].encode()
     if os.environ.get(h.SECRET_FILE_ENV):
         return _read(os.environ[h.SECRET_FILE_ENV])
-    raise InvalidRequest(
+    raise ConfigError(
         "a cluster process needs the cluster's secret (the same on every host): "
         "--cluster-secret-file FILE, or CHERAMI_CLUSTER_SECRET; make one with "
         "`openssl rand -hex 32 > FILE`"

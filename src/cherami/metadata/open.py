@@ -10,7 +10,7 @@ from urllib.parse import unquote
 
 import msgspec
 
-from cherami.errors import InvalidRequest
+from cherami.errors import ConfigError
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.postgres import PostgresMetadataStore, check_schema
 from cherami.metadata.sqlite import SqliteMetadataStore
@@ -27,9 +27,9 @@ class MetadataTarget(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def parse_metadata_url(url: str) -> MetadataTarget:
-    """Raises InvalidRequest for anything but a sqlite or postgres URL or a plain path."""
+    """Raises ConfigError for anything but a sqlite or postgres URL or a plain path."""
     if not url.strip():
-        raise InvalidRequest("the metadata URL is empty")
+        raise ConfigError("the metadata URL is empty")
     match = _SCHEME.match(url)
     scheme = match.group(1).lower() if match else ""
     has_authority = url[len(scheme) + 1 :].startswith("//")
@@ -39,9 +39,9 @@ def parse_metadata_url(url: str) -> MetadataTarget:
         location, schema = _strip_schema(scheme + url[len(scheme) :])
         return MetadataTarget(kind="postgres", location=location, schema=schema)
     if scheme in ("sqlite", *_POSTGRES):
-        raise InvalidRequest(f"metadata URL {url!r} must start with {scheme}://")
+        raise ConfigError(f"metadata URL {url!r} must start with {scheme}://")
     if match and has_authority:
-        raise InvalidRequest(
+        raise ConfigError(
             f"metadata URL {url!r}: expected sqlite://, postgresql:// or postgres://"
         )
     return MetadataTarget(kind="sqlite", location=url)
@@ -50,9 +50,9 @@ def parse_metadata_url(url: str) -> MetadataTarget:
 def _sqlite_path(url: str) -> str:
     rest = url[len("sqlite://") :]  # "/absolute/path" or "relative/path"
     if "?" in rest or "#" in rest:
-        raise InvalidRequest(f"metadata URL {url!r}: sqlite URLs take no parameters")
+        raise ConfigError(f"metadata URL {url!r}: sqlite URLs take no parameters")
     if not rest:
-        raise InvalidRequest(f"metadata URL {url!r} names no file")
+        raise ConfigError(f"metadata URL {url!r} names no file")
     return unquote(rest)
 
 
@@ -63,7 +63,7 @@ def _strip_schema(url: str) -> tuple[str, str]:
     params = [p for p in query.split("&") if p]
     schemas = [unquote(p.partition("=")[2]) for p in params if p.partition("=")[0] == "schema"]
     if len(schemas) > 1:
-        raise InvalidRequest(f"metadata URL {url!r} names more than one schema")
+        raise ConfigError(f"metadata URL {url!r} names more than one schema")
     kept = [p for p in params if p.partition("=")[0] != "schema"]
     location = base + ("?" + "&".join(kept) if kept else "") + ("#" + fragment if fragment else "")
     return location, check_schema(schemas[0]) if schemas else "cherami"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from cherami.errors import CheramiError
 from cherami.wire.store import ExtentInfo, packed_count, unpack_records
 
 
@@ -50,8 +51,9 @@ class ReadBatch:
     end: bool  # sealed and nothing after the last key
 
 
-class StorageError(Exception):
-    """A refused storage operation; ``code`` is the wire error code."""
+class StorageError(CheramiError):
+    """A refused storage operation; ``code`` is the store protocol's error code
+    (docs/protocol.md §7; docs/api.md lists each)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)

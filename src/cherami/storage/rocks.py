@@ -9,7 +9,7 @@ column family, written in the same batch as the records it describes.
 
 Plain extents keep one RocksDB value per append (keyed by its first sequence number,
 holding the msgpack array of its records): far fewer keys to write, sync and scan than
-one per message (PERFORMANCE.md #2). Reads split the values back into per-message keys
+one per message (benchmarks/README.md). Reads split the values back into per-message keys
 and records, so callers see the same thing as from the per-message reference store.
 Timer extents keep one key per message, ordered by (delivery time, sequence number).
 
@@ -202,7 +202,7 @@ class RocksExtentStore:
         """Write, then fsync the WAL: as durable as a ``sync=True`` write, but rocksdict
         holds the GIL through a synced write's fsync, stalling the store host's event
         loop (and with it every read and reply) for the whole fsync; ``flush_wal(True)``
-        syncs with the GIL released (PERFORMANCE.md #3). Nothing is acked before it
+        syncs with the GIL released. Nothing is acked before it
         returns."""
         self._db.write(batch, self._unsynced)
         self._db.flush_wal(True)

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from cherami.errors import ProtocolError
 
 MAX_FRAME = 64 << 20
-READ_BUFFER = 1 << 20  # larger stream buffers slow the consume path (PERFORMANCE.md)
+READ_BUFFER = 1 << 20  # larger stream buffers slow the consume path
 _HEADER = struct.Struct(">I")
 _JOIN_BELOW = 16 << 10  # smaller frames are copied behind their header: fewer buffers
 _CHUNK = 256 << 10  # FrameReader's buffer for headers and small frames

@@ -1,4 +1,4 @@
-"""Request and response bodies of the HTTP API (shared/API.md), validated by msgspec."""
+"""Request and response bodies of the HTTP API (docs/api.md), validated by msgspec."""
 
 from __future__ import annotations
 

@@ -37,7 +37,9 @@ STORAGE_FULL_RETRY = 2.0  # seconds a publish refused for a store's full disk wa
 
 
 class StoreError(CheramiError):
-    """A store host refused a request; ``code`` is the store's error code."""
+    """A store host refused a request; ``code`` is the store's error code, for the codes
+    not raised as their own class below. Status 500: a request the server sent a store
+    host and the store refused is the server's fault (docs/api.md lists each code)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)

@@ -1,7 +1,7 @@
 """Store hosts as child processes of a node, each with its own RocksDB directory.
 
 A synced RocksDB write holds the GIL, so store hosts never share the node's event loop
-(shared/PERFORMANCE.md). A child that dies is started again on the same directory."""
+(docs/design/architecture.md). A child that dies is started again on the same directory."""
 
 from __future__ import annotations
 
