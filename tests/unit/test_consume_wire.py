@@ -95,7 +95,7 @@ def test_acks_count_each_message_once_in_the_end_to_end_histogram() -> None:
         keys = plain_keys(1, len(records))
         run = _run(cursor, keys, records, [f"e:{i}" for i in range(1, 11)])
         assert run.ordinal == 0 and len(run) == 10
-        await consumer.admit(run)
+        await consumer.window.admit(run)
         taken = consumer.take(100, None)
         assert consumer.ack([e.no for e in taken][:9]) == []
         hist = consumer.end_to_end

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from cherami import timing
-from cherami.roles.outputhost import groupconsumer as gcmod
+from cherami.roles.outputhost import inflight as gcmod
 from cherami.roles.outputhost.entry import Delivered, Entry, Run
 from cherami.roles.outputhost.extentreader import _run
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
@@ -59,8 +59,8 @@ async def test_a_run_is_delivered_whole_and_says_what_entries_would() -> None:
     records = [Record(now_ms, now_ms, f"m{s}".encode(), {"k": str(s)} if s % 3 else None)
                for s in range(1, 11)]  # fmt: skip
     ids = [f"e1:{s}" for s in range(1, 11)]
-    await by_runs.admit(_run(by_runs.cursors["e1"], keys, records, ids))
-    await by_entries.admit(_run(by_entries.cursors["e1"], keys, records, ids))
+    await by_runs.window.admit(_run(by_runs.cursors["e1"], keys, records, ids))
+    await by_entries.window.admit(_run(by_entries.cursors["e1"], keys, records, ids))
     taken, count = by_runs.take_runs(100, OWNER, 1 << 20)
     (run,) = taken
     assert isinstance(run, Delivered) and count == 10 and by_runs.in_flight == 10
@@ -87,8 +87,8 @@ async def test_acks_of_runs_match_acks_of_entries() -> None:
         size = rng.randrange(1, 60)
         for lo in range(1, 200, size):
             hi = min(lo + size, 200)
-            await by_runs.admit(_read_run(by_runs.cursors["e1"], range(lo, hi)))
-            await by_entries.admit(_read_run(by_entries.cursors["e1"], range(lo, hi)))
+            await by_runs.window.admit(_read_run(by_runs.cursors["e1"], range(lo, hi)))
+            await by_entries.window.admit(_read_run(by_entries.cursors["e1"], range(lo, hi)))
         runs: list[int] = []
         entries: list[int] = []
         while by_runs.ready:
@@ -128,14 +128,14 @@ async def test_acks_of_runs_match_acks_of_entries() -> None:
                 by_runs.ack([r for r, _ in picked], OWNER)
                 by_entries.ack([e for _, e in picked], OWNER)
                 assert _state(by_runs) == _state(by_entries)
-        assert by_runs.in_flight == 0 and not by_runs._runs and not by_runs.inflight
+        assert by_runs.in_flight == 0 and not by_runs.flight._runs and not by_runs.flight.entries
         assert by_runs.nacked == by_entries.nacked
         assert by_runs.acked + by_runs.nacked == 199  # the nacked hold the level: parked
 
 
 async def test_a_byte_budget_splits_a_run_and_the_rest_stays_ready() -> None:
     consumer = _consumer()
-    await consumer.admit(_read_run(consumer.cursors["e1"], range(1, 11)))  # bodies of 2 B
+    await consumer.window.admit(_read_run(consumer.cursors["e1"], range(1, 11)))  # bodies of 2 B
     taken, count = consumer.take_runs(100, OWNER, 7)
     assert count == 3 and len(consumer.ready) == 1 and len(consumer.ready[0]) == 7
     taken, count = consumer.take_runs(100, OWNER, 1)  # never less than one
@@ -148,10 +148,10 @@ async def test_a_byte_budget_splits_a_run_and_the_rest_stays_ready() -> None:
 async def test_a_nack_in_a_run_parks_that_message_and_the_rest_stay_settleable() -> None:
     consumer, meta = _consumer(), _Metadata()
     cursor = consumer.cursors["e1"]
-    await consumer.admit(_read_run(cursor, range(1, 6)))
+    await consumer.window.admit(_read_run(cursor, range(1, 6)))
     numbers = _numbers(consumer.take_runs(10, OWNER, 1 << 20)[0])
     assert consumer.nack([numbers[1]], delay=3600.0, owner=OWNER) == []
-    assert len(consumer._runs) == 1 and consumer.in_flight == 4  # the rest stay a run
+    assert len(consumer.flight._runs) == 1 and consumer.in_flight == 4  # the rest stay a run
     assert consumer.ack(numbers, OWNER) == [numbers[1]]  # nacked: no longer current
     await write(meta, [consumer.parked], None)  # type: ignore[arg-type]
     assert cursor.ack.acked == 5 and meta.rows[("e1", plain_key(2))].count == 1
@@ -160,11 +160,11 @@ async def test_a_nack_in_a_run_parks_that_message_and_the_rest_stay_settleable()
 
 async def test_a_visibility_timeout_parks_a_run_delivery() -> None:
     consumer, meta = _consumer(), _Metadata()
-    await consumer.admit(_read_run(consumer.cursors["e1"], range(1, 4)))
+    await consumer.window.admit(_read_run(consumer.cursors["e1"], range(1, 4)))
     numbers = _numbers(consumer.take_runs(10, OWNER, 1 << 20)[0])
     consumer.ack([numbers[0]], OWNER)
     consumer._expire(time.monotonic() + 10_000)
-    assert consumer.in_flight == 0 and not consumer._runs
+    assert consumer.in_flight == 0 and not consumer.flight._runs
     assert consumer.ack(numbers[1:], OWNER) == numbers[1:]  # too late
     await write(meta, [consumer.parked], None)  # type: ignore[arg-type]
     assert sorted(meta.rows) == [("e1", plain_key(2)), ("e1", plain_key(3))]
@@ -172,29 +172,29 @@ async def test_a_visibility_timeout_parks_a_run_delivery() -> None:
 
 async def test_a_closed_stream_gives_back_only_its_own_runs() -> None:
     consumer = _consumer()
-    await consumer.admit(_read_run(consumer.cursors["e1"], range(1, 7)))
+    await consumer.window.admit(_read_run(consumer.cursors["e1"], range(1, 7)))
     mine = _numbers(consumer.take_runs(3, OWNER, 1 << 20)[0])
     theirs = _numbers(consumer.take_runs(3, OTHER, 1 << 20)[0])
     consumer.ack(mine[:1], OWNER)
     consumer.release_owner(OWNER)
-    assert consumer.in_flight == 3 and len(consumer._runs) == 1
+    assert consumer.in_flight == 3 and len(consumer.flight._runs) == 1
     assert consumer.ack(theirs, OTHER) == [] and consumer.acked == 4
     assert len(consumer.parked.pending_extents()) == 1  # the two left of mine
 
 
 async def test_extend_moves_a_run_deliverys_deadline() -> None:
     consumer = _consumer()
-    await consumer.admit(_read_run(consumer.cursors["e1"], range(1, 4)))
+    await consumer.window.admit(_read_run(consumer.cursors["e1"], range(1, 4)))
     numbers = _numbers(consumer.take_runs(10, OWNER, 1 << 20)[0])
     assert consumer.extend(numbers[:1], 3600.0, OWNER) == []
     consumer._expire(time.monotonic() + 60)  # past the group's 30 s, not the hour
-    assert list(consumer.inflight) == numbers[:1]
+    assert list(consumer.flight.entries) == numbers[:1]
     assert consumer.extend([numbers[2]], 60.0, OWNER) == [numbers[2]]  # expired
 
 
 async def test_a_dropped_extent_makes_its_run_deliveries_stale() -> None:
     consumer = _consumer()
-    await consumer.admit(_read_run(consumer.cursors["e1"], range(1, 4)))
+    await consumer.window.admit(_read_run(consumer.cursors["e1"], range(1, 4)))
     numbers = _numbers(consumer.take_runs(2, OWNER, 1 << 20)[0])
     assert consumer.cursor_of(numbers[0]) is consumer.cursors["e1"]
     consumer.drop_extent("e1")
@@ -205,7 +205,7 @@ async def test_a_dropped_extent_makes_its_run_deliveries_stale() -> None:
 
 async def test_a_receive_takes_a_ready_run_as_entries() -> None:
     consumer = _consumer()
-    await consumer.admit(_read_run(consumer.cursors["e1"], range(1, 6)))
+    await consumer.window.admit(_read_run(consumer.cursors["e1"], range(1, 6)))
     assert isinstance(consumer.ready[0], Run)
     first = consumer.take(2, 30.0)
     assert [e.msg_id for e in first] == ["e1:1", "e1:2"] and all(e.count == 1 for e in first)
@@ -220,13 +220,13 @@ async def test_a_run_held_at_the_head_of_a_full_window_is_pinned(monkeypatch: An
     monkeypatch.setattr(timing, "current", msgspec.structs.replace(timing.DEFAULT, read_ahead=3))
     consumer, meta = _consumer(), _Metadata()
     cursor = consumer.cursors["e1"]
-    await consumer.admit(_read_run(cursor, range(1, 4)))
+    await consumer.window.admit(_read_run(cursor, range(1, 4)))
     held, *rest = _numbers(consumer.take_runs(3, OWNER, 1 << 20)[0])
     consumer.ack(rest, OWNER)
     assert consumer.oldest_unacked_ms() is not None
     consumer._pin_held(0.0)
     consumer._pin_held(1.0)  # still at the head: a row, and it stays in flight
-    assert consumer.inflight[held].row is not None
+    assert consumer.flight.entries[held].row is not None
     await write(meta, [consumer.parked], None)  # type: ignore[arg-type]
     assert cursor.ack.window() == 0
     assert consumer.ack([held], OWNER) == []
@@ -234,10 +234,10 @@ async def test_a_run_held_at_the_head_of_a_full_window_is_pinned(monkeypatch: An
 
 async def test_messages_not_ready_now_are_admitted_one_by_one() -> None:
     consumer = _consumer()
-    consumer.group = msgspec.structs.replace(
-        consumer.group, start_ms=int(time.time() * 1000) + 60_000
+    consumer.configure(
+        group=msgspec.structs.replace(consumer.group, start_ms=int(time.time() * 1000) + 60_000)
     )
-    await consumer.admit(_read_run(consumer.cursors["e1"], range(1, 4)))  # before the start
+    await consumer.window.admit(_read_run(consumer.cursors["e1"], range(1, 4)))  # before the start
     assert not consumer.ready and consumer.cursors["e1"].ack.acked == 3
 
 
@@ -248,8 +248,8 @@ async def test_run_acks_count_end_to_end_ages_as_entry_acks_do() -> None:
     keys = [plain_key(s) for s in range(1, 11)]
     records = [Record(now_ms - a, now_ms - 30_000, b"x") for a in ages]
     ids = [f"e1:{s}" for s in range(1, 11)]
-    await by_runs.admit(_run(by_runs.cursors["e1"], keys, records, ids))
-    await by_entries.admit(_run(by_entries.cursors["e1"], keys, records, ids))
+    await by_runs.window.admit(_run(by_runs.cursors["e1"], keys, records, ids))
+    await by_entries.window.admit(_run(by_entries.cursors["e1"], keys, records, ids))
     runs = _numbers(by_runs.take_runs(100, OWNER, 1 << 20)[0])
     entries = [e.no for e in by_entries.take(100, None, owner=OWNER)]
     for part in (slice(0, 5), slice(5, 10)):
@@ -262,7 +262,7 @@ async def test_run_acks_count_end_to_end_ages_as_entry_acks_do() -> None:
 
 async def test_a_stream_taking_a_few_at_a_time_gets_entries_and_the_run_stays() -> None:
     consumer = _consumer()
-    await consumer.admit(_read_run(consumer.cursors["e1"], range(1, 101)))
+    await consumer.window.admit(_read_run(consumer.cursors["e1"], range(1, 101)))
     few, count = consumer.take_runs(gcmod.MIN_RUN - 1, OWNER, 1 << 20)
     assert count == gcmod.MIN_RUN - 1 and all(isinstance(e, Entry) for e in few)
     assert [e.msg_id for e in few] == [f"e1:{s}" for s in range(1, gcmod.MIN_RUN)]

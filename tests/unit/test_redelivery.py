@@ -220,7 +220,7 @@ def _consumer(max_count: int = 3) -> gc.GroupConsumer:
 async def test_a_nacked_message_leaves_the_window_and_is_counted_before_redelivery() -> None:
     consumer, meta = _consumer(), _Metadata()
     cursor = consumer.cursors["e1"]
-    await consumer.admit(_read_run(cursor, range(1, 4)))
+    await consumer.window.admit(_read_run(cursor, range(1, 4)))
     first, second, third = consumer.take(3, 30.0)
     assert meta.writes == 0  # first deliveries write nothing
     consumer.nack([first.no], delay=3600.0)
@@ -243,14 +243,14 @@ async def test_a_nacked_message_leaves_the_window_and_is_counted_before_redelive
 
 async def test_a_poison_message_goes_to_the_dlq_and_its_row_after_it() -> None:
     consumer, meta = _consumer(max_count=1), _Metadata()
-    await consumer.admit(_read_run(consumer.cursors["e1"], range(1, 2)))
+    await consumer.window.admit(_read_run(consumer.cursors["e1"], range(1, 2)))
     (entry,) = consumer.take(1, 30.0)
     consumer.nack([entry.no], delay=3600.0)  # at the limit: due at once, not in an hour
     await write(meta, [consumer.parked], None)  # type: ignore[arg-type]
     assert meta.rows[("e1", plain_key(1))].count == 1
     consumer._release_due(meta.rows[("e1", plain_key(1))].due_ms)
-    assert consumer._dlq_task is not None
-    await consumer._dlq_task
+    assert consumer.dead.task is not None
+    await consumer.dead.task
     assert consumer.dead_lettered == 1 and not consumer.ready
     await write(meta, [consumer.parked], None)  # type: ignore[arg-type]
     assert meta.rows == {}
@@ -260,13 +260,13 @@ async def test_a_delivery_held_at_the_head_of_a_full_window_is_pinned(monkeypatc
     monkeypatch.setattr(timing, "current", msgspec.structs.replace(timing.DEFAULT, read_ahead=3))
     consumer, meta = _consumer(), _Metadata()
     cursor = consumer.cursors["e1"]
-    await consumer.admit(_read_run(cursor, range(1, 4)))
+    await consumer.window.admit(_read_run(cursor, range(1, 4)))
     held, *rest = consumer.take(3, 30.0)
     consumer.ack([e.no for e in rest])
     consumer._pin_held(0.0)  # seen at the head once: not yet
     assert held.row is None
     consumer._pin_held(1.0)  # still there: it gets a row and stays in flight
-    assert held.row is not None and held.no in consumer.inflight
+    assert held.row is not None and held.no in consumer.flight.entries
     await write(meta, [consumer.parked], None)  # type: ignore[arg-type]
     assert cursor.ack.window() == 0 and meta.rows[("e1", plain_key(1))].count == 1
     consumer.ack([held.no])

@@ -16,7 +16,7 @@ import pytest
 
 from cherami import timing
 from cherami.metadata.models import AckLevel, Extent
-from cherami.roles.outputhost import groupconsumer as gcmod
+from cherami.roles.outputhost import inflight as gcmod
 from cherami.roles.outputhost.entry import Delivered, Entry, Run
 from cherami.roles.outputhost.extentreader import ExtentCursor
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
@@ -35,18 +35,18 @@ def mkcursor(eid: str) -> ExtentCursor:
 
 def check(c: GroupConsumer, tag: object) -> None:
     flying: dict[tuple[str, bytes], int] = {}
-    for no, e in c.inflight.items():
+    for no, e in c.flight.entries.items():
         assert e.no == no, (tag, "entry no")
         k = (e.cursor.id, e.key)
         assert k not in flying, (tag, "dup inflight", k)
         flying[k] = no
-    assert c._firsts == sorted(c._runs), tag
-    for first, d in c._runs.items():
+    assert c.flight._firsts == sorted(c.flight._runs), tag
+    for first, d in c.flight._runs.items():
         assert d.first == first
         assert d.left == d.n - sum(d.settled) and d.left > 0, (tag, "left")
         for i in range(d.n):
             if not d.settled[i]:
-                assert d.first + i not in c.inflight, (tag, "both")
+                assert d.first + i not in c.flight.entries, (tag, "both")
                 k = (d.cursor.id, d.keys[i])
                 assert k not in flying, (tag, "dup run", k)
                 flying[k] = d.first + i
@@ -72,7 +72,7 @@ def check(c: GroupConsumer, tag: object) -> None:
                 assert o - h.ordinal >= h.pos, (tag, "run holder for delivered", o)
                 assert any(r is h for r in c.ready), (tag, "run holder not ready")
             elif isinstance(h, Delivered):
-                assert c._runs.get(h.first) is h, (tag, "delivered holder gone", o)
+                assert c.flight._runs.get(h.first) is h, (tag, "delivered holder gone", o)
                 assert not h.settled[o - h.ordinal], (tag, "settled holder")
             else:
                 raise AssertionError((tag, "holder", h))
@@ -95,7 +95,7 @@ async def one(seed: int) -> None:
         if op <= 1:
             eid = rng.choice(list(c.cursors))
             n = rng.randrange(1, 60)
-            await c.admit(_read_run(c.cursors[eid], range(seq[eid], seq[eid] + n)))
+            await c.window.admit(_read_run(c.cursors[eid], range(seq[eid], seq[eid] + n)))
             seq[eid] += n
         elif op <= 3:
             owner = rng.choice(OWNERS)

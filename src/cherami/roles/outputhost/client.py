@@ -185,9 +185,7 @@ class LocalOutputHost:
         return counts
 
     def update_queue(self, queue: Queue) -> None:
-        for consumer in self.service.groups.values():
-            if consumer.group.queue == queue.name:
-                consumer.queue = queue
+        self.service.update_queue(queue)
 
     def update_group(self, group: Group) -> None:
         self.service.update_group(group)

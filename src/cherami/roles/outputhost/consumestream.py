@@ -109,8 +109,7 @@ class ConsumeStream:
         return current.created_at != group.created_at
 
     def _may_settle(self, handles: list[int]) -> bool:
-        self.outputs.stamp_acting(self.consumer)
-        return not self.consumer.stopped and self.consumer.may_settle(handles)
+        return self.consumer.may_settle(handles)
 
     async def pump(self) -> None:
         consumer = self.consumer
@@ -119,7 +118,7 @@ class ConsumeStream:
                 self._credited.clear()
                 await self._credited.wait()
                 continue
-            if not self.outputs.stamp_acting(consumer):
+            if not consumer.acts_at_all():
                 await asyncio.sleep(NOT_ACTING_WAIT)
                 continue
             taken, count = consumer.take_runs(

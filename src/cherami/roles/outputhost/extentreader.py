@@ -8,7 +8,7 @@ import bisect
 import logging
 import time
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from cherami.errors import CheramiError
 from cherami.metadata.models import AckLevel, Extent
@@ -18,9 +18,6 @@ from cherami.roles.outputhost.sharedreads import SharedReads, decode_chunk
 from cherami.roles.storehost.client import StoreError
 from cherami.wire.records import Record
 from cherami.wire.store import TIMER
-
-if TYPE_CHECKING:
-    from cherami.roles.outputhost.groupconsumer import GroupConsumer
 
 log = logging.getLogger("cherami.outputhost.extentreader")
 
@@ -44,19 +41,39 @@ class ExtentCursor:
         self.limit = level.limit  # merged DLQ range: read no further than this key
         self.read_done = False
         self.delivered = self.delivered_bytes = 0  # deliveries from it (load reports)
-        self.acting = True  # this host may deliver and settle its messages (fencing)
-        self.fenced = False  # a write for it was refused: another host holds it now
         self.task: asyncio.Task[None] | None = None
 
     @property
     def id(self) -> str:
         return self.extent.id
 
+    def follow(self, extent: Extent, limit: bytes | None) -> None:
+        """The extent's record changed (sealed, moved), or a merged DLQ range grew."""
+        self.extent = extent
+        if limit is not None and limit != self.limit:
+            self.limit = limit
+            self.read_done = False
+
     def level_row(self, queue: str, group: str) -> AckLevel:
         return AckLevel(
             queue=queue, group=group, extent=self.id, level=self.ack.level,
             acked=self.ack.acked, limit=self.limit,
         )  # fmt: skip
+
+
+class ReadTarget(Protocol):
+    """Where an extent's reader puts what it reads: a group's read window
+    (readwindow.py)."""
+
+    key: str
+    stopped: bool
+
+    @property
+    def delay_ms(self) -> int: ...
+
+    async def wait_for_room(self) -> int: ...
+
+    async def admit(self, run: Run) -> None: ...
 
 
 def _run(cursor: ExtentCursor, keys: list[bytes], records: list[Record], ids: list[str]) -> Run:
@@ -68,7 +85,7 @@ def _run(cursor: ExtentCursor, keys: list[bytes], records: list[Record], ids: li
     return run
 
 
-async def read_extent(group: GroupConsumer, cursor: ExtentCursor, reads: SharedReads) -> None:
+async def read_extent(group: ReadTarget, cursor: ExtentCursor, reads: SharedReads) -> None:
     """Run until the extent is read to its end (sealed) or to the cursor's limit.
 
     Reads take turns over the replicas (every replica holds what readers may see), so

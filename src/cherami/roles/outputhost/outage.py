@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -48,6 +47,7 @@ class Riding(Protocol):
     """What the watch needs of ExtentOwnership."""
 
     peers: dict[str, str]  # host id -> address of the other live output hosts
+    clock: Callable[[], float]  # monotonic seconds, as the acting windows are timed
 
     def store_unreachable(self) -> bool: ...
 
@@ -76,7 +76,7 @@ class OutageWatch:
                 log.info("metadata store reachable again: acting by lease")
             self.riding = False
             return
-        asked = time.monotonic()
+        asked = self.owner.clock()
         peers = dict(self.owner.peers)
         answers = await asyncio.gather(*(self._ask(a) for a in peers.values()))
         # alone, a host cannot tell an outage from being cut off (a host started to

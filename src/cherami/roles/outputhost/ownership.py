@@ -8,7 +8,7 @@ stream-mode group (no cursors here) are one unit for the whole group. An output 
 renews the leases it holds, takes unheld ones up to its fair share (of the group's
 plain extents, of its timer extents, and of all units, counted over the live output
 hosts; a host below its floor share of a group's kind takes one whatever its total, and
-a unit left unheld for ORPHAN_AFTER is taken whatever the shares), and drops a unit
+a unit left unheld for two ticks is taken whatever the shares), and drops a unit
 whose lease it lost. A host holding more than its share of a group's extents of a kind
 while a live host holds less than its floor share of that kind hands one over per tick
 (it drops it; the other takes it once its lease runs out), so a host that comes back
@@ -36,6 +36,7 @@ import logging
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cherami import timing
@@ -61,9 +62,15 @@ TICK = timing.DEFAULT.ownership_tick
 SLOW_TICK = 1.0  # a tick still running after this long counts as not reaching the store
 WHOLE = "*"  # the extent of a unit that is the whole group
 LEASES = "group:"  # the prefix of every unit's lease
-# a unit nobody has held for this long is taken by any host, whatever its share (the
-# shares of one group's kinds and of all units together may leave one unit to nobody)
-ORPHAN_AFTER = 2 * TICK
+
+
+def orphan_after() -> float:
+    """A unit nobody has held for this long is taken by any host, whatever its share
+    (the shares of one group's kinds and of all units together may leave one unit to
+    nobody): two of this process's ownership ticks."""
+    return 2 * timing.current.ownership_tick
+
+
 MERGED_REFRESH = 2.0  # how often a group's merged dead-letter ranges are read again
 
 Unit = tuple[str, str, str]  # queue, group, extent id (or WHOLE)
@@ -88,11 +95,20 @@ def group_units(queue: Queue, group: Group, extents: list[str]) -> list[Unit]:
 @dataclass
 class _Held:
     epoch: int
-    acting_until: float  # time.monotonic()
+    acting_until: float  # self.clock()
 
 
 class ExtentOwnership:
-    def __init__(self, outputs: OutputHostService, metadata: MetadataStore, host_id: str) -> None:
+    def __init__(
+        self,
+        outputs: OutputHostService,
+        metadata: MetadataStore,
+        host_id: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``clock`` (monotonic seconds) times the acting windows, the outage rule and
+        how long units were left unheld; tests advance it instead of sleeping."""
+        self.clock = clock
         self.outputs = outputs
         self.metadata = metadata
         self.id = host_id
@@ -102,8 +118,8 @@ class ExtentOwnership:
             "extent ownership tick", timing.current.ownership_tick, self._tick_noting_outages
         )
         self._failing = False  # the last tick could not reach the metadata store
-        self._taking_after = 0.0  # time.monotonic(): may take others' units from then (start)
-        self._tick_started: float | None = None  # time.monotonic() of the running tick
+        self._taking_after = 0.0  # self.clock(): may take others' units from then (start)
+        self._tick_started: float | None = None  # self.clock() of the running tick
         self.peers: dict[str, str] = {}  # the other live output hosts' addresses
         self._riding_until = 0.0  # acting on past the leases' end until (outage.py)
         self.outage = OutageWatch(self)
@@ -123,7 +139,14 @@ class ExtentOwnership:
 
     def acting(self, queue: str, group: str, extent: str) -> bool:
         held = self._find(queue, group, extent)
-        return held is not None and time.monotonic() < held.acting_until
+        return held is not None and self.clock() < held.acting_until
+
+    def fenced(self, queue: str, group: str, extent: str) -> None:
+        """A write under the extent's fence was refused: another host holds its lease
+        now. This host stops acting for it at once (the next tick drops it)."""
+        held = self._find(queue, group, extent)
+        if held is not None:
+            held.acting_until = 0.0
 
     def fence(self, queue: str, group: str, extent: str) -> Fence | None:
         """The fence of the unit holding the extent while this host may act for it."""
@@ -132,12 +155,12 @@ class ExtentOwnership:
         if held is None:
             unit = (queue, group, WHOLE)
             held = self.held.get(unit)
-        if held is None or time.monotonic() >= held.acting_until:
+        if held is None or self.clock() >= held.acting_until:
             return None
         return Fence(lease=unit_lease(*unit), epoch=held.epoch)
 
     def start(self) -> None:
-        self._taking_after = time.monotonic() + RECOVERY_GRACE  # see SLOW_TICK
+        self._taking_after = self.clock() + RECOVERY_GRACE  # see SLOW_TICK
         self._periodic.start(first_now=True)
         self.outage.start()
 
@@ -148,7 +171,7 @@ class ExtentOwnership:
     # a metadata outage (outage.py)
     def _slow(self) -> bool:
         started = self._tick_started
-        return started is not None and time.monotonic() - started > SLOW_TICK
+        return started is not None and self.clock() - started > SLOW_TICK
 
     def store_unreachable(self) -> bool:
         """Whether this host cannot reach the metadata store now, by its last tick (it
@@ -158,13 +181,13 @@ class ExtentOwnership:
     def riding_out(self) -> bool:
         """Whether this host acts on a metadata outage's terms now: it does not try to
         write ack levels and parked rows (they wait in memory for the store)."""
-        return self.store_unreachable() and time.monotonic() < self._riding_until
+        return self.store_unreachable() and self.clock() < self._riding_until
 
     def ride_out(self, until: float) -> int:
         """Every peer said it cannot reach the store: act until ``until`` for each unit
         whose window has not run out (one that has may have been taken meanwhile).
         Returns how many units that is."""
-        now = time.monotonic()
+        now = self.clock()
         extended = 0
         for held in self.held.values():
             if held.acting_until > now:
@@ -175,7 +198,7 @@ class ExtentOwnership:
         return extended
 
     async def _tick_noting_outages(self) -> None:
-        self._tick_started = time.monotonic()
+        self._tick_started = self.clock()
         try:
             await self.tick()
         except Exception:
@@ -185,13 +208,13 @@ class ExtentOwnership:
         finally:
             slow = self._slow()
             if slow:
-                took = time.monotonic() - (self._tick_started or 0.0)
+                took = self.clock() - (self._tick_started or 0.0)
                 log.info("ownership tick took %.1f s: taking nothing for %.0f s", took,
                          RECOVERY_GRACE)  # fmt: skip
             self._tick_started = None
         if self._failing or slow:
             self._failing = False
-            self._taking_after = time.monotonic() + RECOVERY_GRACE
+            self._taking_after = self.clock() + RECOVERY_GRACE
 
     async def _units(self) -> tuple[dict[Unit, str], set[tuple[str, str]]]:
         """Every unit with its extent's kind (plain or timer: a group's share of each
@@ -220,14 +243,14 @@ class ExtentOwnership:
         two reads per group)."""
         key = (group.queue, group.name)
         at, merged = self._merged_at.get(key, (-math.inf, []))
-        if time.monotonic() - at < MERGED_REFRESH:
+        if self.clock() - at < MERGED_REFRESH:
             return merged
         levels = await self.metadata.get_ack_levels(group.queue, group.name)
         merged = [lv.extent for lv in levels if lv.limit is not None]
         if merged:
             dlq = {e.id for e in await self.metadata.list_extents(group.dlq)}
             merged = [e for e in merged if e in dlq]
-        self._merged_at[key] = (time.monotonic(), merged)
+        self._merged_at[key] = (self.clock(), merged)
         return merged
 
     async def tick(self) -> None:
@@ -237,7 +260,7 @@ class ExtentOwnership:
         live = {h.id for h in hosts} | {self.id}
         fair = math.ceil(len(units) / len(live))
         held_by = await self.metadata.lease_holders(LEASES)  # lease -> holder, every unit's
-        now = time.monotonic()
+        now = self.clock()
         self._unheld_since = {
             u: self._unheld_since.get(u, now) for u in units if unit_lease(*u) not in held_by
         }
@@ -277,13 +300,13 @@ class ExtentOwnership:
                     holder = held_by.get(unit_lease(*unit))
                     if holder is not None and holder != self.id:
                         continue  # another host's
-                    if time.monotonic() < self._taking_after or self._slow():
+                    if self.clock() < self._taking_after or self._slow():
                         continue  # after an outage, or in what may be one
-                    orphaned = now - self._unheld_since.get(unit, now) >= ORPHAN_AFTER
+                    orphaned = now - self._unheld_since.get(unit, now) >= orphan_after()
                     full = mine >= fair_here or (len(self.held) >= fair and mine >= floor)
                     if not orphaned and full:
                         continue
-                asked = time.monotonic()
+                asked = self.clock()
                 ttl, margin = timing.current.lease_ttl, timing.current.lease_margin
                 epoch = await self.metadata.try_lease(unit_lease(*unit), self.id, ttl)
                 if held is not None and epoch != held.epoch:  # lost, or lost and taken back

@@ -11,18 +11,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from cherami import timing
-from cherami.errors import Fenced, GroupNotFound, QueueNotFound, Unavailable
+from cherami.errors import GroupNotFound, QueueNotFound, Unavailable
 from cherami.metadata.base import MetadataStore
-from cherami.metadata.models import CONSUMED, FAILING, OPEN, SEALED, Fence, Group
+from cherami.metadata.models import CONSUMED, FAILING, OPEN, SEALED, Group, Queue
 from cherami.periodic import Periodic
+from cherami.roles.outputhost.committer import AckCommitter, Holdings
 from cherami.roles.outputhost.deadletterqueue import DeadLetterMover
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
 from cherami.roles.outputhost.receipts import ReceiptSigner
-from cherami.roles.outputhost.redelivery import write as write_parked
 from cherami.roles.outputhost.sharedreads import SharedReads
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.wire import close
@@ -40,20 +40,7 @@ NOT_ACTING_WAIT = 0.1  # how often a stream or receive looks again while the gro
 Closer = Callable[[int, str], Awaitable[object]]
 
 
-class Holdings(Protocol):
-    """Which groups and extents this output host serves, and whether it may act for
-    them now (ownership.py)."""
-
-    def owns(self, queue: str, group: str) -> bool: ...
-
-    def holds(self, queue: str, group: str, extent: str) -> bool: ...
-
-    def acting(self, queue: str, group: str, extent: str) -> bool: ...
-
-    def fence(self, queue: str, group: str, extent: str) -> Fence | None: ...
-
-    def riding_out(self) -> bool: ...
-
+__all__ = ["Holdings", "OutputHostService"]
 
 FLUSH_INTERVAL = timing.DEFAULT.ack_flush_interval  # defaults; timing.current is used
 REFRESH_INTERVAL = timing.DEFAULT.extent_refresh_interval
@@ -85,11 +72,8 @@ class OutputHostService:
         self._numbers = itertools.count(1)
         self.groups: dict[str, GroupConsumer] = {}
         self._loading: dict[str, asyncio.Lock] = {}
-        self._flushed: dict[str, asyncio.Future[dict[str, Exception]]] = {}
-        self._flusher: asyncio.Task[None] | None = None
         self._loader: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()  # a settlement waits for the next flush
-        self._unwritten: set[str] = set()  # groups with levels or rows to write
+        self.committer = AckCommitter(metadata, self.groups, holdings, self.riding_out)
         self._seen = -1  # the metadata change log, as far as the refresh has followed it
         self._again: set[str] = set()  # groups whose refresh failed: read them next time
         self._refresher = Periodic(
@@ -102,29 +86,14 @@ class OutputHostService:
     def holds(self, queue: str, group: str, extent: str) -> bool:
         return self._holdings is None or self._holdings.holds(queue, group, extent)
 
-    def stamp_acting(self, consumer: GroupConsumer) -> bool:
-        """Mark each extent cursor of the group acting or not (fencing: this host may
-        deliver and settle its messages now); whether any acts."""
-        if consumer.stopped:
-            return False
-        holdings = self._holdings
-        if holdings is None:
-            return True  # cursors act from the start
-        queue, group = consumer.group.queue, consumer.group.name
-        some = False
-        every = True
-        for cursor in consumer.cursors.values():
-            acts = cursor.acting = not cursor.fenced and holdings.acting(queue, group, cursor.id)
-            some = some or acts
-            every = every and acts
-        consumer.all_acting = every
-        return some
+    def _acts(self, queue: str, group: str, extent: str) -> bool:
+        assert self._holdings is not None
+        return self._holdings.acting(queue, group, extent)
 
     def check_acting(self, consumer: GroupConsumer, numbers: Iterable[int]) -> None:
         """Raise Unavailable when a delivery named is of an extent this host may not act
         for now (it is moving to another output host)."""
-        self.stamp_acting(consumer)
-        if consumer.stopped or not consumer.may_settle(numbers):
+        if not consumer.may_settle(numbers):
             raise Unavailable(f"group {consumer.key} is moving to another output host; retry")
 
     # streams
@@ -147,7 +116,7 @@ class OutputHostService:
         a group asked for before its turn (a receive, a stream, its stats) loads then."""
         if self._holdings is None:
             self._loader = asyncio.create_task(self._load_every_group())
-        self._flusher = asyncio.create_task(self._flush_loop())
+        self.committer.start()
         self._refresher.start()
 
     async def _load_every_group(self) -> None:
@@ -170,13 +139,7 @@ class OutputHostService:
             self._loader.cancel()
             await asyncio.gather(self._loader, return_exceptions=True)
         await self._refresher.stop()
-        if self._flusher is not None:
-            self._flusher.cancel()
-            await asyncio.gather(self._flusher, return_exceptions=True)
-        try:
-            await self._flush_once()
-        except Exception as err:
-            log.error("last ack level flush failed: %s", err)
+        await self.committer.stop()
         for key, consumer in self.groups.items():
             await self._close_streams(key, close.GOING_AWAY, "server stopping")
             await consumer.stop()
@@ -194,24 +157,21 @@ class OutputHostService:
                 return consumer
             group = await self.metadata.get_group(queue, name)
             queue_record = await self.metadata.get_queue(queue)
+            acts = None if self._holdings is None else partial(self._acts, queue, name)
             consumer = GroupConsumer(
-                queue_record, group, self.reads, self._dead_letter, self._numbers
+                queue_record, group, self.reads, self._dead_letter, self._numbers, acts
             )
-            consumer.on_unwritten = partial(self._mark_unwritten, key)
+            consumer.on_unwritten = partial(self.committer.mark, key)
             consumer.start()
             self.groups[key] = consumer
             await self._sync(consumer)
             return consumer
 
-    def _mark_unwritten(self, key: str) -> None:
-        self._unwritten.add(key)  # the set of the moment: _flush_once swaps it
-
     async def _sync(self, consumer: GroupConsumer) -> None:
         """Follow the group's extents (those this host holds): new ones get a cursor,
         after their parked messages are loaded."""
         group = await self.metadata.get_group(consumer.group.queue, consumer.group.name)
-        consumer.group = group
-        consumer.queue = await self.metadata.get_queue(group.queue)
+        consumer.configure(await self.metadata.get_queue(group.queue), group)
         levels = {a.extent: a for a in await self.metadata.get_ack_levels(group.queue, group.name)}
         extents = await self.metadata.list_extents(group.queue, (OPEN, FAILING, SEALED, CONSUMED))
         merged = [lv for lv in levels.values() if lv.limit is not None]
@@ -264,14 +224,19 @@ class OutputHostService:
         for key in [k for k, c in self.groups.items() if c.group.queue == queue]:
             if name is None or self.groups[key].group.name == name:
                 consumer = self.groups.pop(key)
-                consumer.stopped = True  # nothing more is delivered or settled here
+                consumer.halt()  # nothing more is delivered or settled here
                 await self._close_streams(key, close_code, reason)
                 await consumer.stop()
 
     def update_group(self, group: Group) -> None:
         consumer = self.groups.get(f"{group.queue}/{group.name}")
         if consumer is not None:
-            consumer.group = group
+            consumer.configure(group=group)
+
+    def update_queue(self, queue: Queue) -> None:
+        for consumer in self.groups.values():
+            if consumer.group.queue == queue.name:
+                consumer.configure(queue=queue)
 
     async def _sync_quietly(self, consumer: GroupConsumer) -> bool:
         """Whether the group is in step with the metadata now (or gone)."""
@@ -307,106 +272,8 @@ class OutputHostService:
 
     # ack levels
     async def flushed(self, consumer: GroupConsumer, extents: Iterable[str] | None = None) -> None:
-        """Wait until every ack of the group made so far is persisted; raises
-        Unavailable when the write for one of ``extents`` (None: any) failed, or this
-        host may no longer act for it."""
-        waiter = self._flushed.get(consumer.key)
-        if waiter is None or waiter.done():
-            waiter = self._flushed[consumer.key] = asyncio.get_running_loop().create_future()
-        self._wake.set()  # a settlement waits: flush now, not at the next interval
-        failed = await asyncio.shield(waiter)
-        if extents is not None:
-            failed = {e: failed[e] for e in extents if e in failed}
-        if failed:
-            raise next(iter(failed.values()))
-
-    async def _flush_loop(self) -> None:
-        """Group commit: a flush starts when a settlement waits for one (at once when
-        none is under way; the settlements that arrive during a write share the next
-        one) or every ack_flush_interval for the acks nobody waits for (streams)."""
-        while True:
-            try:
-                async with asyncio.timeout(timing.current.ack_flush_interval):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
-            self._wake.clear()
-            waiters, self._flushed = self._flushed, {}
-            failed = await self._flush_once()
-            for key, waiter in waiters.items():
-                if not waiter.done():
-                    waiter.set_result(failed.get(key, {}))
-
-    async def _flush_once(self) -> dict[str, dict[str, Exception]]:
-        """Persist the changed ack levels and parked rows: unfenced groups (one process
-        serves every extent) in one write; in a cluster, one write per fence (an
-        extent's, or a whole group's). Returns, per group, the extents whose write
-        failed or that this host may no longer act for, with the error."""
-        failed: dict[str, dict[str, Exception]] = {}
-        if self.riding_out():  # written once the store answers again (outage.py)
-            return failed
-        # only the groups that were told of a change: an idle group costs the flush nothing
-        keys, self._unwritten = self._unwritten, set()
-        touched = [c for k in keys if (c := self.groups.get(k)) is not None]
-        if self._holdings is None:
-            unfenced = touched
-            err = await self._write_levels(unfenced, None, None)
-            if err is not None:
-                for consumer in unfenced:
-                    failed[consumer.key] = dict.fromkeys(consumer.cursors, err)
-            return failed
-        writes: list[tuple[GroupConsumer, Fence, set[str]]] = []
-        for consumer in touched:
-            by_fence: dict[Fence, set[str]] = {}
-            queue, group = consumer.group.queue, consumer.group.name
-            for extent in consumer.unwritten():
-                cursor = consumer.cursors.get(extent)
-                fence = self._holdings.fence(queue, group, extent)
-                if fence is None or consumer.stopped or (cursor is not None and cursor.fenced):
-                    # may not act: keep them for the new holder
-                    moving = Unavailable(f"group {consumer.key} is moving; retry")
-                    failed.setdefault(consumer.key, {})[extent] = moving
-                else:
-                    by_fence.setdefault(fence, set()).add(extent)
-            writes += [(consumer, fence, extents) for fence, extents in by_fence.items()]
-        errors = await asyncio.gather(*(self._write_levels([c], f, e) for c, f, e in writes))
-        for (consumer, _, extents), err in zip(writes, errors, strict=True):
-            if err is None:
-                continue
-            failed.setdefault(consumer.key, {}).update(dict.fromkeys(extents, err))
-            if isinstance(err, Fenced):  # another host has them now: stop acting for them
-                for extent in extents:
-                    if (cursor := consumer.cursors.get(extent)) is not None:
-                        cursor.fenced, cursor.acting = True, False
-        for consumer in touched:  # kept for the new holder, or to write again
-            if consumer.unwritten():
-                self._unwritten.add(consumer.key)
-        return failed
-
-    async def _write_levels(
-        self, consumers: list[GroupConsumer], fence: Fence | None, extents: set[str] | None
-    ) -> Exception | None:
-        """Write the changed levels and parked rows of the groups (of ``extents`` only,
-        unless None) in one fence."""
-        rows = [row for c in consumers for row in c.dirty_levels(extents)]
-        parked = [c.parked for c in consumers if c.parked.pending]
-        if not rows and not parked:
-            return None
-        try:
-            # rows before the levels past them
-            await write_parked(self.metadata, parked, fence, extents)
-            if rows:
-                await self.metadata.put_ack_levels(rows, fence=fence)
-        except Exception as err:
-            for consumer in consumers:  # write them again next time
-                for cursor in consumer.cursors.values():
-                    if extents is None or cursor.id in extents:
-                        cursor.ack.dirty = True
-            log.error("ack level flush failed: %s", err)
-            if isinstance(err, Unavailable):
-                return err
-            return Unavailable(f"ack levels could not be written: {err}")
-        return None
+        """Wait until every ack of the group made so far is persisted (committer.py)."""
+        await self.committer.flushed(consumer, extents)
 
     # connectionless receive and settle
     async def receive(
@@ -414,7 +281,7 @@ class OutputHostService:
     ) -> list[tuple[Entry, str]]:
         deadline = time.monotonic() + wait
         while True:
-            acting = self.stamp_acting(consumer)
+            acting = consumer.acts_at_all()
             taken = consumer.take(max_messages, visibility) if acting else []
             if taken or consumer.stopped or time.monotonic() >= deadline:
                 receipts = self.signer.sign_all(consumer.scope, [e.no for e in taken])

@@ -1,0 +1,175 @@
+"""The output host's ack-level committer: persists the groups' moved ack levels and
+changed redelivery rows in group commits (one metadata write per flush and fence, not
+per ack), and tells a settlement that waits for durability when its write is done."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
+
+from cherami import timing
+from cherami.errors import Fenced, Unavailable
+from cherami.metadata.base import MetadataStore
+from cherami.metadata.models import Fence
+from cherami.roles.outputhost.groupconsumer import GroupConsumer
+from cherami.roles.outputhost.redelivery import write as write_parked
+
+log = logging.getLogger("cherami.outputhost.committer")
+
+
+class Holdings(Protocol):
+    """Which groups and extents this output host serves, and whether it may act for
+    them now (ownership.py)."""
+
+    def owns(self, queue: str, group: str) -> bool: ...
+
+    def holds(self, queue: str, group: str, extent: str) -> bool: ...
+
+    def acting(self, queue: str, group: str, extent: str) -> bool: ...
+
+    def fence(self, queue: str, group: str, extent: str) -> Fence | None: ...
+
+    def fenced(self, queue: str, group: str, extent: str) -> None:
+        """A write under the extent's fence was refused: another host holds it now."""
+
+    def riding_out(self) -> bool: ...
+
+
+Failed = dict[str, dict[str, Exception]]  # group key -> extent -> why its write failed
+
+
+class AckCommitter:
+    """``groups`` are the output host's groups by key; ``holdings`` None means one
+    process serves every extent, unfenced."""
+
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        groups: Mapping[str, GroupConsumer],
+        holdings: Holdings | None,
+        riding_out: Callable[[], bool],
+    ) -> None:
+        self.metadata = metadata
+        self._groups = groups
+        self._holdings = holdings
+        self._riding_out = riding_out
+        self._flushed: dict[str, asyncio.Future[dict[str, Exception]]] = {}
+        self._wake = asyncio.Event()  # a settlement waits for the next flush
+        self._unwritten: set[str] = set()  # groups with levels or rows to write
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._flush_loop())
+
+    async def stop(self) -> None:
+        """Stop the loop and write what is left."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        try:
+            await self.flush_once()
+        except Exception as err:
+            log.error("last ack level flush failed: %s", err)
+
+    def mark(self, key: str) -> None:
+        """The group has levels or rows to write (the set of the moment: a flush swaps it)."""
+        self._unwritten.add(key)
+
+    async def flushed(self, consumer: GroupConsumer, extents: Iterable[str] | None = None) -> None:
+        """Wait until every ack of the group made so far is persisted; raises
+        Unavailable when the write for one of ``extents`` (None: any) failed, or this
+        host may no longer act for it."""
+        waiter = self._flushed.get(consumer.key)
+        if waiter is None or waiter.done():
+            waiter = self._flushed[consumer.key] = asyncio.get_running_loop().create_future()
+        self._wake.set()  # a settlement waits: flush now, not at the next interval
+        failed = await asyncio.shield(waiter)
+        if extents is not None:
+            failed = {e: failed[e] for e in extents if e in failed}
+        if failed:
+            raise next(iter(failed.values()))
+
+    async def _flush_loop(self) -> None:
+        """Group commit: a flush starts when a settlement waits for one (at once when
+        none is under way; the settlements that arrive during a write share the next
+        one) or every ack_flush_interval for the acks nobody waits for (streams)."""
+        while True:
+            try:
+                async with asyncio.timeout(timing.current.ack_flush_interval):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            waiters, self._flushed = self._flushed, {}
+            failed = await self.flush_once()
+            for key, waiter in waiters.items():
+                if not waiter.done():
+                    waiter.set_result(failed.get(key, {}))
+
+    async def flush_once(self) -> Failed:
+        """Persist the changed ack levels and parked rows: unfenced groups (one process
+        serves every extent) in one write; in a cluster, one write per fence (an
+        extent's, or a whole group's). Returns, per group, the extents whose write
+        failed or that this host may no longer act for, with the error."""
+        failed: Failed = {}
+        if self._riding_out():  # written once the store answers again (outage.py)
+            return failed
+        # only the groups that were told of a change: an idle group costs the flush nothing
+        keys, self._unwritten = self._unwritten, set()
+        touched = [c for k in keys if (c := self._groups.get(k)) is not None]
+        holdings = self._holdings
+        if holdings is None:
+            err = await self._write_levels(touched, None, None)
+            if err is not None:
+                for consumer in touched:
+                    failed[consumer.key] = dict.fromkeys(consumer.cursors, err)
+            return failed
+        writes: list[tuple[GroupConsumer, Fence, set[str]]] = []
+        for consumer in touched:
+            by_fence: dict[Fence, set[str]] = {}
+            queue, group = consumer.group.queue, consumer.group.name
+            for extent in consumer.unwritten():
+                fence = holdings.fence(queue, group, extent)
+                if fence is None or consumer.stopped:  # may not act: kept for the new holder
+                    moving = Unavailable(f"group {consumer.key} is moving; retry")
+                    failed.setdefault(consumer.key, {})[extent] = moving
+                else:
+                    by_fence.setdefault(fence, set()).add(extent)
+            writes += [(consumer, fence, extents) for fence, extents in by_fence.items()]
+        errors = await asyncio.gather(*(self._write_levels([c], f, e) for c, f, e in writes))
+        for (consumer, _, extents), err in zip(writes, errors, strict=True):
+            if err is None:
+                continue
+            failed.setdefault(consumer.key, {}).update(dict.fromkeys(extents, err))
+            if isinstance(err, Fenced):  # another host has them now: stop acting for them
+                for extent in extents:
+                    holdings.fenced(consumer.group.queue, consumer.group.name, extent)
+        for consumer in touched:  # kept for the new holder, or to write again
+            if consumer.unwritten():
+                self._unwritten.add(consumer.key)
+        return failed
+
+    async def _write_levels(
+        self, consumers: list[GroupConsumer], fence: Fence | None, extents: set[str] | None
+    ) -> Exception | None:
+        """Write the changed levels and parked rows of the groups (of ``extents`` only,
+        unless None) in one fence."""
+        rows = [row for c in consumers for row in c.dirty_levels(extents)]
+        parked = [c.parked for c in consumers if c.parked.pending]
+        if not rows and not parked:
+            return None
+        try:
+            # rows before the levels past them
+            await write_parked(self.metadata, parked, fence, extents)
+            if rows:
+                await self.metadata.put_ack_levels(rows, fence=fence)
+        except Exception as err:
+            for consumer in consumers:  # write them again next time
+                consumer.unwritten_again(extents)
+            log.error("ack level flush failed: %s", err)
+            if isinstance(err, Unavailable):
+                return err
+            return Unavailable(f"ack levels could not be written: {err}")
+        return None

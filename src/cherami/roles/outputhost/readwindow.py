@@ -1,0 +1,135 @@
+"""A consumer group's read window: what its extent readers read and it has not
+delivered yet (the ready queue), and the room left in its read-ahead. The extent
+readers talk to it through extentreader.ReadTarget."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from cherami import timing
+from cherami.metadata.models import Group, Queue
+from cherami.roles.outputhost.entry import DELIVERY, ENQUEUED, Entry, Run
+
+if TYPE_CHECKING:
+    from cherami.roles.outputhost.extentreader import ExtentCursor
+    from cherami.roles.outputhost.redelivery import Redeliveries
+
+
+class ReadWindow:
+    """``cursors`` are the group's extent cursors (whose ack windows make the read-ahead
+    used); ``parked`` its redelivery rows (messages read again that have a row are
+    delivered as parked ones)."""
+
+    def __init__(
+        self,
+        key: str,
+        queue: Queue,
+        group: Group,
+        cursors: dict[str, ExtentCursor],
+        parked: Redeliveries,
+    ) -> None:
+        self.key = key
+        self.queue = queue
+        self.group = group
+        self._cursors = cursors
+        self._parked = parked
+        self.ready: deque[Entry | Run] = deque()
+        self.readable = asyncio.Event()  # set while ready is not empty
+        self._room = asyncio.Event()
+        self._room.set()
+        self.stopped = False
+        self.on_ready: Callable[[], None] = lambda: None
+
+    @property
+    def delay_ms(self) -> int:
+        return int(self.group.config.delay_seconds * 1000)
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._room.set()  # a reader waiting for room sees the stop
+
+    # room
+    def outstanding(self) -> int:
+        """Messages read and not acked, over the group's extents."""
+        return sum(c.ack.window() for c in self._cursors.values())
+
+    def full(self) -> bool:
+        return self.outstanding() >= timing.current.read_ahead
+
+    def freed(self) -> None:
+        """Messages left the window (acked, expired, dead-lettered): readers go on."""
+        self._room.set()
+
+    async def wait_for_room(self) -> int:
+        while not self.stopped:
+            room = timing.current.read_ahead - self.outstanding()
+            if room > 0:
+                return room
+            self._room.clear()
+            await self._room.wait()
+        raise asyncio.CancelledError  # the group stopped
+
+    # ready
+    async def admit(self, run: Run) -> None:
+        """Messages read from an extent, in order: skip those from before the group's
+        start or past retention, hold the rest until due, then make them ready (as the
+        run they were read in when all of them are ready now, else one by one)."""
+        now_ms = time.time() * 1000
+        retention_ms = self.queue.config.retention_seconds * 1000
+        start_ms, delay_ms, ready = self.group.start_ms, self.delay_ms, self.ready
+        records = run.records
+        parked = self._parked
+        if (
+            not parked.skip
+            and min(map(ENQUEUED, records)) >= max(start_ms, now_ms - retention_ms)
+            and max(map(DELIVERY, records)) + delay_ms <= now_ms
+        ):
+            ready.append(run)
+            self.signal()
+            return
+        entries = run.entries()
+        if parked.skip:  # rows loaded above the ack level: delivered as parked
+            entries = parked.pass_over(entries)
+        for entry in entries:
+            record = entry.record
+            if record.enqueued_ms < start_ms or now_ms > record.enqueued_ms + retention_ms:
+                entry.cursor.ack.ack(entry.ordinal)
+                continue
+            visible_at = record.delivery_ms + delay_ms
+            if visible_at > now_ms:
+                if ready:
+                    self.signal()
+                await asyncio.sleep((visible_at - now_ms) / 1000)
+                now_ms = time.time() * 1000
+            ready.append(entry)
+        if ready:
+            self.signal()
+
+    def put_first(self, entries: list[Entry]) -> None:
+        """Entries delivered again (parked, now due) go ahead of what was read."""
+        self.ready.extendleft(reversed(entries))
+        self.signal()
+
+    def signal(self) -> None:
+        if not self.readable.is_set():
+            self.readable.set()
+        self.on_ready()
+
+    def taken(self) -> None:
+        """Deliveries were taken from the head: note when nothing is ready any more."""
+        if not self.ready:
+            self.readable.clear()
+
+    def drop(self, cursors: Iterable[ExtentCursor]) -> None:
+        """Forget what is ready of these cursors' extents."""
+        gone = set(cursors)
+        kept = [e for e in self.ready if e.cursor not in gone]
+        self.ready.clear()
+        self.ready.extend(kept)
+        if not kept:
+            self.readable.clear()
+        self._room.set()
