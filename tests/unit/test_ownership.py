@@ -71,16 +71,29 @@ async def _alive(meta: SqliteMetadataStore, *hosts: str) -> None:
         await meta.heartbeat(Host(id=h, role="outputhost", address=h, heartbeat_at=time.time()))
 
 
+class _Clock:
+    """A host's monotonic clock, advanced by the test (ExtentOwnership's ``clock``)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def _host(meta: SqliteMetadataStore, name: str) -> ExtentOwnership:
-    return ExtentOwnership(_Outputs(), meta, name)  # type: ignore[arg-type]
+    return ExtentOwnership(_Outputs(), meta, name, clock=_Clock())  # type: ignore[arg-type]
 
 
 async def _ticks(hosts: list[ExtentOwnership], meta: SqliteMetadataStore, n: int) -> None:
+    """``n`` ownership ticks of each host, each host's clock one tick on between them
+    (the leases in the store run on its own clock: wall time)."""
     for _ in range(n):
         await _alive(meta, *(h.id for h in hosts))
         for h in hosts:
             await h.tick()
-        await asyncio.sleep(0.05)
+        for h in hosts:
+            h.clock.now += timing.current.ownership_tick  # type: ignore[attr-defined]
 
 
 def _held(*hosts: ExtentOwnership) -> dict[Unit, str]:
@@ -107,6 +120,26 @@ async def test_each_host_gets_its_share_of_each_kind(meta: SqliteMetadataStore) 
     assert a.fence("q", "g", "nope") is None
 
 
+async def test_a_refused_write_stops_acting_at_once_and_the_next_tick_says_why(
+    meta: SqliteMetadataStore,
+) -> None:
+    """The output host tells ownership of a write refused under a unit's fence (it no
+    longer stamps a flag on its own cursors): the unit stops acting and has no fence
+    at once; the next tick finds the lease taken and drops the unit."""
+    await _queue(meta, "q", ["g"], [PLAIN])
+    a = _host(meta, "outputhost-a")
+    await _ticks([a], meta, 1)
+    (unit,) = a.held
+    assert a.acting(*unit) and a.fence(*unit) is not None
+    lease = ownership.unit_lease(*unit)
+    await meta.try_lease(lease, "outputhost-a", 0.0)  # its lease runs out in the store
+    assert await meta.try_lease(lease, "outputhost-b", timing.current.lease_ttl) is not None
+    a.fenced(*unit)
+    assert not a.acting(*unit) and a.fence(*unit) is None
+    await a.tick()
+    assert unit not in a.held and ("unload", ("q", "g")) in a.outputs.events  # type: ignore[attr-defined]
+
+
 async def test_no_unit_is_left_to_nobody(meta: SqliteMetadataStore) -> None:
     # shares per group and over all units could leave one unit to nobody: 1 + 1 + 2
     # units over 2 hosts, the first host filling its total share with the small groups
@@ -130,8 +163,29 @@ async def test_a_unit_unheld_for_long_is_taken_whatever_the_shares(
     b._taking_after = float("inf")  # alive, but taking nothing (as after an outage)
     await _ticks([a, b], meta, 2)
     assert len(a.held) == 2 and not b.held  # a's total share
-    await _ticks([a, b], meta, int(ownership.ORPHAN_AFTER / 0.05) + 2)
-    assert len(a.held) == 3 and not b.held  # left unheld for ORPHAN_AFTER: taken all the same
+    await _ticks([a, b], meta, 1)
+    assert len(a.held) == 3 and not b.held  # left unheld for two ticks: taken all the same
+
+
+async def test_orphans_are_timed_by_this_processs_tick_not_the_default(
+    meta: SqliteMetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unit is orphaned after two of the configured ownership ticks (it was two of the
+    default 0.5 s ticks whatever the configuration said)."""
+    slow = msgspec.structs.replace(timing.DEFAULT, ownership_tick=2.0, lease_ttl=10.0)
+    monkeypatch.setattr(timing, "current", slow)
+    for name in ("x", "y", "z"):
+        await _queue(meta, name, ["g"], [PLAIN])
+    a, b = _host(meta, "outputhost-a"), _host(meta, "outputhost-b")
+    b._taking_after = float("inf")
+    await _ticks([a, b], meta, 1)  # at 1000: z unheld from then on
+    assert len(a.held) == 2
+    a.clock.now = 1003.5  # type: ignore[attr-defined]  # seven default ticks, under two of its own
+    await a.tick()
+    assert len(a.held) == 2
+    a.clock.now = 1004.0  # type: ignore[attr-defined]
+    await a.tick()
+    assert len(a.held) == 3
 
 
 async def test_a_host_that_comes_back_gets_its_share(
@@ -212,13 +266,13 @@ async def test_outage_acting_goes_on_only_on_every_peers_word(
     assert a.held[unit].acting_until == until and not a.riding_out()
 
     peers.answers["outputhost-b"] = True  # nobody reaches it: acting goes on
-    until = a.held[unit].acting_until = time.monotonic() + 0.2  # its lease's last moments
+    until = a.held[unit].acting_until = a.clock() + 0.2  # its lease's last moments
     await a.outage.check()
     extended = a.held[unit].acting_until
     assert extended > until and a.riding_out()
-    assert extended <= time.monotonic() + outage.RECOVERY_GRACE - timing.current.lease_margin
+    assert extended <= a.clock() + outage.RECOVERY_GRACE - timing.current.lease_margin
 
-    a.held[unit].acting_until = time.monotonic() - 0.01  # a window that ran out
+    a.held[unit].acting_until = a.clock() - 0.01  # a window that ran out
     await a.outage.check()  # is never extended: the unit may have been taken meanwhile
     assert not a.acting(*unit)
 
@@ -234,7 +288,7 @@ async def test_every_peers_word_with_every_window_run_out_is_no_acting_on(
     await _ticks([a, b], meta, 2)
     unit = next(iter(a.held))
     await _failing_tick(a)
-    a.held[unit].acting_until = time.monotonic() - 0.01
+    a.held[unit].acting_until = a.clock() - 0.01
     a.outage._ask = _Peers({"outputhost-b": True}).ask  # type: ignore[method-assign]
     with caplog.at_level("INFO", logger="cherami.outputhost.outage"):
         await a.outage.check()
@@ -251,7 +305,7 @@ async def test_no_taking_while_a_tick_is_slow_or_after_an_outage(
     await _failing_tick(a)
     await a._tick_noting_outages()  # reaches the store again: renews only, for a while
     assert not a.held and not a.store_unreachable()
-    monkeypatch.setattr(ownership, "SLOW_TICK", 0.0)  # every tick is slow from its start
+    monkeypatch.setattr(ownership, "SLOW_TICK", -1.0)  # every tick is slow from its start
     a._taking_after = 0.0
     await a._tick_noting_outages()
     assert not a.held  # a slow tick may be one that waited out an outage: takes nothing
@@ -268,7 +322,7 @@ async def test_an_only_output_host_does_not_act_on(meta: SqliteMetadataStore) ->
     assert a.peers == {} and len(a.held) == 1
     unit = next(iter(a.held))
     await _failing_tick(a)
-    until = a.held[unit].acting_until = time.monotonic() + 0.2
+    until = a.held[unit].acting_until = a.clock() + 0.2
     await a.outage.check()  # nobody to ask: a host started to replace it may take over
     assert a.held[unit].acting_until == until and not a.riding_out()
 
@@ -282,7 +336,6 @@ async def test_kinds_split_between_hosts_are_rebalanced(
     host below its total share, which never came, and that host delivered nothing.)"""
     short = msgspec.structs.replace(timing.DEFAULT, lease_ttl=0.4, lease_margin=0.1)
     monkeypatch.setattr(timing, "current", short)
-    monkeypatch.setattr(ownership, "ORPHAN_AFTER", 0.2)
     groups = ["g1", "g2", "g3"]
     await _queue(meta, "q", groups, [PLAIN, PLAIN])
     a, b = _host(meta, "outputhost-a"), _host(meta, "outputhost-b")

@@ -1,5 +1,5 @@
 """Host membership: every role process heartbeats into the metadata store; a host that
-misses heartbeats for DEAD_AFTER seconds is dead. Roles import it; it imports no role
+misses heartbeats for timing.dead_after seconds is dead. Roles import it; it imports no role
 (the store hosts' directory keeps itself in step with it: roles/storehost/directory.py)."""
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from cherami.periodic import Periodic
 
 log = logging.getLogger("cherami.cluster.membership")
 
-HEARTBEAT_INTERVAL = timing.DEFAULT.heartbeat_interval  # the defaults; a process uses
-DEAD_AFTER = timing.DEFAULT.dead_after  # timing.current (its config's "timing")
 
 STOREHOST, INPUTHOST, OUTPUTHOST, CONTROLLER, FRONTEND = (
     "storehost", "inputhost", "outputhost", "controller", "frontend",

@@ -13,6 +13,7 @@ from cherami.cluster.loadmeter import has_room
 from cherami.errors import (
     AlreadyExists,
     CheramiError,
+    GroupNotFound,
     InvalidRequest,
     QueueNotFound,
     Unavailable,
@@ -213,8 +214,8 @@ class ControllerService:
         queue = await self.metadata.get_queue(queue_name)
         start_ms = parse_start(config.start_from)
         try:
-            existing = await self.metadata.get_group(queue_name, name)
-        except Exception:
+            existing: Group | None = await self.metadata.get_group(queue_name, name)
+        except GroupNotFound:  # (a metadata store that cannot answer raises: nothing is made)
             existing = None
         if existing is not None:
             if existing.config != config:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import Metric
 
-from cherami.cluster.membership import DEAD_AFTER
+from cherami import timing
 from cherami.errors import CheramiError
 from cherami.metadata.models import FAILING, OPEN, SEALED, Queue
 from cherami.roles.frontend.lag import stream_lags
@@ -111,7 +111,7 @@ class _Scrape:
 
     async def _hosts(self) -> None:
         up = gauge(
-            "cherami_host_up", "1 while the host heartbeats (within DEAD_AFTER), else 0",
+            "cherami_host_up", "1 while the host heartbeats (within timing.dead_after), else 0",
             ["host", "role", "zone"],
         )  # fmt: skip
         p99 = gauge(
@@ -120,7 +120,7 @@ class _Scrape:
         )  # fmt: skip
         now = time.time()
         for host in await self.f.r.metadata.list_hosts(None, alive_within=None):
-            alive = now - host.heartbeat_at <= DEAD_AFTER
+            alive = now - host.heartbeat_at <= timing.current.dead_after
             up.add_metric([host.id, host.role, host.zone or ""], 1.0 if alive else 0.0)
             if alive and host.load is not None and host.load.append_p99_ms is not None:
                 p99.add_metric([host.id], host.load.append_p99_ms / 1000)

@@ -137,7 +137,7 @@ class Router:
             forwarded.cancel()
 
     async def _alive(self, address: str) -> bool:
-        """Whether an input or output host at ``address`` heartbeats (DEAD_AFTER); one
+        """Whether an input or output host at ``address`` heartbeats (timing.dead_after); one
         membership read serves every forward under way for ALIVE_CHECK seconds. True
         when the metadata store cannot tell (a slow answer is not a dead host)."""
         loop = asyncio.get_running_loop()
