@@ -164,3 +164,26 @@ async def test_worker_logs_the_dlq_for_a_message_at_its_last_delivery(
         assert "delivery 1), retrying in 0.0s" in logged[0]
         assert "delivery 2 of 2), sending it to the DLQ: RuntimeError" in logged[1]
         assert "retrying" not in logged[1]
+
+
+# 3. msg.text of a binary body
+async def test_text_of_a_binary_delivery_names_the_message_and_body(server: ServerProcess) -> None:
+    queue, group = unique("q"), unique("g")
+    async with AsyncClient(server.url) as c:
+        await c.create_queue(queue)
+        await c.create_group(queue, group, start_from="earliest")
+        (binary_id,) = await c.publish(queue, [b"\x89PNG\r\n\x1a\n"])
+        (over_http,) = await c.receive(queue, group, max_messages=1, wait_seconds=5)
+        await c.nack(queue, group, over_http)
+        async with c.consumer(queue, group) as stream:
+            over_stream = await stream.get(timeout=10)
+            assert over_stream is not None
+            stream.ack(over_stream)
+    for message in (over_http, over_stream):
+        with pytest.raises(ValueError) as caught:
+            message.text  # noqa: B018
+        assert str(caught.value) == (
+            f"the body of message {binary_id} is not UTF-8 text (byte 0x89 at 0): "
+            "read message.body, its bytes"
+        )
+        assert message.body == b"\x89PNG\r\n\x1a\n"

@@ -82,6 +82,26 @@ def publish_item(item: OutgoingMessage | bytes | str) -> dict[str, Any]:
     return outgoing(item).to_json()
 
 
+class BodyNotText(UnicodeDecodeError):
+    """``Received.text`` of a body that is not UTF-8 text: read ``body``, its bytes. A
+    ValueError, and the UnicodeDecodeError that ``text`` raised before it said so."""
+
+    def __init__(self, message_id: str, err: UnicodeDecodeError) -> None:
+        super().__init__(err.encoding, err.object, err.start, err.end, err.reason)
+        self.message_id = message_id
+
+    def __str__(self) -> str:
+        where = f"byte 0x{self.object[self.start]:02x} at {self.start}"
+        return (
+            f"the body of message {self.message_id} is not UTF-8 text ({where}): "
+            "read message.body, its bytes"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        cause = UnicodeDecodeError(self.encoding, self.object, self.start, self.end, self.reason)
+        return (type(self), (self.message_id, cause))
+
+
 class Received(msgspec.Struct, array_like=True, kw_only=True, gc=False):
     """One delivery. ``receipt`` (HTTP) or ``handle`` (stream) settles it.
 
@@ -107,7 +127,11 @@ class Received(msgspec.Struct, array_like=True, kw_only=True, gc=False):
 
     @property
     def text(self) -> str:
-        return self.body.decode("utf-8")
+        """The body as text; ``BodyNotText`` (a ValueError) when it is not UTF-8."""
+        try:
+            return self.body.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise BodyNotText(self.id, err) from None
 
     @classmethod
     def from_json(cls, m: dict[str, Any]) -> Received:
