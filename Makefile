@@ -30,12 +30,14 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(PY) demo/crash_reports.py
 
-## sysdeps: the system tools the network-namespace tests use, the headless browser of
-## the web console's tests and promtool for the alert rules (Debian; needs root; each
-## skipped when present)
+## sysdeps: the system tools the network-namespace tests use, curl and jq for the docs'
+## examples, the headless browser of the web console's tests and promtool for the alert
+## rules (Debian; needs root; each skipped when present)
 sysdeps:
 	@command -v ip >/dev/null && command -v iptables >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq iproute2 iptables >/dev/null)
+	@command -v curl >/dev/null && command -v jq >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq curl jq >/dev/null)
 	@test -x /usr/bin/chromium && test -x /usr/bin/chromedriver || \
 		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null)
 	@command -v promtool >/dev/null || (apt-get update -qq && \

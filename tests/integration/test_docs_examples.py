@@ -167,7 +167,7 @@ def fresh(node: ServerProcess) -> ServerProcess:
 def _needs(*tools: str) -> None:
     missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
-        pytest.skip(f"the docs' examples use {', '.join(missing)} (apt-get install curl jq)")
+        pytest.fail(f"the docs' examples use {', '.join(missing)}: make sysdeps installs them")
 
 
 def _bash(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
