@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from cherami.errors import ConfigError
+from cherami.httpbase import HttpLimits
 from cherami.timing import Timing
 
 ROLES = ("frontend", "controller", "inputhost", "outputhost", "storehost")
@@ -42,6 +43,8 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the secret internal connections prove (wire/handshake.py); a node makes its own
     cluster_secret_file: str | None = None
     timing: Timing = msgspec.field(default_factory=Timing)  # leases, ticks, read window
+    # the HTTP listener: head and body timeouts, stream caps (httpbase.py)
+    http: HttpLimits = msgspec.field(default_factory=HttpLimits)
     # TLS on every listener (and, in a cluster, every internal client): wire/tls.py
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -64,6 +67,7 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def check(self, auth_enabled: bool) -> None:
         self.timing.check()
+        self.http.check()
         if self.role is not None and self.role not in ROLES:
             raise ConfigError(f"--role must be one of {', '.join(ROLES)}")
         if self.role is not None and not self.metadata:

@@ -1,22 +1,123 @@
 """HTTP plumbing shared by the processes' listeners (a frontend's API, a store host's
 ``/metrics``): JSON answers, Cherami's error body, request bodies decoded into typed
-structs, and the middleware that answers a CheramiError with its error body. Nothing
-here knows a role."""
+structs, the middleware that answers a CheramiError with its error body, and the
+listener's limits (docs/api.md, "Slow and malformed requests"): how long a request's
+head and body may take to arrive, and one INFO line, not an aiohttp traceback, for a
+request that is not HTTP. Nothing here knows a role."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 import msgspec
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
-from cherami.errors import CheramiError, InvalidRequest, MessageTooLarge, Throttled
+from cherami.errors import (
+    CheramiError,
+    ConfigError,
+    InvalidRequest,
+    MessageTooLarge,
+    Throttled,
+)
 
 T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_REQUEST_BYTES = 64 << 20  # a request body beyond this is 413 message_too_large
 _json = msgspec.json.Encoder()
+log = logging.getLogger("cherami.http")
+
+
+class HttpLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A process's HTTP listener limits: the config's ``http`` object."""
+
+    # seconds from the connect, or the end of the last answer on the connection, to the
+    # end of the next request's head; a keep-alive connection idle that long is closed
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0  # seconds from the end of a request's head to its last byte
+    max_streams: int = 10_000  # WebSocket streams this process holds at once
+    max_streams_per_key: int = 1_000  # of them, with one API key
+
+    def check(self) -> None:
+        for name in ("header_timeout", "body_timeout"):
+            if not 0 < getattr(self, name) <= 3600:
+                raise ConfigError(f"http.{name} must be over 0 and at most 3600 seconds")
+        for name in ("max_streams", "max_streams_per_key"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"http.{name} must be at least 1")
+
+
+LIMITS: web.AppKey[HttpLimits] = web.AppKey("http_limits", HttpLimits)
+BODY_TIMED_OUT: web.RequestKey[bool] = web.RequestKey("body_timed_out", bool)
+
+
+def limits(app: web.Application) -> HttpLimits:
+    """The limits ``app`` is served with (``http_runner``); the defaults otherwise."""
+    return app.get(LIMITS) or _DEFAULT_LIMITS
+
+
+_DEFAULT_LIMITS = HttpLimits()
+
+
+def http_runner(app: web.Application, limits: HttpLimits) -> web.AppRunner:
+    """The runner of a listener of ``app``, held to ``limits``: a request's head must
+    arrive within ``header_timeout`` (aiohttp's keep-alive timer runs from the connect
+    and from each answer, and closes a connection that has not sent a whole head by
+    then), its body within ``body_timeout`` (``body_deadline``, where ``app`` has it),
+    and a malformed request is one INFO line (``ServerLog``)."""
+    app[LIMITS] = limits
+    return web.AppRunner(
+        app, access_log=None, keepalive_timeout=limits.header_timeout, logger=ServerLog()
+    )
+
+
+@web.middleware
+async def body_deadline(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Close the connection of a request whose body has not all arrived within
+    ``body_timeout`` of its head (a slow-body client holds a handler and its buffers
+    for nothing). First in a middleware list, so it covers a forwarded request too."""
+    if request.content.is_eof():  # no body, or all of it here already
+        return await handler(request)
+    seconds = limits(request.app).body_timeout
+    timer = asyncio.get_running_loop().call_later(seconds, _body_late, request, seconds)
+    try:
+        return await handler(request)
+    finally:
+        timer.cancel()
+
+
+def _body_late(request: web.Request, seconds: float) -> None:
+    transport = request.transport
+    if request.content.is_eof() or transport is None or transport.is_closing():
+        return
+    request[BODY_TIMED_OUT] = True  # a read it fails is this, not a client gone away
+    log.info(
+        "%s %s from %s: the request body did not arrive within %g s; connection closed",
+        request.method, request.path, request.remote, seconds,
+    )  # fmt: skip
+    transport.close()
+
+
+class ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's server log (``aiohttp.server``), given to its request handlers, with a
+    request that is not HTTP (bytes that are not a request line, a bad header, a line
+    too long: aiohttp answers 400 and closes) told as one INFO line naming the peer,
+    not an ERROR with aiohttp's traceback."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.getLogger("aiohttp.server"), {})
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        err = kwargs.get("exc_info")
+        if isinstance(err, HttpProcessingError):
+            peer = args[0] if args else "?"
+            what = " ".join(str(err.message).split())[:200]
+            log.info("malformed request from %s: %s: %s", peer, type(err).__name__, what)
+            return
+        super().log(level, msg, *args, **kwargs)
 
 
 class KeyCheck(Protocol):

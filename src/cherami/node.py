@@ -20,6 +20,7 @@ from cherami.cluster.membership import CONTROLLER, INPUTHOST, OUTPUTHOST
 from cherami.cluster.secret import node_secret
 from cherami.config import NodeConfig
 from cherami.datadir import lock_data_dir
+from cherami.httpbase import http_runner
 from cherami.metadata.models import Extent, Host
 from cherami.metadata.sqlite import SqliteMetadataStore
 from cherami.periodic import Periodic
@@ -94,7 +95,7 @@ class Node:
         )  # fmt: skip
         self.controller = self.roles.controller
         self._hosts: list[tuple[Host, LoadMeter]] = []
-        self._runner = web.AppRunner(self.roles.app, access_log=None)
+        self._runner = http_runner(self.roles.app, cfg.http)
         await self._runner.setup()
         context = None
         if cfg.tls_cert and cfg.tls_key:  # the API listener; store hosts stay on loopback

@@ -27,6 +27,7 @@ from cherami.cluster.secret import role_secret
 from cherami.config import NodeConfig
 from cherami.datadir import lock_data_dir
 from cherami.errors import Unavailable
+from cherami.httpbase import http_runner
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Extent
 from cherami.metadata.open import open_metadata
@@ -104,7 +105,7 @@ class RoleProcess:
 
     async def _serve_metrics(self, app: web.Application) -> None:
         """A store host's /metrics listener (roles/storehost/metrics.py)."""
-        runner = web.AppRunner(app, access_log=None)
+        runner = http_runner(app, self.config.http)
         await runner.setup()
         site = web.TCPSite(runner, self.config.host, self.config.metrics_port,
                            ssl_context=tls.listener())  # fmt: skip
@@ -140,7 +141,7 @@ class RoleProcess:
         self._stoppers.append(roles.stop)
         app = roles.app
         self._load_sources.connections = app[STREAMS].count
-        runner = web.AppRunner(app, access_log=None)
+        runner = http_runner(app, self.config.http)
         await runner.setup()
         site = web.TCPSite(runner, self.config.host, self.config.port, ssl_context=tls.listener())
         await site.start()

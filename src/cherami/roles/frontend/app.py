@@ -12,9 +12,11 @@ from aiohttp import web
 
 from cherami.errors import CheramiError, MessageTooLarge, Unavailable
 from cherami.httpbase import (
+    BODY_TIMED_OUT,
     MAX_REQUEST_BYTES,
     Handler,
     RouteNotFound,
+    body_deadline,
     error_response,
     internal_error,
     json_response,
@@ -75,7 +77,9 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             log.exception("unhandled error on %s %s", request.method, request.path)
             return internal_error()
         # the client went away mid-request: its doing, worth one line, not a traceback
-        log.info("%s %s: the client went away (%s)", request.method, request.path, err)
+        # (a body that came too slowly was logged as that when its connection was closed)
+        if not request.get(BODY_TIMED_OUT):
+            log.info("%s %s: the client went away (%s)", request.method, request.path, err)
         return json_response(
             {"error": {"code": "invalid_request", "message": "connection lost mid-request"}}, 400
         )
@@ -85,7 +89,9 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 
 def build_app(roles: Roles) -> web.Application:
-    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[errors_middleware])
+    app = web.Application(
+        client_max_size=MAX_REQUEST_BYTES, middlewares=[body_deadline, errors_middleware]
+    )
     app[ROUTER] = roles.router
     f = Frontend(roles)
     throttle = Throttle(

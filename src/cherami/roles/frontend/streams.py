@@ -1,12 +1,17 @@
 """WebSocket streaming publish and consume (docs/protocol.md): binary msgpack frames,
-many messages per frame, pipelined publish acks, credit-based delivery."""
+many messages per frame, pipelined publish acks, credit-based delivery. A process holds
+at most ``http.max_streams`` streams, ``http.max_streams_per_key`` of them with one API
+key (those it forwards to another host included); over either, a new stream is refused
+429 ``too_many_streams`` before the upgrade."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import weakref
+from collections.abc import Iterator
 
 import msgspec
 from aiohttp import WSMsgType, web
@@ -19,14 +24,17 @@ from cherami.errors import (
     Throttled,
     Unauthorized,
 )
+from cherami.httpbase import HttpLimits, limits
 from cherami.metadata.base import MetadataStore
-from cherami.metadata.models import Queue, check_competing
-from cherami.roles.frontend.auth import KeyRing
+from cherami.metadata.models import Group, Queue, check_competing
+from cherami.roles.frontend.auth import ApiKey, KeyRing
 from cherami.roles.frontend.consumerrouting import is_direct
 from cherami.roles.frontend.context import Lookup
 from cherami.roles.frontend.convert import check_size
 from cherami.roles.frontend.metrics import Metrics
+from cherami.roles.frontend.proxy import Forward, forward
 from cherami.roles.frontend.throttle import Throttle
+from cherami.roles.inputhost.client import InputHostClient
 from cherami.roles.outputhost.client import OutputHostClient
 from cherami.wire import close
 from cherami.wire import stream as f
@@ -55,6 +63,54 @@ def _check(queue: Queue, messages: list[f.OutMessage]) -> None:
                 raise InvalidRequest(f"messages[{i}].delay_ms must be 0 to {MAX_DELAY_MS}")
 
 
+class TooManyStreams(Throttled):
+    """A new stream over this process's ``max_streams`` or its API key's
+    ``max_streams_per_key`` (429 at the upgrade, with Retry-After)."""
+
+    code = "too_many_streams"
+
+
+STREAM_RETRY = 1.0  # the Retry-After of too_many_streams: a stream may close any moment
+
+
+class StreamCaps:
+    """The streams a process holds, in all and per API key."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._by_key: dict[bytes, int] = {}
+
+    @contextlib.contextmanager
+    def hold(self, key: ApiKey | None, of: HttpLimits) -> Iterator[None]:
+        """One stream held while the block runs; TooManyStreams over a cap (a server
+        without keys has only its own)."""
+        digest = None if key is None else key.digest()
+        held = 0 if digest is None else self._by_key.get(digest, 0)
+        if key is not None and held >= of.max_streams_per_key:
+            raise TooManyStreams(
+                f"the API key {key.name} holds {held} streams here, the server's "
+                "max_streams_per_key; close one, or open it again later", STREAM_RETRY,
+            )  # fmt: skip
+        if self.total >= of.max_streams:
+            raise TooManyStreams(
+                f"this server holds {self.total} streams, its max_streams; "
+                "open the stream again later", STREAM_RETRY,
+            )  # fmt: skip
+        self.total += 1
+        if digest is not None:
+            self._by_key[digest] = held + 1
+        try:
+            yield
+        finally:
+            self.total -= 1
+            if digest is not None:
+                left = self._by_key[digest] - 1
+                if left:
+                    self._by_key[digest] = left
+                else:
+                    del self._by_key[digest]
+
+
 class StreamHandlers:
     def __init__(
         self,
@@ -72,6 +128,7 @@ class StreamHandlers:
         self.metrics = metrics
         self.outputs = outputs
         self.open: weakref.WeakSet[web.WebSocketResponse] = weakref.WeakSet()
+        self.caps = StreamCaps()
 
     def count(self) -> int:
         return len(self.open)
@@ -101,9 +158,29 @@ class StreamHandlers:
             if not same:
                 await ws.close(code=close.DELETED, message=b"queue deleted")
 
+    def _slot(self, request: web.Request) -> contextlib.AbstractContextManager[None]:
+        """A stream slot for the request's key, or TooManyStreams (before the upgrade:
+        an HTTP 429 like the lookups' errors, which come first)."""
+        key = self.keys.find(request.headers.get("Authorization"))
+        return self.caps.hold(key, limits(request.app))
+
+    async def _forward(self, request: web.Request, address: str) -> web.StreamResponse:
+        """A stream another host serves, passed on from here in a slot of its own."""
+        with self._slot(request):
+            return await forward(self.lookup.router(), request, address)
+
     async def publish(self, request: web.Request) -> web.StreamResponse:
         queue = await self.lookup.queue(request, "produce")
-        inputs = await self.lookup.input_host(queue)
+        try:
+            inputs = await self.lookup.input_host(queue)
+        except Forward as fwd:
+            return await self._forward(request, fwd.address)
+        with self._slot(request):
+            return await self._publish(request, queue, inputs)
+
+    async def _publish(
+        self, request: web.Request, queue: Queue, inputs: InputHostClient
+    ) -> web.StreamResponse:
         ws = web.WebSocketResponse(max_msg_size=WS_MAX_MSG, heartbeat=30)
         await ws.prepare(request)
         self.open.add(ws)
@@ -180,11 +257,18 @@ class StreamHandlers:
         that connects to every output host of the group) to a host that holds none of
         them is closed at once with RECONFIGURE: the client reads the route again.
         Another stream is forwarded to a holder."""
-        if is_direct(request):
-            group = await self.lookup.group_record(request, "consume")
-        else:
-            group = await self.lookup.served_group(request, "consume")
+        try:
+            if is_direct(request):
+                group = await self.lookup.group_record(request, "consume")
+            else:
+                group = await self.lookup.served_group(request, "consume")
+        except Forward as fwd:
+            return await self._forward(request, fwd.address)
         check_competing(group)  # before the upgrade: an HTTP 400
+        with self._slot(request):
+            return await self._consume(request, group)
+
+    async def _consume(self, request: web.Request, group: Group) -> web.StreamResponse:
         outputs = self.outputs
         if outputs is not None:  # before the upgrade: its errors are HTTP answers
             await outputs.load(group.queue, group.name)
