@@ -187,3 +187,55 @@ async def test_text_of_a_binary_delivery_names_the_message_and_body(server: Serv
             "read message.body, its bytes"
         )
         assert message.body == b"\x89PNG\r\n\x1a\n"
+
+
+# 4. a client nobody closed leaves no "Unclosed client session" at exit
+UNCLOSED = {
+    "Client": """
+from cherami import Client
+client = Client(URL)
+print(len(client.list_queues()))
+""",
+    "Client dropped": """
+import gc
+from cherami import Client
+def call():
+    client = Client(URL)
+    return len(client.list_queues())
+print(call())
+gc.collect()
+print(len(Client(URL).list_queues()))  # and one left at exit
+""",
+    "AsyncClient": """
+import asyncio
+from cherami import AsyncClient
+async def main():
+    client = AsyncClient(URL)
+    print(len(await client.list_queues()))
+asyncio.run(main())
+""",
+    "AsyncClient dropped in a running loop": """
+import asyncio, gc
+from cherami import AsyncClient
+async def main():
+    async def call():
+        return len(await AsyncClient(URL).list_queues())
+    print(await call())
+    gc.collect()
+    print(len(await AsyncClient(URL).list_queues()))
+asyncio.run(main())
+""",
+}
+
+
+@pytest.mark.parametrize("case", list(UNCLOSED))
+def test_a_client_not_closed_does_not_warn_at_exit(server: ServerProcess, case: str) -> None:
+    script = f"URL = {server.url!r}\n" + UNCLOSED[case]
+    result = subprocess.run(
+        [sys.executable, "-W", "always::ResourceWarning", "-c", script],
+        capture_output=True, text=True, timeout=60, env=cli_env(server), check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() and all(n.isdigit() for n in result.stdout.split())
+    assert "Unclosed" not in result.stderr, result.stderr
+    assert result.stderr == "", result.stderr

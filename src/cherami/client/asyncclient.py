@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import socket
-from collections.abc import Iterable
+from collections.abc import AsyncGenerator, Iterable
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -80,6 +81,7 @@ class AsyncClient:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._closer: AsyncGenerator[None, None] | None = None  # see _closed_with_the_loop
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -88,10 +90,14 @@ class AsyncClient:
                 headers=self._headers, timeout=self._timeout,
                 connector=aiohttp.TCPConnector(ssl=self._ssl),
             )  # fmt: skip
+            self._closer = _closed_with_the_loop(self._session)
         return self._session
 
     async def close(self) -> None:
-        if self._session is not None:
+        closer, self._closer = self._closer, None
+        if closer is not None:
+            await closer.aclose()  # closes the session
+        elif self._session is not None:
             await self._session.close()
 
     async def __aenter__(self) -> AsyncClient:
@@ -302,6 +308,24 @@ class AsyncClient:
         from cherami.client.worker import Worker
 
         await Worker(self, queue, group, handler, concurrency, **options).run()
+
+
+def _closed_with_the_loop(session: aiohttp.ClientSession) -> AsyncGenerator[None, None]:
+    """A started async generator whose end closes ``session``, so that a client nobody
+    closed leaves no session open (aiohttp warns "Unclosed client session" at exit). Its
+    event loop ends it: at the loop's shutdown (``asyncio.run`` and ``Client``'s loop
+    thread call ``shutdown_asyncgens``), or once the client that holds it is dropped."""
+
+    async def closer() -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            await session.close()
+
+    generator = closer()
+    with contextlib.suppress(StopIteration):  # runs it to its yield, registered with the loop
+        generator.asend(None).send(None)
+    return generator
 
 
 def throttle_wait(err: Throttled) -> float:

@@ -8,12 +8,13 @@ threads.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import signal
 import threading
 import weakref
-from collections.abc import Coroutine, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 from cherami.client.asyncclient import (
@@ -32,16 +33,32 @@ Messages = Iterable[OutgoingMessage | bytes | str]
 
 
 class _LoopThread:
-    """An event loop running forever in a daemon thread."""
+    """An event loop running in a daemon thread until ``stop``, which first awaits
+    ``cleanup`` (the client's close: a Client dropped or left open at exit still closes
+    its session, else aiohttp warns "Unclosed client session")."""
 
-    def __init__(self) -> None:
+    live: set[_LoopThread] = set()  # stopped at exit (_stop_all)
+
+    def __init__(self, cleanup: Callable[[], Awaitable[object]]) -> None:
         self.loop = asyncio.new_event_loop()
+        self._cleanup = cleanup
         self._thread = threading.Thread(target=self._main, name="cherami-client", daemon=True)
+        self._stopping = threading.Lock()  # held once asked to stop: it stops once
+        _LoopThread.live.add(self)
         self._thread.start()
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        try:
+            self.loop.run_forever()
+        finally:
+            try:
+                self.loop.run_until_complete(_cancel_the_rest())  # e.g. of a stream left open
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+                self.loop.run_until_complete(self.loop.shutdown_default_executor())
+            finally:
+                self.loop.close()
+                _LoopThread.live.discard(self)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -60,14 +77,53 @@ class _LoopThread:
     def call_soon(self, callback: Any, *args: Any) -> None:
         self.loop.call_soon_threadsafe(callback, *args)
 
-    def stop(self) -> None:
-        if self.loop.is_closed():
+    def stop_soon(self) -> None:
+        """Clean up, then stop the loop, without waiting: safe from any thread (the
+        loop's too: a finalizer may run there) and more than once."""
+        if not self._stopping.acquire(blocking=False):
             return
-        self.run(self.loop.shutdown_asyncgens())
-        self.run(self.loop.shutdown_default_executor())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join()
-        self.loop.close()
+        last = self._last()
+        try:
+            self.submit(last)
+        except RuntimeError:  # the loop is closed
+            last.close()
+
+    async def _last(self) -> None:
+        try:
+            with contextlib.suppress(Exception):  # stopping regardless (close() reports it)
+                async with asyncio.timeout(STOP_CLEANUP_SECONDS):
+                    await self._cleanup()
+        finally:
+            self.loop.stop()
+
+    def stop(self, timeout: float | None = None) -> None:
+        self.stop_soon()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+
+STOP_CLEANUP_SECONDS = 5.0
+
+
+async def _cancel_the_rest() -> None:
+    """Cancel the tasks still running on a stopped loop, as ``asyncio.run`` does (a
+    loop closed under them reports each: "Task was destroyed but it is pending")."""
+    tasks = asyncio.all_tasks() - {asyncio.current_task()}
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=STOP_CLEANUP_SECONDS)
+
+
+@atexit.register
+def _stop_all() -> None:
+    """At exit, stop every Client's loop that is still running (each closes its client
+    first), and wait for them."""
+    threads = list(_LoopThread.live)
+    for thread in threads:
+        thread.stop_soon()
+    for thread in threads:
+        thread.stop(timeout=STOP_CLEANUP_SECONDS + 1)
 
 
 class Client:
@@ -85,10 +141,12 @@ class Client:
     ) -> None:
         self.aio = AsyncClient(url, api_key, timeout, throttled_retry_seconds, tls_ca=tls_ca,
                                idempotent_retry_seconds=idempotent_retry_seconds)  # fmt: skip
-        self._loop = _LoopThread()
+        self._loop = _LoopThread(cleanup=self.aio.close)
         self._closed = False
-        # a Client dropped without close() still ends its thread
-        self._finalizer = weakref.finalize(self, _stop_soon, self._loop.loop)
+        # a Client dropped without close() still closes its session and ends its thread
+        # (at exit, _stop_all does it, and waits)
+        self._finalizer = weakref.finalize(self, self._loop.stop_soon)
+        self._finalizer.atexit = False
 
     @property
     def url(self) -> str:
@@ -305,11 +363,6 @@ class SyncConsumer:
 
     def close(self) -> None:
         self._client._run(self._inner.close())
-
-
-def _stop_soon(loop: asyncio.AbstractEventLoop) -> None:
-    if not loop.is_closed():
-        loop.call_soon_threadsafe(loop.stop)
 
 
 async def _result(future: asyncio.Future[T]) -> T:
