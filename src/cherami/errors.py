@@ -97,6 +97,14 @@ class Throttled(CheramiError):
         return str(max(1, math.ceil(self.retry_after)))
 
 
+class TooManyStreams(Throttled):
+    """A new stream over the server's ``max_streams`` or the API key's
+    ``max_streams_per_key`` (429 at the upgrade, with Retry-After): open it again
+    later, or close one."""
+
+    code = "too_many_streams"
+
+
 class BacklogFull(Throttled):
     """A publish to a queue whose unconsumed bytes are over its ``max_backlog_bytes``."""
 
@@ -149,6 +157,7 @@ ERRORS_BY_CODE: dict[str, type[CheramiError]] = {
         AlreadyExists,
         MessageTooLarge,
         Throttled,
+        TooManyStreams,
         BacklogFull,
         StorageFull,
         Unavailable,

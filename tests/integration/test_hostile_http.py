@@ -18,6 +18,8 @@ import aiohttp
 import httpx
 import pytest
 
+from cherami.client.asyncclient import AsyncClient
+from cherami.errors import TooManyStreams
 from cherami.wire import stream as f
 from tests.support.server import ServerProcess, unique
 
@@ -215,6 +217,12 @@ async def test_streams_are_capped_per_key_and_per_node(node: ServerProcess) -> N
         with pytest.raises(aiohttp.WSServerHandshakeError) as err:
             await _stream(node, BOB, consume)
         assert err.value.status == 429
+        # the Python client names the refusal (it was `internal: HTTP 429`)
+        async with AsyncClient(node.url, api_key=ALICE) as client:
+            with pytest.raises(TooManyStreams) as too_many:
+                async with client.publisher(q):
+                    pass
+            assert too_many.value.code == "too_many_streams" and too_many.value.status == 429
         # a refused upgrade is an HTTP answer: the open streams go on working
         await bob[0].send_bytes(f.encode(f.Publish(1, [f.OutMessage(b"still here")])))
         reply = f.decode_server((await bob[0].receive(timeout=10)).data)

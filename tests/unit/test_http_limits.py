@@ -13,10 +13,10 @@ import pytest
 from aiohttp.http_exceptions import BadHttpMessage
 
 from cherami.config import load_config
-from cherami.errors import ConfigError
+from cherami.errors import ConfigError, TooManyStreams
 from cherami.httpbase import HttpLimits, ServerLog
 from cherami.roles.frontend.auth import ApiKey
-from cherami.roles.frontend.streams import StreamCaps, TooManyStreams
+from cherami.roles.frontend.streams import StreamCaps
 
 ALICE = ApiKey(key="alice", scopes=["produce"])
 BOB = ApiKey(key="bob", scopes=["produce"])

@@ -117,7 +117,8 @@ def deleted(ws: aiohttp.ClientWebSocketResponse) -> bool:
 
 def _code_for(status: int) -> str:
     return {400: "invalid_request", 401: "unauthorized", 403: "forbidden",
-            404: "queue_not_found", 503: "unavailable"}.get(status, "internal")  # fmt: skip
+            404: "queue_not_found", 429: "too_many_streams",
+            503: "unavailable"}.get(status, "internal")  # fmt: skip
 
 
 def keep(

@@ -14,7 +14,7 @@ import msgspec
 from aiohttp import WSMsgType, web
 
 from cherami.cluster.membership import INPUTHOST, OUTPUTHOST, live_hosts
-from cherami.errors import CheramiError, Unavailable, error_from_code
+from cherami.errors import CheramiError, TooManyStreams, Unavailable, error_from_code
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN
 from cherami.roles.outputhost.ownership import group_leases
@@ -252,4 +252,6 @@ def _refused(err: aiohttp.WSServerHandshakeError) -> CheramiError:
     does not serve it any more): pass that on as the same API error."""
     if err.status == 404:
         return error_from_code("not_found", err.message)
+    if err.status == 429:  # the host holds its max_streams: the client opens it again later
+        return TooManyStreams(f"the host {err.message}".strip())
     return Unavailable(f"upgrade refused by the host: {err.status} {err.message}")

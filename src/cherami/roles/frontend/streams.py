@@ -22,6 +22,7 @@ from cherami.errors import (
     Moved,
     QueueNotFound,
     Throttled,
+    TooManyStreams,
     Unauthorized,
 )
 from cherami.httpbase import HttpLimits, limits
@@ -61,13 +62,6 @@ def _check(queue: Queue, messages: list[f.OutMessage]) -> None:
         for i, m in enumerate(messages):
             if m.delay_ms is not None and not 0 <= m.delay_ms <= MAX_DELAY_MS:
                 raise InvalidRequest(f"messages[{i}].delay_ms must be 0 to {MAX_DELAY_MS}")
-
-
-class TooManyStreams(Throttled):
-    """A new stream over this process's ``max_streams`` or its API key's
-    ``max_streams_per_key`` (429 at the upgrade, with Retry-After)."""
-
-    code = "too_many_streams"
 
 
 STREAM_RETRY = 1.0  # the Retry-After of too_many_streams: a stream may close any moment
