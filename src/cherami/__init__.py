@@ -21,6 +21,7 @@ from cherami.errors import (
     ProtocolError,
     QueueNotFound,
     Throttled,
+    TooManyStreams,
     Unauthorized,
     Unavailable,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "QueueNotFound",
     "Received",
     "Throttled",
+    "TooManyStreams",
     "Unauthorized",
     "Unavailable",
     "Worker",
