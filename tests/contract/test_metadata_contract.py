@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import psycopg
@@ -572,3 +573,86 @@ async def test_change_log_names_the_queues_written_since(meta: MetadataStore) ->
     await meta.delete_queue("q1")
     assert (await meta.changes_since(at3))[1] == {"q1"}
     assert (await meta.changes_since(10**12))[1] is None  # ahead of the log: unknown
+
+
+async def _pages(meta: MetadataStore, limit: int, prefix: str = "") -> list[list[str]]:
+    """Every page of the non-DLQ queues, each read after the last name of the one before."""
+    pages: list[list[str]] = []
+    after: str | None = None
+    while True:
+        names = [q.name for q in await meta.list_queues(prefix, after, limit, dlqs=False)]
+        pages.append(names)
+        if len(names) < limit:
+            return pages
+        after = names[-1]
+
+
+async def test_queues_list_by_prefix_a_page_at_a_time(meta: MetadataStore) -> None:
+    names = ["a", "a%b", "a_b", "ab", "abc", "ac", "b", "A", "a.", "a-"]
+    for name in names:
+        await meta.insert_queue(_queue(name))
+    dlq = Queue(name="_dlq.1.a.g", config=QueueConfig(), created_at=1.0, dlq_of="a/g")
+    await meta.insert_queue(dlq)
+    everything = sorted(names)  # code-point order, as the stores list
+    assert [q.name for q in await meta.list_queues()] == sorted([*names, dlq.name])
+    assert [q.name for q in await meta.list_queues(dlqs=False)] == everything
+
+    async def listed(*args: Any, **kwargs: Any) -> list[str]:
+        return [q.name for q in await meta.list_queues(*args, **kwargs)]
+
+    assert await listed("a") == ["a", "a%b", "a-", "a.", "a_b", "ab", "abc", "ac"]
+    # LIKE's wildcards are plain characters of a prefix
+    assert await listed("a%") == ["a%b"]
+    assert await listed("a_") == ["a_b"]
+    assert await listed("ab") == ["ab", "abc"]
+    assert await listed("_", dlqs=False) == [] and await listed("_") == [dlq.name]
+    assert await listed("abcd") == [] and await listed("zz") == []
+    # a page starts after a name, whether or not that name exists
+    assert await listed("a", "a_b", 2) == ["ab", "abc"]
+    assert await listed("", "ab", 3) == ["abc", "ac", "b"]
+    assert await listed("", "aa", 1) == ["ab"]
+    assert await listed("a", "ac", 5) == []  # past the last: an empty page
+    assert await listed("", None, 0) == []
+    # paging through all: every name once, in order, whatever the page size
+    for limit in (1, 3, 4, len(names), 100):
+        pages = await _pages(meta, limit)
+        assert [n for page in pages for n in page] == everything
+        assert all(len(page) == limit for page in pages[:-1])
+    pages = await _pages(meta, 3, prefix="a")
+    assert pages == [["a", "a%b", "a-"], ["a.", "a_b", "ab"], ["abc", "ac"]]
+
+
+async def test_a_prefix_ending_in_the_last_code_points(meta: MetadataStore) -> None:
+    """The upper end of a prefix's range: the character after the prefix's last that
+    is below U+10FFFF, past the surrogates (what the range reads, not LIKE)."""
+    top, below_surrogates = "\U0010ffff", "\ud7ff"
+    names = ["x", f"x{top}", f"x{top}y", "y", below_surrogates, f"{below_surrogates}a", "\ue000"]
+    for name in names:
+        await meta.insert_queue(_queue(name))
+    assert [q.name for q in await meta.list_queues(f"x{top}")] == [f"x{top}", f"x{top}y"]
+    assert [q.name for q in await meta.list_queues(top)] == []
+    assert [q.name for q in await meta.list_queues(below_surrogates)] == [
+        below_surrogates, f"{below_surrogates}a"
+    ]  # fmt: skip
+
+
+async def test_groups_list_by_prefix_a_page_at_a_time(meta: MetadataStore) -> None:
+    for queue in ("q1", "q2"):
+        await meta.insert_queue(_queue(queue))
+        for name in ("g1", "g2", "g_3", "h", "g%"):
+            await meta.insert_group(Group(
+                queue=queue, name=name, config=GroupConfig(), created_at=time.time(),
+                start_ms=0, dlq=f"_dlq.{queue}.{name}",
+            ))  # fmt: skip
+
+    async def names(*args: Any) -> list[str]:
+        return [g.name for g in await meta.list_groups("q1", *args)]
+
+    assert await names() == ["g%", "g1", "g2", "g_3", "h"]
+    assert await names("g") == ["g%", "g1", "g2", "g_3"]
+    assert await names("g_") == ["g_3"] and await names("g%") == ["g%"]
+    assert await names("g", None, 2) == ["g%", "g1"]
+    assert await names("g", "g1", 2) == ["g2", "g_3"]
+    assert await names("g", "g_3", 2) == []
+    assert await names("", "g_3", 2) == ["h"]
+    assert await meta.list_groups("q3") == [] and await meta.list_groups("q3", "g", None, 1) == []

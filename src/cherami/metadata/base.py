@@ -2,9 +2,51 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from cherami.metadata.models import AckLevel, Extent, Fence, Group, Host, Queue, Redelivery
+
+_MAX_CHAR = 0x10FFFF
+_SURROGATES = range(0xD800, 0xE000)
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The least string above every string that starts with ``prefix``, in code-point
+    order (None: there is none, or no prefix): the strings that start with it are those
+    ``>= prefix`` and ``< prefix_end(prefix)``, a range an index answers, with no LIKE
+    and so no wildcard to escape. Both stores order names by code point (SQLite's
+    BINARY collation, PostgreSQL's "C")."""
+    kept = prefix.rstrip(chr(_MAX_CHAR))
+    if not kept:
+        return None
+    last = ord(kept[-1]) + 1
+    if last in _SURROGATES:  # not a character a stored string can hold: skip them
+        last = _SURROGATES.stop
+    return kept[:-1] + chr(last)
+
+
+def page_clause(
+    prefix: str, after: str | None, limit: int | None, mark: str
+) -> tuple[str, list[Any]]:
+    """The ``AND ...`` conditions and ``ORDER BY ... LIMIT`` of a listing by name (see
+    ``MetadataStore.list_queues``), with ``mark`` the store's parameter marker."""
+    sql = ""
+    args: list[Any] = []
+    if prefix:
+        sql += f" AND name >= {mark}"
+        args.append(prefix)
+        end = prefix_end(prefix)
+        if end is not None:
+            sql += f" AND name < {mark}"
+            args.append(end)
+    if after is not None:
+        sql += f" AND name > {mark}"
+        args.append(after)
+    sql += " ORDER BY name"
+    if limit is not None:
+        sql += f" LIMIT {mark}"
+        args.append(max(0, limit))
+    return sql, args
 
 
 class MetadataStore(Protocol):
@@ -17,7 +59,18 @@ class MetadataStore(Protocol):
     async def get_queue(self, name: str) -> Queue:
         """Raises QueueNotFound."""
 
-    async def list_queues(self) -> list[Queue]: ...
+    async def list_queues(
+        self,
+        prefix: str = "",
+        after: str | None = None,
+        limit: int | None = None,
+        *,
+        dlqs: bool = True,
+    ) -> list[Queue]:
+        """The queues by name (in code-point order): those whose names start with
+        ``prefix`` (every one for ""), above ``after`` (a name, from the start for None),
+        the first ``limit`` of them (None: all). ``dlqs=False`` leaves the groups' DLQs
+        out. A page is one index range read, whatever the number of queues."""
 
     async def update_queue(self, queue: Queue) -> None: ...
 
@@ -31,7 +84,10 @@ class MetadataStore(Protocol):
     async def get_group(self, queue: str, name: str) -> Group:
         """Raises GroupNotFound."""
 
-    async def list_groups(self, queue: str) -> list[Group]: ...
+    async def list_groups(
+        self, queue: str, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> list[Group]:
+        """The queue's groups by name, paged as ``list_queues`` pages queues."""
 
     async def update_group(self, group: Group) -> None: ...
 

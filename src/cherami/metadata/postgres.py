@@ -27,6 +27,7 @@ from cherami.errors import (
     QueueNotFound,
     Unavailable,
 )
+from cherami.metadata.base import page_clause
 from cherami.metadata.models import (
     DELETED,
     AckLevel,
@@ -146,6 +147,8 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     CREATE TRIGGER limit_deleted AFTER DELETE ON ack_levels
         FOR EACH ROW WHEN (OLD.lim IS NOT NULL) EXECUTE FUNCTION note_change();
     """,
+    # a page of the queues a listing shows (not the groups' DLQs), in name order
+    "CREATE INDEX queues_public ON queues (name) WHERE dlq_of IS NULL;",
 )
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -333,9 +336,18 @@ class PostgresMetadataStore:
             raise QueueNotFound(f"no queue {name}")
         return _queue(row)
 
-    async def list_queues(self) -> list[Queue]:
+    async def list_queues(
+        self,
+        prefix: str = "",
+        after: str | None = None,
+        limit: int | None = None,
+        *,
+        dlqs: bool = True,
+    ) -> list[Queue]:
+        page, args = page_clause(prefix, after, limit, "%s")
+        where = "true" if dlqs else "dlq_of IS NULL"  # the latter: the queues_public index
         rows = await self._fetchall(
-            "SELECT name, config, created_at, dlq_of FROM queues ORDER BY name", ()
+            f"SELECT name, config, created_at, dlq_of FROM queues WHERE {where}{page}", args
         )
         return [_queue(r) for r in rows]
 
@@ -383,11 +395,14 @@ class PostgresMetadataStore:
             raise GroupNotFound(f"no group {name} on queue {queue}")
         return _group(row)
 
-    async def list_groups(self, queue: str) -> list[Group]:
+    async def list_groups(
+        self, queue: str, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> list[Group]:
+        page, args = page_clause(prefix, after, limit, "%s")
         rows = await self._fetchall(
             "SELECT queue, name, config, created_at, start_ms, dlq FROM groups "
-            "WHERE queue = %s ORDER BY name",
-            (queue,),
+            f"WHERE queue = %s{page}",
+            [queue, *args],
         )
         return [_group(r) for r in rows]
 

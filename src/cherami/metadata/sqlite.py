@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from cherami.errors import AlreadyExists, Fenced, GroupNotFound, QueueNotFound, Unavailable
+from cherami.metadata.base import page_clause
 from cherami.metadata.models import (
     DELETED,
     AckLevel,
@@ -41,6 +42,8 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS queues (
     name TEXT PRIMARY KEY, config TEXT NOT NULL, created_at REAL NOT NULL, dlq_of TEXT
 );
+-- the queues a listing shows (not the groups' DLQs), in name order
+CREATE INDEX IF NOT EXISTS queues_public ON queues (name) WHERE dlq_of IS NULL;
 CREATE TABLE IF NOT EXISTS groups (
     queue TEXT NOT NULL, name TEXT NOT NULL, config TEXT NOT NULL, created_at REAL NOT NULL,
     start_ms INTEGER NOT NULL, dlq TEXT NOT NULL, PRIMARY KEY (queue, name)
@@ -220,10 +223,18 @@ class SqliteMetadataStore:
             raise QueueNotFound(f"no queue {name}")
         return _queue(row)
 
-    async def list_queues(self) -> list[Queue]:
-        rows = await self._run(
-            lambda: self._db.execute("SELECT * FROM queues ORDER BY name").fetchall()
-        )
+    async def list_queues(
+        self,
+        prefix: str = "",
+        after: str | None = None,
+        limit: int | None = None,
+        *,
+        dlqs: bool = True,
+    ) -> list[Queue]:
+        page, args = page_clause(prefix, after, limit, "?")
+        where = "1" if dlqs else "dlq_of IS NULL"  # the latter: the queues_public index
+        sql = f"SELECT * FROM queues WHERE {where}{page}"
+        rows = await self._run(lambda: self._db.execute(sql, args).fetchall())
         return [_queue(r) for r in rows]
 
     async def update_queue(self, queue: Queue) -> None:
@@ -277,12 +288,12 @@ class SqliteMetadataStore:
             raise GroupNotFound(f"no group {name} on queue {queue}")
         return _group(row)
 
-    async def list_groups(self, queue: str) -> list[Group]:
-        rows = await self._run(
-            lambda: self._db.execute(
-                "SELECT * FROM groups WHERE queue = ? ORDER BY name", (queue,)
-            ).fetchall()
-        )
+    async def list_groups(
+        self, queue: str, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> list[Group]:
+        page, args = page_clause(prefix, after, limit, "?")
+        sql = f"SELECT * FROM groups WHERE queue = ?{page}"
+        rows = await self._run(lambda: self._db.execute(sql, [queue, *args]).fetchall())
         return [_group(r) for r in rows]
 
     async def update_group(self, group: Group) -> None:
