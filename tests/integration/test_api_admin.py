@@ -45,7 +45,8 @@ def test_queue_create_is_idempotent_and_conflicts(http: httpx.Client) -> None:
         "messages_published": 0, "open_extents": 3, "sealed_extents": 0, "bytes_stored": 0,
         "unconsumed_bytes": 0,
     }  # fmt: skip
-    assert q in [x["name"] for x in http.get("/v1/queues").json()["queues"]]
+    listed = http.get("/v1/queues", params={"prefix": q}).json()
+    assert [x["name"] for x in listed["queues"]] == [q] and listed["cursor"] is None
     assert not any(x["name"].startswith("_") for x in http.get("/v1/queues").json()["queues"])
 
 

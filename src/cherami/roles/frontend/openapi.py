@@ -15,6 +15,13 @@ from cherami.metadata.models import (
     QueuePatch,
 )
 from cherami.roles.frontend import schemas as s
+from cherami.roles.frontend.paging import (
+    CURSOR_PATTERN,
+    DEFAULT_LIMIT,
+    MAX_CURSOR,
+    MAX_LIMIT,
+    PREFIX_PATTERN,
+)
 
 # every error an operation can answer, by status (docs/api.md "Errors")
 _ERROR_TEXT = {
@@ -34,6 +41,15 @@ Q = "/v1/queues/{queue}"
 G = Q + "/groups/{group}"
 B64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 NAME = {"type": "string", "pattern": NAME_PATTERN, "maxLength": 128}
+# a listing's page (docs/api.md "List"; paging.py)
+PAGE = (
+    {"name": "limit", "in": "query", "description": f"at most this many (default {DEFAULT_LIMIT})",
+     "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}},
+    {"name": "cursor", "in": "query", "description": "the cursor of the page before (opaque)",
+     "schema": {"type": "string", "pattern": CURSOR_PATTERN, "maxLength": MAX_CURSOR}},
+    {"name": "prefix", "in": "query", "description": "only names that start with it",
+     "schema": {"type": "string", "pattern": PREFIX_PATTERN, "maxLength": 128}},
+)  # fmt: skip
 
 
 class Op(msgspec.Struct, frozen=True):
@@ -46,10 +62,12 @@ class Op(msgspec.Struct, frozen=True):
     ok: tuple[str, ...] = ("200",)
     errors: tuple[str, ...] = _NAMED
     wrap: str | None = None  # the response is the queue's or group's record plus this key
+    query: tuple[dict[str, Any], ...] = ()  # its query parameters
 
 
 _OPERATIONS: list[Op] = [
-    Op("/v1/queues", "get", "listQueues", "List queues", errors=("401", "503")),
+    Op("/v1/queues", "get", "listQueues", "List queues by name, a page at a time", None,
+       s.QueuePage, errors=("400", "401", "503"), query=PAGE),
     Op(Q, "put", "createQueue", "Create a queue (201; 200 if the same exists; 409 if different)",
        QueueConfig, ok=("200", "201"), errors=(*_ANY, "409")),
     Op(Q, "get", "getQueue", "Show a queue: its config and stats", None, s.QueueStats,
@@ -60,7 +78,8 @@ _OPERATIONS: list[Op] = [
     Op(Q + "/messages", "post", "publish", "Publish 1 to 1000 messages durably",
        s.PublishRequest, s.PublishResponse, errors=(*_NAMED, "413", "429")),
     Op(Q + "/publishers", "get", "publishers", "The input hosts to publish a stream to"),
-    Op(Q + "/groups", "get", "listGroups", "List consumer groups"),
+    Op(Q + "/groups", "get", "listGroups", "List consumer groups by name, a page at a time",
+       None, s.GroupPage, query=PAGE),
     Op(G, "put", "createGroup", "Create a consumer group and its DLQ", GroupConfig,
        ok=("200", "201"), errors=(*_NAMED, "409")),
     Op(G, "get", "getGroup", "Show a group: its config and stats", None, s.GroupStats,
@@ -119,10 +138,11 @@ def openapi_document() -> dict[str, Any]:
     for op in _OPERATIONS:
         spec: dict[str, Any] = {"operationId": op.id, "summary": op.summary, "responses": {}}
         params = [n for n in ("queue", "group") if "{" + n + "}" in op.path]
-        if params:
-            spec["parameters"] = [
-                {"name": n, "in": "path", "required": True, "schema": NAME} for n in params
-            ]
+        parameters = [
+            {"name": n, "in": "path", "required": True, "schema": NAME} for n in params
+        ] + list(op.query)
+        if parameters:
+            spec["parameters"] = parameters
         if op.request is not None:
             spec["requestBody"] = {
                 "required": op.request in _BODY_REQUIRED,

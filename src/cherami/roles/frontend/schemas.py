@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -91,6 +91,21 @@ class DlqMessage(msgspec.Struct, omit_defaults=True):
 class DlqResponse(msgspec.Struct):
     messages: list[DlqMessage]
     depth: int
+
+
+class QueuePage(msgspec.Struct):
+    """A page of ``GET /v1/queues``: each queue as ``GET /v1/queues/{queue}`` shows it
+    without stats; ``cursor`` asks for the next page (null: this is the last)."""
+
+    queues: list[dict[str, Any]]
+    cursor: str | None
+
+
+class GroupPage(msgspec.Struct):
+    """A page of ``GET /v1/queues/{queue}/groups``, as ``QueuePage``."""
+
+    groups: list[dict[str, Any]]
+    cursor: str | None
 
 
 class QueueStats(msgspec.Struct):

@@ -26,6 +26,7 @@ from cherami.roles.frontend.consumerrouting import ConsumerRouting
 from cherami.roles.frontend.context import Lookup
 from cherami.roles.frontend.convert import rfc3339
 from cherami.roles.frontend.lag import stream_lag
+from cherami.roles.frontend.paging import page_answer, page_asked
 from cherami.roles.outputhost.client import OutputHostClient
 from cherami.roles.storehost.directory import StoreDirectory
 
@@ -66,9 +67,13 @@ class GroupHandlers:
         return json_response(group_json(group), 201 if created else 200)
 
     async def list_groups(self, request: web.Request) -> web.Response:
+        """A page of the queue's groups by name."""
         queue = await self.lookup.queue(request, None)
-        groups = await self.metadata.list_groups(queue.name)
-        return json_response({"groups": [group_json(g) for g in groups]})
+        page = page_asked(request)
+        groups = await self.metadata.list_groups(
+            queue.name, page.prefix, page.after, page.limit + 1
+        )
+        return json_response(page_answer("groups", groups, page, group_json))
 
     async def get_group(self, request: web.Request) -> web.Response:
         group = await self.lookup.group_record(request, None)

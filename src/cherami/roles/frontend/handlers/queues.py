@@ -22,6 +22,7 @@ from cherami.roles.controller.client import ControllerClient
 from cherami.roles.frontend import schemas as s
 from cherami.roles.frontend.context import Lookup
 from cherami.roles.frontend.convert import rfc3339
+from cherami.roles.frontend.paging import page_answer, page_asked
 from cherami.roles.frontend.throttle import Throttle
 from cherami.roles.outputhost.client import DELETED_CLOSE, MOVED_CLOSE, OutputHostClient
 from cherami.roles.storehost.directory import StoreDirectory
@@ -60,9 +61,13 @@ class QueueHandlers:
         return json_response(queue_json(queue), 201 if created else 200)
 
     async def list_queues(self, request: web.Request) -> web.Response:
+        """A page of the queues by name (the groups' DLQs are not listed)."""
         self.lookup.auth(request, None, None)
-        queues = [q for q in await self.metadata.list_queues() if q.dlq_of is None]
-        return json_response({"queues": [queue_json(q) for q in queues]})
+        page = page_asked(request)
+        queues = await self.metadata.list_queues(
+            page.prefix, page.after, page.limit + 1, dlqs=False
+        )
+        return json_response(page_answer("queues", queues, page, queue_json))
 
     async def get_queue(self, request: web.Request) -> web.Response:
         queue = await self.lookup.queue(request, None)
