@@ -1,6 +1,6 @@
-"""Listing queues and groups a page at a time (issue 29) over real HTTP,
-against a node of this module's own holding 250 queues (so the other tests' node keeps
-a short listing)."""
+"""Listing queues and groups a page at a time (issue 29) over real HTTP, the Python
+clients, against a node of this module's own holding 250 queues (so the
+other tests' node keeps a short listing)."""
 
 from __future__ import annotations
 
@@ -125,3 +125,28 @@ def test_any_well_formed_cursor_is_a_place_in_the_listing(http: httpx.Client) ->
     assert after(b"page-1 x") == [n for n in everything if n > "page-1"]
     assert after(b"\x00") == everything and after(b"\xff") == []
     assert http.get("/v1/queues", params={"cursor": ""}).json()["queues"][0]["name"] == "other-a"
+
+
+def test_clients_page_through_everything(node: ServerProcess) -> None:
+    from cherami import Client
+
+    with Client(node.url) as client:
+        assert [q["name"] for q in client.list_queues()] == sorted(QUEUES + OTHERS)
+        assert [q["name"] for q in client.list_queues(prefix="page-2", limit=3)] == [
+            "page-200", "page-201", "page-202"
+        ]  # fmt: skip
+        pages = list(client.iter_queues(prefix="page-1", page_size=30))
+        assert [q["name"] for q in pages] == [n for n in QUEUES if n.startswith("page-1")]
+        assert [g["name"] for g in client.list_groups("other-a", prefix="g-")] == GROUPS[:3]
+        assert [g["name"] for g in client.iter_groups("other-a", page_size=2)] == GROUPS
+
+
+async def test_the_async_client_pages_as_it_goes(node: ServerProcess) -> None:
+    from cherami import AsyncClient
+
+    async with AsyncClient(node.url) as client:
+        names = [q["name"] async for q in client.iter_queues(page_size=100)]
+        assert names == sorted(QUEUES + OTHERS)
+        assert len(await client.list_queues(limit=120)) == 120
+        groups = [g["name"] async for g in client.iter_groups("other-a", prefix="g", page_size=1)]
+        assert groups == GROUPS[:4]

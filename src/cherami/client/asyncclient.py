@@ -7,7 +7,7 @@ import contextlib
 import os
 import random
 import socket
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -38,6 +38,8 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 # an idempotent call that could not connect or was answered 503 is sent again this long
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
 IDEMPOTENT_RETRY_SECONDS = 2.0
+# queues or groups a listing asks the server for at once (the most it answers)
+PAGE_SIZE = 1000
 
 
 class _TimedOut(Unavailable):
@@ -167,8 +169,19 @@ class AsyncClient:
     async def create_queue(self, queue: str, **config: Any) -> dict[str, Any]:
         return await self.request("PUT", self._q(queue), config)  # type: ignore[no-any-return]
 
-    async def list_queues(self) -> list[dict[str, Any]]:
-        return (await self.request("GET", "/v1/queues"))["queues"]  # type: ignore[no-any-return]
+    async def list_queues(
+        self, prefix: str | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The queues by name: those whose names start with ``prefix``, every one or
+        the first ``limit``, read a page at a time (``iter_queues``)."""
+        return [queue async for queue in self.iter_queues(prefix, limit=limit)]
+
+    def iter_queues(
+        self, prefix: str | None = None, *, limit: int | None = None, page_size: int = PAGE_SIZE
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The queues by name, as ``list_queues``, each page asked for when the one
+        before is used up (``page_size`` at a time, 1 to 1000)."""
+        return self._listing("/v1/queues", "queues", prefix, limit, page_size)
 
     async def get_queue(self, queue: str) -> dict[str, Any]:
         return await self.request("GET", self._q(queue))  # type: ignore[no-any-return]
@@ -184,8 +197,39 @@ class AsyncClient:
     async def create_group(self, queue: str, group: str, **config: Any) -> dict[str, Any]:
         return await self.request("PUT", self._g(queue, group), config)  # type: ignore[no-any-return]
 
-    async def list_groups(self, queue: str) -> list[dict[str, Any]]:
-        return (await self.request("GET", self._q(queue) + "/groups"))["groups"]  # type: ignore[no-any-return]
+    async def list_groups(
+        self, queue: str, prefix: str | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The queue's groups by name, as ``list_queues``."""
+        return [group async for group in self.iter_groups(queue, prefix, limit=limit)]
+
+    def iter_groups(
+        self, queue: str, prefix: str | None = None, *, limit: int | None = None,
+        page_size: int = PAGE_SIZE,
+    ) -> AsyncIterator[dict[str, Any]]:  # fmt: skip
+        """The queue's groups by name, a page at a time, as ``iter_queues``."""
+        return self._listing(self._q(queue) + "/groups", "groups", prefix, limit, page_size)
+
+    async def _listing(
+        self, path: str, key: str, prefix: str | None, limit: int | None, page_size: int
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """The items of a listing (docs/api.md "List"), page after page: each page asks
+        for what is left, after the cursor of the one before, until one has none."""
+        if not 1 <= page_size <= 1000:
+            raise ValueError(f"page_size must be from 1 to 1000, not {page_size}")
+        left = limit
+        params = {"prefix": prefix} if prefix else {}
+        while left is None or left > 0:
+            params["limit"] = str(page_size if left is None else min(page_size, left))
+            page = await self.request("GET", path, params=params)
+            items = page[key] if left is None else page[key][:left]
+            for item in items:
+                yield item
+            if left is not None:
+                left -= len(items)
+            if not page.get("cursor"):  # the last page (a server before paging sent all)
+                return
+            params["cursor"] = page["cursor"]
 
     async def get_group(self, queue: str, group: str) -> dict[str, Any]:
         return await self.request("GET", self._g(queue, group))  # type: ignore[no-any-return]

@@ -14,11 +14,12 @@ import contextlib
 import signal
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
+from typing import Any, TypeVar, cast
 
 from cherami.client.asyncclient import (
     IDEMPOTENT_RETRY_SECONDS,
+    PAGE_SIZE,
     PUBLISH_RETRY_SECONDS,
     THROTTLED_RETRY_SECONDS,
     AsyncClient,
@@ -178,8 +179,16 @@ class Client:
     def create_queue(self, queue: str, **config: Any) -> dict[str, Any]:
         return self._run(self.aio.create_queue(queue, **config))
 
-    def list_queues(self) -> list[dict[str, Any]]:
-        return self._run(self.aio.list_queues())
+    def list_queues(
+        self, prefix: str | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        return self._run(self.aio.list_queues(prefix, limit))
+
+    def iter_queues(
+        self, prefix: str | None = None, *, limit: int | None = None, page_size: int = PAGE_SIZE
+    ) -> Iterator[dict[str, Any]]:
+        """The queues by name, each page read when the one before is used up."""
+        return self._iterate(self.aio.iter_queues(prefix, limit=limit, page_size=page_size))
 
     def get_queue(self, queue: str) -> dict[str, Any]:
         return self._run(self.aio.get_queue(queue))
@@ -194,8 +203,22 @@ class Client:
     def create_group(self, queue: str, group: str, **config: Any) -> dict[str, Any]:
         return self._run(self.aio.create_group(queue, group, **config))
 
-    def list_groups(self, queue: str) -> list[dict[str, Any]]:
-        return self._run(self.aio.list_groups(queue))
+    def list_groups(
+        self, queue: str, prefix: str | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        return self._run(self.aio.list_groups(queue, prefix, limit))
+
+    def iter_groups(
+        self, queue: str, prefix: str | None = None, *, limit: int | None = None,
+        page_size: int = PAGE_SIZE,
+    ) -> Iterator[dict[str, Any]]:  # fmt: skip
+        """The queue's groups by name, a page at a time."""
+        return self._iterate(self.aio.iter_groups(queue, prefix, limit=limit, page_size=page_size))
+
+    def _iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
+        """An async iterator's items, each taken on the client's loop."""
+        while (item := self._run(_next(items))) is not _END:
+            yield cast(T, item)
 
     def get_group(self, queue: str, group: str) -> dict[str, Any]:
         return self._run(self.aio.get_group(queue, group))
@@ -363,6 +386,14 @@ class SyncConsumer:
 
     def close(self) -> None:
         self._client._run(self._inner.close())
+
+
+_END = object()
+
+
+async def _next(items: AsyncIterator[T]) -> T | object:
+    """The next item, or _END after the last."""
+    return await anext(items, _END)
 
 
 async def _result(future: asyncio.Future[T]) -> T:
