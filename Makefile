@@ -60,9 +60,13 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests/unit tests/contract
 
 
+## lint: ruff, mypy, and the package layers (tests/unit/test_layers.py: roles meet only
+## through their clients, imports go downwards, no package cycle)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
+	$(PY) -m pytest -p no:cacheprovider -q tests/unit/test_layers.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench.py

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cherami.client.asyncclient import AsyncClient  # noqa: E402
-from cherami.cluster.nodeproc import NodeProcess  # noqa: E402
+from cherami.devcluster.nodeproc import NodeProcess  # noqa: E402
 
 IDLE_SECONDS = 10.0
 

@@ -26,8 +26,8 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cherami.client.asyncclient import AsyncClient
-from cherami.cluster.local import LocalCluster
-from cherami.cluster.nodeproc import NodeProcess as ServerProcess
+from cherami.devcluster.local import LocalCluster
+from cherami.devcluster.nodeproc import NodeProcess as ServerProcess
 
 
 async def measure(url: str, kill: object, seconds: float, kill_at: float) -> dict[str, float]:

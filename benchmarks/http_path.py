@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cherami.client.asyncclient import AsyncClient  # noqa: E402
-from cherami.cluster.nodeproc import NodeProcess  # noqa: E402
+from cherami.devcluster.nodeproc import NodeProcess  # noqa: E402
 from throughput import consume_phase  # noqa: E402
 
 

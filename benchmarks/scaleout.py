@@ -1,6 +1,6 @@
 """Scale-out of one hot queue: publish msgs/s with 1, 2 and 4 input hosts, and
 consume+ack msgs/s with 1, 2 and 4 output hosts, on hosts that are separate network
-namespaces (cherami.cluster.netns), each host of the role under test capped at a small
+namespaces (cherami.devcluster.netns), each host of the role under test capped at a small
 CPU quota (cgroup cfs quota, v1 or v2) so that it binds and the 2-core box does not.
 
     python benchmarks/scaleout.py --quick            # a few seconds per point
@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 from tests.support.netnspg import netns_cluster_on_pg  # noqa: E402
 
 from cherami.client.asyncclient import AsyncClient  # noqa: E402
-from cherami.cluster.netns import NetnsCluster  # noqa: E402
+from cherami.devcluster.netns import NetnsCluster  # noqa: E402
 from cherami.errors import CheramiError  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import cherami.spark  # noqa: E402  (sets PYSPARK_PYTHON and SPARK_LOCAL_IP)
 from cherami.client.asyncclient import AsyncClient  # noqa: E402
-from cherami.cluster.nodeproc import NodeProcess as ServerProcess  # noqa: E402
+from cherami.devcluster.nodeproc import NodeProcess as ServerProcess  # noqa: E402
 from cherami.wire.handshake import SECRET_FILE_ENV  # noqa: E402
 
 if TYPE_CHECKING:

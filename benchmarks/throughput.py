@@ -36,8 +36,8 @@ from tests.support.tlscerts import Certs, make_certs  # noqa: E402
 import storage_floor  # noqa: E402
 from cherami.client.asyncclient import AsyncClient  # noqa: E402
 from cherami.client.stream import StreamConsumer  # noqa: E402
-from cherami.cluster.local import LocalCluster  # noqa: E402
-from cherami.cluster.nodeproc import NodeProcess as ServerProcess  # noqa: E402
+from cherami.devcluster.local import LocalCluster  # noqa: E402
+from cherami.devcluster.nodeproc import NodeProcess as ServerProcess  # noqa: E402
 from cherami.wire.tls import TLS_CA_ENV  # noqa: E402
 
 

@@ -37,7 +37,7 @@ import cherami.spark  # noqa: E402  (sets PYSPARK_PYTHON and SPARK_LOCAL_IP firs
 from cherami.client.asyncclient import AsyncClient  # noqa: E402
 from cherami.client.models import Received  # noqa: E402
 from cherami.client.worker import Worker  # noqa: E402
-from cherami.cluster.nodeproc import NodeProcess  # noqa: E402
+from cherami.devcluster.nodeproc import NodeProcess  # noqa: E402
 from cherami.wire.handshake import SECRET_FILE_ENV  # noqa: E402
 from demo.crashgen import CrashReports, parse  # noqa: E402
 from demo.report import Reconcile, print_report  # noqa: E402

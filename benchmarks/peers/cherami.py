@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from cherami.client.asyncclient import AsyncClient  # noqa: E402
 from cherami.client.models import OutgoingMessage  # noqa: E402
 from cherami.client.stream import Publisher  # noqa: E402
-from cherami.cluster.nodeproc import NodeProcess as ServerProcess  # noqa: E402
+from cherami.devcluster.nodeproc import NodeProcess as ServerProcess  # noqa: E402
 
 from ._common import Handler, raise_if_cancelled, safe_name  # noqa: E402
 

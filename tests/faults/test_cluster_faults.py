@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from cherami.client.asyncclient import AsyncClient
-from cherami.cluster.local import LocalCluster
+from cherami.devcluster.local import LocalCluster
 from cherami.errors import CheramiError
 from tests.support.blackhole import Blackhole, free_port
 from tests.support.checker import QueueHistory

@@ -35,7 +35,7 @@ import pytest
 
 from cherami.client.asyncclient import AsyncClient
 from cherami.client.models import OutgoingMessage
-from cherami.cluster.local import LocalCluster
+from cherami.devcluster.local import LocalCluster
 from cherami.errors import CheramiError
 from cherami.roles.outputhost.ownership import LEASE_TTL, group_leases
 from cherami.wire import close

@@ -2,7 +2,7 @@
 host cut off from the metadata store *alone* must stop acting at its leases' end, since
 its peer still reaches the store and takes its extents over.
 
-Hosts in network namespaces (cherami.cluster.netns), the metadata PostgreSQL on the
+Hosts in network namespaces (cherami.devcluster.netns), the metadata PostgreSQL on the
 gateway (the root namespace) with the producers and consumers beside it. One output host
 is cut off from the root namespace for 12 s: it reaches neither the store nor the
 clients, but still reaches its peer, the frontend and the store hosts, so the frontend
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from cherami.client.asyncclient import AsyncClient
-from cherami.cluster.netns import ROOT, NetnsCluster
+from cherami.devcluster.netns import ROOT, NetnsCluster
 from tests.support.liveness import Workload
 from tests.support.netnspg import netns_cluster_on_pg
 

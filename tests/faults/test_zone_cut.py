@@ -1,4 +1,4 @@
-"""A zone cut and heal across network namespaces (cherami.cluster.netns).
+"""A zone cut and heal across network namespaces (cherami.devcluster.netns).
 
 Twelve hosts in three zones: store hosts in a, b and c (two in a and b, one in c), the
 controllers, input and output hosts in a and b, the frontend in a; a private PostgreSQL
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from cherami.client.asyncclient import AsyncClient
-from cherami.cluster.netns import NetnsCluster
+from cherami.devcluster.netns import NetnsCluster
 from cherami.errors import CheramiError
 from tests.support.checker import QueueHistory
 from tests.support.netnspg import netns_cluster_on_pg

@@ -26,7 +26,7 @@ import pytest
 
 from cherami.client.asyncclient import AsyncClient
 from cherami.client.models import Received
-from cherami.cluster.local import LocalCluster
+from cherami.devcluster.local import LocalCluster
 from cherami.roles.outputhost.ownership import LEASE_TTL, group_leases
 from cherami.roles.outputhost.receipts import tag_of
 from tests.support.liveness import Workload

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cherami.cluster.local import LocalCluster
+from cherami.devcluster.local import LocalCluster
 from tests.support.pgcluster import cluster_fixture
 from tests.support.server import unique
 

@@ -1,4 +1,4 @@
-"""Hosts in their own Linux network namespaces (cherami.cluster.netns): the network itself
+"""Hosts in their own Linux network namespaces (cherami.devcluster.netns): the network itself
 (addresses, zone delay, cuts, a CPU quota, teardown) and a cluster of nine hosts on their
 own addresses, with a private PostgreSQL on the bridge as the metadata store. Needs root,
 iproute2 and iptables; a missing facility fails these tests, never skips them."""
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cherami.client.asyncclient import AsyncClient
-from cherami.cluster.netns import HOST_PORT, NetnsCluster, Network, leftovers
+from cherami.devcluster.netns import HOST_PORT, NetnsCluster, Network, leftovers
 from cherami.errors import CheramiError
 from tests.support.checker import QueueHistory
 from tests.support.pg import PrivatePostgres
@@ -116,7 +116,7 @@ def test_network_gives_addresses_delay_cuts_quota_and_cleans_up() -> None:
 
 def test_a_network_left_by_a_killed_run_is_removed_by_the_next() -> None:
     script = (
-        "import time; from cherami.cluster.netns import Network\n"
+        "import time; from cherami.devcluster.netns import Network\n"
         "n = Network({'x0': 'a'}, cpu_quota=0.2).up(); print(n.id, flush=True); time.sleep(60)"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)

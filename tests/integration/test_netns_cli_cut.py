@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cherami.cluster.netns import Network
+from cherami.devcluster.netns import Network
 
 LISTEN = """
 import socket

@@ -17,7 +17,7 @@ import pytest
 
 from cherami.client.asyncclient import AsyncClient
 from cherami.client.stream import Publisher
-from cherami.cluster.local import LocalCluster
+from cherami.devcluster.local import LocalCluster
 from cherami.errors import Forbidden, QueueNotFound, Unauthorized
 from tests.support.pgcluster import cluster_on_postgres
 from tests.support.server import ServerProcess, unique

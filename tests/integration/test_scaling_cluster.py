@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from cherami.client.asyncclient import AsyncClient
-from cherami.cluster.local import LocalCluster
+from cherami.devcluster.local import LocalCluster
 from tests.integration.test_cli import cherami
 from tests.support.drain import drain
 from tests.support.pgcluster import PG, cluster_on_postgres

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from cherami.client.asyncclient import AsyncClient
-from cherami.cluster.local import LocalCluster
+from cherami.devcluster.local import LocalCluster
 from cherami.roles.frontend.auth import hash_key
 from tests.support.pgcluster import cluster_fixture
 from tests.support.server import unique

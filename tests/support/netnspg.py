@@ -9,7 +9,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from cherami.cluster.netns import NetnsCluster
+from cherami.devcluster.netns import NetnsCluster
 from tests.support.pg import PrivatePostgres
 
 

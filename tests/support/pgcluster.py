@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cherami.cluster.local import LocalCluster
+from cherami.devcluster.local import LocalCluster
 
 PG = "postgresql://postgres@127.0.0.1:5432/test"
 

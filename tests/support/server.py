@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 
-from cherami.cluster.nodeproc import NodeProcess as ServerProcess
+from cherami.devcluster.nodeproc import NodeProcess as ServerProcess
 
 __all__ = ["ServerProcess", "recovered", "unique"]
 

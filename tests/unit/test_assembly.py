@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from cherami import timing
-from cherami.assembly import EVERY_ROLE, Assembly, Surroundings, assemble
-from cherami.cluster.membership import CONTROLLER, FRONTEND, INPUTHOST, OUTPUTHOST
 from cherami.config import NodeConfig
+from cherami.membership import CONTROLLER, FRONTEND, INPUTHOST, OUTPUTHOST
 from cherami.metadata.models import FAILING, OPEN, Extent, Queue, QueueConfig
 from cherami.metadata.sqlite import SqliteMetadataStore
 from cherami.roles.controller.retention import Retention
@@ -24,6 +23,7 @@ from cherami.roles.frontend.proxy import Router
 from cherami.roles.inputhost.client import INTERNAL_PUBLISH, LocalInputHost, RemoteInputHost
 from cherami.roles.inputhost.service import InputHostService
 from cherami.roles.storehost.directory import StoreDirectory, StoreWatcher
+from cherami.server.assembly import EVERY_ROLE, Assembly, Surroundings, assemble
 from cherami.wire.store import PLAIN
 
 

@@ -148,7 +148,7 @@ def test_no_doc_cites_the_shared_notes() -> None:
 def test_the_path_pattern() -> None:
     text = (
         "see `src/cherami/timing.py`, roles/outputhost/outage.py and tests/unit/x.py; "
-        "not $URL/docs/x, http://h/docs/y, tests/{unit,contract}, cherami.cluster.netns, "
+        "not $URL/docs/x, http://h/docs/y, tests/{unit,contract}, cherami.devcluster.netns, "
         "or DIR/store-N/journal/<n>.log"
     )
     assert _cited(text) == [

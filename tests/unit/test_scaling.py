@@ -3,7 +3,7 @@ load and zone, and load reports."""
 
 from __future__ import annotations
 
-from cherami.cluster.loadmeter import LatencyRing, LoadMeter, LoadSources
+from cherami.loadmeter import LatencyRing, LoadMeter, LoadSources
 from cherami.metadata.models import OPEN, Extent, ExtentLoad, Host, LoadReport
 from cherami.roles.controller.placement import Placements, pick_input_host, pick_stores
 from cherami.roles.controller.scaling import (

@@ -15,7 +15,7 @@ from cherami.cli.main import cli
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from cherami.cluster.netns import Network
+    from cherami.devcluster.netns import Network
 
 
 @cli.group()
@@ -39,8 +39,8 @@ def up(root: str, metadata: str | None, stores: int, inputs: int, outputs: int,
        controllers: int, frontends: int, port: int, netns: bool, zones: str,
        cpu_quota: float | None) -> None:  # fmt: skip
     """Start the cluster in the background; prints the frontend URL."""
-    from cherami.cluster.local import LocalCluster
-    from cherami.cluster.netns import NetnsCluster
+    from cherami.devcluster.local import LocalCluster
+    from cherami.devcluster.netns import NetnsCluster
 
     path = Path(root).resolve()
     if (path / "cluster.json").exists():
@@ -69,7 +69,7 @@ def up(root: str, metadata: str | None, stores: int, inputs: int, outputs: int,
 
 
 def _network(root: str) -> Network:
-    from cherami.cluster.netns import Network
+    from cherami.devcluster.netns import Network
 
     path = Path(root).resolve() / "cluster.json"
     if not path.exists():
@@ -127,8 +127,8 @@ def heal(root: str) -> None:
               help="The cluster's directory (as given to cluster up).")  # fmt: skip
 def down(root: str) -> None:
     """Stop the cluster started in --dir (and remove its namespaces, if it has them)."""
-    from cherami.cluster.local import down_from_state
-    from cherami.cluster.netns import teardown_state
+    from cherami.devcluster.local import down_from_state
+    from cherami.devcluster.netns import teardown_state
 
     path = Path(root).resolve()
     if not (path / "cluster.json").exists():

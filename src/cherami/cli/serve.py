@@ -12,9 +12,9 @@ import sys
 
 import uvloop
 
-from cherami.cluster.roles import RoleProcess
 from cherami.config import NodeConfig
-from cherami.node import Node
+from cherami.server.node import Node
+from cherami.server.roleprocess import RoleProcess
 
 
 async def _serve(config: NodeConfig) -> None:

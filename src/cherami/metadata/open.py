@@ -41,9 +41,7 @@ def parse_metadata_url(url: str) -> MetadataTarget:
     if scheme in ("sqlite", *_POSTGRES):
         raise ConfigError(f"metadata URL {url!r} must start with {scheme}://")
     if match and has_authority:
-        raise ConfigError(
-            f"metadata URL {url!r}: expected sqlite://, postgresql:// or postgres://"
-        )
+        raise ConfigError(f"metadata URL {url!r}: expected sqlite://, postgresql:// or postgres://")
     return MetadataTarget(kind="sqlite", location=url)
 
 

@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 
 from cherami import timing
-from cherami.cluster.membership import INPUTHOST, live_hosts
 from cherami.errors import CheramiError, QueueNotFound
+from cherami.membership import INPUTHOST, live_hosts
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import FAILING, OPEN, Extent, Fence, Queue
 from cherami.periodic import Periodic

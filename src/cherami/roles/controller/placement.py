@@ -8,7 +8,7 @@ import random
 import time
 from collections.abc import Callable, Iterable
 
-from cherami.cluster.loadmeter import has_room
+from cherami.loadmeter import has_room
 from cherami.metadata.models import Extent, Host
 
 SUSPECT_WINDOW = 120.0  # seconds a failed extent counts against its store hosts

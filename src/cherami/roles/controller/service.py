@@ -9,7 +9,6 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 
-from cherami.cluster.loadmeter import has_room
 from cherami.errors import (
     AlreadyExists,
     CheramiError,
@@ -18,6 +17,7 @@ from cherami.errors import (
     QueueNotFound,
     Unavailable,
 )
+from cherami.loadmeter import has_room
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import (
     DELETED,

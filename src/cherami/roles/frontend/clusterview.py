@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from cherami import timing
-from cherami.cluster.membership import INPUTHOST, OUTPUTHOST
+from cherami.membership import INPUTHOST, OUTPUTHOST
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN, Extent, Host
 

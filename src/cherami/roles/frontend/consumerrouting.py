@@ -23,13 +23,13 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from cherami.cluster.membership import OUTPUTHOST, live_hosts
 from cherami.errors import CheramiError, Unavailable, error_from_response
+from cherami.membership import OUTPUTHOST, live_hosts
 from cherami.metadata.models import Group
 from cherami.roles.frontend import schemas as s
 from cherami.roles.frontend.context import Frontend
 from cherami.roles.frontend.proxy import Router
-from cherami.roles.outputhost.receipts import host_tag, tag_of
+from cherami.roles.outputhost.client import host_tag, tag_of
 
 log = logging.getLogger("cherami.frontend.consumerrouting")
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from aiohttp import web
 
-from cherami.cluster.membership import INPUTHOST
 from cherami.errors import CheramiError, InvalidRequest
 from cherami.httpbase import decode, json_response
+from cherami.membership import INPUTHOST
 from cherami.metadata.models import DELETED, OPEN, STREAM, AckLevel, Extent, Group, check_name
 from cherami.roles.frontend.clusterview import HostView, read_hosts
 from cherami.roles.frontend.context import Frontend

@@ -13,11 +13,11 @@ import aiohttp
 import msgspec
 from aiohttp import WSMsgType, web
 
-from cherami.cluster.membership import INPUTHOST, OUTPUTHOST, live_hosts
 from cherami.errors import CheramiError, TooManyStreams, Unavailable, error_from_code
+from cherami.membership import INPUTHOST, OUTPUTHOST, live_hosts
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN
-from cherami.roles.outputhost.ownership import group_leases
+from cherami.roles.outputhost.client import group_leases
 from cherami.wire import close, tls
 
 log = logging.getLogger("cherami.frontend.proxy")

@@ -9,8 +9,8 @@ from typing import Any
 
 from aiohttp import web
 
-from cherami.cluster.membership import INPUTHOST, live_hosts
 from cherami.httpbase import json_response
+from cherami.membership import INPUTHOST, live_hosts
 from cherami.metadata.models import OPEN
 from cherami.roles.frontend.context import Frontend
 from cherami.wire.store import PLAIN

@@ -11,8 +11,6 @@ import time
 from collections.abc import Awaitable, Callable
 
 from cherami import timing
-from cherami.cluster.loadmeter import has_room
-from cherami.cluster.membership import STOREHOST
 from cherami.errors import (
     ExtentSealed,
     Moved,
@@ -20,6 +18,8 @@ from cherami.errors import (
     StorageFull,
     Unavailable,
 )
+from cherami.loadmeter import has_room
+from cherami.membership import STOREHOST
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN, Queue
 from cherami.periodic import Background

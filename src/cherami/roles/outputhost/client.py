@@ -14,16 +14,19 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from cherami.cluster.loadmeter import Counts
 from cherami.errors import CheramiError
+from cherami.loadmeter import Counts
 from cherami.metadata.models import Group, Queue
 from cherami.roles.outputhost.consumestream import ConsumeStream, StreamSocket
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
+from cherami.roles.outputhost.ownership import group_leases
+from cherami.roles.outputhost.receipts import host_tag, tag_of
 from cherami.roles.outputhost.service import DELETED_CLOSE, MOVED_CLOSE, OutputHostService
 from cherami.telemetry import Histogram
 
 __all__ = ["DELETED_CLOSE", "MOVED_CLOSE", "Entry", "GroupState", "LocalOutputHost",
+           "group_leases", "host_tag", "tag_of",
            "OutputHostClient", "Settlement", "StreamSocket"]  # fmt: skip
 
 Delivery = tuple[Entry, str]  # a message delivered, and its receipt

@@ -40,8 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cherami import timing
-from cherami.cluster.membership import OUTPUTHOST, live_hosts
 from cherami.errors import GroupNotFound, QueueNotFound
+from cherami.membership import OUTPUTHOST, live_hosts
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import FAILING, OPEN, SEALED, STREAM, Fence, Group, Queue
 from cherami.periodic import Periodic

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from cherami.cluster.membership import STOREHOST, live_hosts
 from cherami.errors import CheramiError, Unavailable
+from cherami.membership import STOREHOST, live_hosts
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Extent
 from cherami.periodic import Periodic

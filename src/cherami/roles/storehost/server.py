@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from cherami.cluster.loadmeter import LatencyRing, disk_floor
+from cherami.loadmeter import LatencyRing, disk_floor
 from cherami.periodic import Background
 from cherami.storage.base import AppendOp, ExtentStore, StorageError
 from cherami.telemetry import BATCH_BUCKETS, Histogram

@@ -6,10 +6,10 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from cherami.cluster.loadmeter import has_room
-from cherami.cluster.membership import STOREHOST, live_hosts
 from cherami.errors import CheramiError
 from cherami.httpbase import json_response
+from cherami.loadmeter import has_room
+from cherami.membership import STOREHOST, live_hosts
 from cherami.metadata.base import MetadataStore
 from cherami.roles.frontend.clusterview import cluster_json
 from cherami.roles.frontend.context import Lookup

@@ -14,19 +14,19 @@ from functools import partial
 from aiohttp import web
 
 from cherami import timing
-from cherami.assembly import EVERY_ROLE, Assembly, Surroundings, assemble
-from cherami.cluster.loadmeter import LoadMeter, LoadSources
-from cherami.cluster.membership import CONTROLLER, INPUTHOST, OUTPUTHOST
-from cherami.cluster.secret import node_secret
 from cherami.config import NodeConfig
 from cherami.datadir import lock_data_dir
 from cherami.httpbase import http_runner
+from cherami.loadmeter import LoadMeter, LoadSources
+from cherami.membership import CONTROLLER, INPUTHOST, OUTPUTHOST
 from cherami.metadata.models import Extent, Host
 from cherami.metadata.sqlite import SqliteMetadataStore
 from cherami.periodic import Periodic
 from cherami.roles.frontend.auth import KeyRing
 from cherami.roles.storehost.directory import StoreDirectory, StoreWatcher
 from cherami.roles.storehost.process import StoreProcess
+from cherami.server.assembly import EVERY_ROLE, Assembly, Surroundings, assemble
+from cherami.server.secret import node_secret
 from cherami.telemetry import timed_metadata
 from cherami.wire import handshake as h
 from cherami.wire import tls

@@ -1,7 +1,7 @@
 """A packet delayer for kernels without ``sch_netem``: iptables sends the packets to delay
 to an NFQUEUE, and this process holds each one for a fixed time before it accepts it.
 
-Run inside a network namespace: ``python -m cherami.cluster.netdelay QUEUE:MS ...``. Each
+Run inside a network namespace: ``python -m cherami.devcluster.netdelay QUEUE:MS ...``. Each
 queue has one delay, so verdicts leave in arrival order and no packet overtakes another.
 It speaks nfnetlink directly (no libnetfilter_queue); the rules should use
 ``--queue-bypass``, so that packets pass undelayed, never dropped, when it is not running.

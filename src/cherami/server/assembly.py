@@ -25,8 +25,8 @@ from functools import partial
 
 from aiohttp import web
 
-from cherami.cluster.membership import CONTROLLER, FRONTEND, INPUTHOST, OUTPUTHOST
 from cherami.config import NodeConfig
+from cherami.membership import CONTROLLER, FRONTEND, INPUTHOST, OUTPUTHOST
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Extent
 from cherami.roles.controller.client import report_failing

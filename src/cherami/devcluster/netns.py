@@ -6,7 +6,7 @@ free 10.213.N.0/24) and one namespace per host (``ch<id>-<name>``) joined to it 
 pair, with its own address, loopback up and a zone label. A host may get a CPU quota (a
 cgroup of its own, v1 ``cpu.cfs_quota_us`` or v2 ``cpu.max``); ``run`` starts a process
 inside the host's namespace and cgroup. ``delay`` adds latency between zones (``tc
-netem`` where the kernel has it, otherwise NFQUEUE and ``cherami.cluster.netdelay``),
+netem`` where the kernel has it, otherwise NFQUEUE and ``cherami.devcluster.netdelay``),
 ``cut``/``heal`` drop and restore the traffic between hosts or zones with iptables
 (``ROOT`` names the root namespace: what runs on the gateway, such as a metadata store or
 a test's clients); ``isolate`` cuts a zone off from everything else.
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from cherami.cluster.local import LocalCluster, RoleProc
+from cherami.devcluster.local import LocalCluster, RoleProc
 
 __all__ = [
     "HOST_PORT", "ROOT", "Host", "NetnsCluster", "NetnsError", "Network", "leftovers",
@@ -285,7 +285,7 @@ class Network:
                 self.ipt(host.name, "-t", "mangle", "-A", "CHDELAY", "-d", self.hosts[peer].ip,
                          "-j", "NFQUEUE", "--queue-num", str(i), "--queue-bypass")  # fmt: skip
         proc = subprocess.Popen(
-            ["ip", "netns", "exec", host.ns, sys.executable, "-m", "cherami.cluster.netdelay",
+            ["ip", "netns", "exec", host.ns, sys.executable, "-m", "cherami.devcluster.netdelay",
              *queues],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
@@ -324,7 +324,7 @@ class Network:
         """Forward TCP from the gateway to ``target`` (HOST:PORT in the root namespace, such
         as a database on 127.0.0.1): returns the GATEWAY:PORT the hosts can use."""
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cherami.cluster.netns", "relay", self.gateway, target],
+            [sys.executable, "-m", "cherami.devcluster.netns", "relay", self.gateway, target],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         self.relays.append(proc.pid)
@@ -649,7 +649,7 @@ def _reachable(network: Network, metadata: str) -> str:
     return urlunsplit(url._replace(netloc=user + relay))
 
 
-# ``python -m cherami.cluster.netns relay LISTEN_HOST TARGET_HOST:PORT``
+# ``python -m cherami.devcluster.netns relay LISTEN_HOST TARGET_HOST:PORT``
 
 
 def _relay(listen: str, target: str) -> None:

@@ -10,7 +10,7 @@ import secrets
 import time
 
 from cherami import timing
-from cherami.cluster.loadmeter import LoadMeter
+from cherami.loadmeter import LoadMeter
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Host
 from cherami.periodic import Periodic

@@ -14,20 +14,18 @@ from typing import Any, cast
 from aiohttp import web
 
 from cherami import timing
-from cherami.assembly import Surroundings, assemble
-from cherami.cluster.loadmeter import LoadMeter, LoadSources
-from cherami.cluster.membership import (
+from cherami.config import NodeConfig
+from cherami.datadir import lock_data_dir
+from cherami.errors import Unavailable
+from cherami.httpbase import http_runner
+from cherami.loadmeter import LoadMeter, LoadSources
+from cherami.membership import (
     INPUTHOST,
     STOREHOST,
     Membership,
     host_id,
     live_hosts,
 )
-from cherami.cluster.secret import role_secret
-from cherami.config import NodeConfig
-from cherami.datadir import lock_data_dir
-from cherami.errors import Unavailable
-from cherami.httpbase import http_runner
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Extent
 from cherami.metadata.open import open_metadata
@@ -40,6 +38,8 @@ from cherami.roles.frontend.proxy import Router
 from cherami.roles.storehost.directory import StoreDirectory, StoreWatcher
 from cherami.roles.storehost.metrics import storehost_metrics_app
 from cherami.roles.storehost.server import StoreHostService
+from cherami.server.assembly import Surroundings, assemble
+from cherami.server.secret import role_secret
 from cherami.storage.rocks import RocksExtentStore
 from cherami.wire import handshake as h
 from cherami.wire import tls

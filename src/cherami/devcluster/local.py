@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cherami.cluster.nodeproc import wait_healthy
+from cherami.devcluster.nodeproc import wait_healthy
 from cherami.errors import Unavailable
 from cherami.wire import handshake
 

@@ -1,1 +1,0 @@
-"""Running the roles as separate processes on many hosts, sharing metadata."""
