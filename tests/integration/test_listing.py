@@ -1,10 +1,14 @@
 """Listing queues and groups a page at a time (issue 29) over real HTTP, the Python
-clients, against a node of this module's own holding 250 queues (so the
+clients and the CLI, against a node of this module's own holding 250 queues (so the
 other tests' node keeps a short listing)."""
 
 from __future__ import annotations
 
 import base64
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -150,3 +154,32 @@ async def test_the_async_client_pages_as_it_goes(node: ServerProcess) -> None:
         assert len(await client.list_queues(limit=120)) == 120
         groups = [g["name"] async for g in client.iter_groups("other-a", prefix="g", page_size=1)]
         assert groups == GROUPS[:4]
+
+
+def _cli(node: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHERAMI_")}
+    env["CHERAMI_URL"] = node.url
+    return subprocess.run(
+        [sys.executable, "-m", "cherami.cli.main", *args], capture_output=True, text=True,
+        timeout=60, env=env, check=False,
+    )  # fmt: skip
+
+
+def test_cli_lists_every_page_and_filters(node: ServerProcess) -> None:
+    listed = _cli(node, "queue", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert [q["name"] for q in json.loads(listed.stdout)] == sorted(QUEUES + OTHERS)
+    some = _cli(node, "queue", "list", "--prefix", "page-0", "--limit", "12", "--page-size", "5")
+    assert some.returncode == 0, some.stderr
+    assert [q["name"] for q in json.loads(some.stdout)] == QUEUES[:12]
+    table = _cli(node, "-o", "table", "queue", "list", "--prefix", "page-1", "--page-size", "30")
+    assert table.returncode == 0, table.stderr
+    rows = [line for line in table.stdout.splitlines() if "page-1" in line]
+    assert [row.split()[1] for row in rows] == [n for n in QUEUES if n.startswith("page-1")]
+    assert table.stdout.count("NAME") == 1  # one header for all the pages
+    groups = _cli(node, "group", "list", "other-a", "--prefix", "g")
+    assert [g["name"] for g in json.loads(groups.stdout)] == GROUPS[:4]
+    none = _cli(node, "queue", "list", "--prefix", "zzz")
+    assert none.returncode == 0 and json.loads(none.stdout) == []
+    bad = _cli(node, "queue", "list", "--prefix", "a b")
+    assert bad.returncode == 1 and bad.stderr.startswith("error: invalid_request"), bad.stderr

@@ -14,14 +14,14 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import IO, Any, TypeVar
 
 import click
 from click.core import ParameterSource
 
 from cherami.cli.main import cli
-from cherami.cli.output import emit
+from cherami.cli.output import Listing, emit
 from cherami.client.asyncclient import AsyncClient
 from cherami.client.models import OutgoingMessage, Received
 from cherami.errors import CheramiError, Unavailable
@@ -88,6 +88,41 @@ def run(factory: ClientFactory, call: Callable[[AsyncClient], Awaitable[T]]) -> 
 
 def echo_json(value: Any) -> None:
     emit(value)  # JSON, or tables with --output table (output.py)
+
+
+def echo_listing(
+    factory: ClientFactory,
+    items: Callable[[AsyncClient], AsyncIterator[dict[str, Any]]],
+    page_size: int,
+) -> None:
+    """Print a listing page by page as the server answers it (output.Listing)."""
+
+    async def show(client: AsyncClient) -> None:
+        printer = Listing(page_size)
+        async for item in items(client):
+            printer.add(item)
+        printer.end()
+
+    run(factory, show)
+
+
+def listing_options(kind: str) -> Callable[[F], F]:
+    """``--prefix``, ``--limit`` and ``--page-size`` of a ``list`` command."""
+
+    def add(command: F) -> F:
+        for option in reversed([
+            click.option("--prefix", help=f"Only {kind} whose names start with this."),
+            click.option("--limit", type=click.IntRange(min=1),
+                         help=f"List this many {kind} at the most (default: every one)."),
+            click.option("--page-size", type=click.IntRange(1, 1000), default=1000,
+                         show_default=True,
+                         help=f"{kind.capitalize()} asked of the server at once; each page "
+                              "is printed as it arrives."),
+        ]):  # fmt: skip
+            command = option(command)
+        return command
+
+    return add
 
 
 def message_json(message: Received) -> dict[str, Any]:
@@ -166,10 +201,13 @@ def queue_update(client: ClientFactory, name: str, **options: Any) -> None:
 
 
 @queue.command("list")
+@listing_options("queues")
 @connection_options
-def queue_list(client: ClientFactory) -> None:
-    """List the queues."""
-    echo_json(run(client, lambda c: c.list_queues()))
+def queue_list(client: ClientFactory, prefix: str | None, limit: int | None,
+               page_size: int) -> None:  # fmt: skip
+    """List the queues by name, a page at a time (the groups' DLQs are not listed)."""
+    echo_listing(client, lambda c: c.iter_queues(prefix, limit=limit, page_size=page_size),
+                 page_size)  # fmt: skip
 
 
 @queue.command("show")
@@ -244,10 +282,15 @@ def group_update(client: ClientFactory, queue_name: str, name: str, **options: A
 
 @group.command("list")
 @click.argument("queue_name", metavar="QUEUE")
+@listing_options("groups")
 @connection_options
-def group_list(client: ClientFactory, queue_name: str) -> None:
-    """List the consumer groups of QUEUE."""
-    echo_json(run(client, lambda c: c.list_groups(queue_name)))
+def group_list(client: ClientFactory, queue_name: str, prefix: str | None, limit: int | None,
+               page_size: int) -> None:  # fmt: skip
+    """List the consumer groups of QUEUE by name, a page at a time."""
+    echo_listing(
+        client, lambda c: c.iter_groups(queue_name, prefix, limit=limit, page_size=page_size),
+        page_size,
+    )  # fmt: skip
 
 
 @group.command("show")

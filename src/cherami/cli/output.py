@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 from typing import Any
 
 import click
@@ -61,11 +62,54 @@ def emit(value: Any) -> None:
     if output_format() != "table":
         click.echo(json.dumps(value, indent=2, ensure_ascii=False))
         return
+    console = _console()
+    for table in tables(value):
+        console.print(table)
+
+
+def _console() -> Console:
     console = Console(highlight=False)
     if not console.is_terminal:  # piped: wide rows, never folded to 80 columns
         console = Console(highlight=False, width=240)
-    for table in tables(value):
-        console.print(table)
+    return console
+
+
+class Listing:
+    """Prints a list as its items arrive, a page of a listing at a time: the JSON
+    array ``emit`` prints for the whole list, written an item at a time, or a table of
+    each ``page_size`` items, the first with the header. Nothing is printed before the
+    first item or ``end``, so an error on the first page prints only the error; one on
+    a later page leaves the JSON array unclosed (and the exit code says so)."""
+
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+        self.table = output_format() == "table"
+        self.printed = 0
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, item: dict[str, Any]) -> None:
+        if self.table:
+            self.rows.append(item)
+            if len(self.rows) >= self.page_size:
+                self._table()
+            return
+        text = textwrap.indent(json.dumps(item, indent=2, ensure_ascii=False), "  ")
+        click.echo(("[\n" if not self.printed else ",\n") + text, nl=False)
+        self.printed += 1
+
+    def end(self) -> None:
+        if not self.table:
+            click.echo("\n]" if self.printed else "[]")
+        elif self.rows or not self.printed:
+            self._table()
+
+    def _table(self) -> None:
+        console = _console()
+        for table in tables(self.rows):
+            table.show_header = not self.printed
+            console.print(table)
+        self.printed += len(self.rows)
+        self.rows = []
 
 
 def tables(value: Any, title: str | None = None) -> list[Table]:
