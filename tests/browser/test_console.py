@@ -239,3 +239,47 @@ def test_key_prompt_and_what_a_key_covers(
     assert not d.find_elements(By.CSS_SELECTOR, 'tr[data-queue="payroll"]')  # not covered
     assert d.execute_script("return sessionStorage.getItem('cherami.key')") == "orders-key"
     shot(d, tmp_path, "queues-with-key")
+
+
+def test_queues_a_page_at_a_time_with_a_filter(
+    browser: WebDriver, node: ServerProcess, tmp_path: Path
+) -> None:
+    """The queues page lists 50 queues, the next 50 on More, and those whose names start
+    with what the filter box holds (each keystroke lists again from the first page); a
+    queue's page filters its groups alike."""
+    d = browser
+    names = [f"list-{i:02d}" for i in range(55)]
+    with httpx.Client(base_url=node.url, timeout=30) as http:
+        for name in [*names, "other-1"]:
+            assert http.put(f"/v1/queues/{name}").status_code in (200, 201)
+        for group in ("a1", "a2", "b1"):
+            assert http.put(f"/v1/queues/other-1/groups/{group}").status_code in (200, 201)
+    d.get(node.url + "/ui/")
+
+    def shown(d: WebDriver) -> list[str]:
+        return [row.split("\n")[0].split("\t")[0] for row in texts(d, "tr[data-queue]")]
+
+    def more(d: WebDriver) -> bool:
+        return bool(d.find_elements(By.ID, "queues-more"))
+
+    wait(d, lambda d: len(shown(d)) == 50 and more(d))
+    fill(d, "#queues-filter", "list-")
+    wait(d, lambda d: shown(d) == names[:50] and more(d))
+    assert "showing the first 50 queues" in text_of("#queues")(d)
+    click(d, By.ID, "queues-more")
+    wait(d, lambda d: shown(d) == names and not more(d))
+    fill(d, "#queues-filter", "list-5")
+    wait(d, lambda d: shown(d) == names[50:] and not more(d))
+    shot(d, tmp_path, "queues-filtered")
+    fill(d, "#queues-filter", "nothing")
+    wait(d, lambda d: "No queue name starts with “nothing”" in text_of("#queues")(d))
+    fill(d, "#queues-filter", "a b")  # no name holds a space: nothing asked of the server
+    wait(d, lambda d: "No queue name starts with “a b”" in text_of("#queues")(d))
+    fill(d, "#queues-filter", "oth")
+    wait(d, lambda d: shown(d) == ["other-1"])
+    # a queue's groups: filtered the same way
+    click(d, By.LINK_TEXT, "other-1")
+    groups = "tr[data-group]"
+    wait(d, lambda d: len(texts(d, groups)) == 3)
+    fill(d, "#groups-filter", "a")
+    wait(d, lambda d: [g.split("\t")[0] for g in texts(d, groups)] == ["a1", "a2"])

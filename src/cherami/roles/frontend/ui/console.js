@@ -88,6 +88,52 @@ async function covered(promise) {
   try { return await promise; } catch (e) { if (e.status === 403 || e.status === 404) return null; throw e; }
 }
 
+// ---- listings a page at a time (GET /v1/queues, …/groups; docs/api.md "List") ------------
+const PAGE = 50;
+const NAME_PREFIX = /^[A-Za-z0-9._-]{0,128}$/; // what a name can start with
+class Listing {
+  constructor(id, path, key, what) {
+    Object.assign(this, { id, path, key, what, prefix: "", wanted: PAGE, ticket: 0 });
+  }
+  // the filter box: each keystroke lists again from the first page
+  filter() {
+    return h("input", { id: `${this.id}-filter`, type: "search", value: this.prefix, autocomplete: "off",
+      placeholder: `filter ${this.what}s by name prefix`, "aria-label": `filter ${this.what}s by name prefix`,
+      oninput: (ev) => { this.prefix = ev.target.value.trim(); this.wanted = PAGE; refresh(); } });
+  }
+  // the first pages, up to what is wanted, each after the cursor of the one before; with a
+  // ticket: a read started later (a keystroke, a click on More) makes this one stale
+  async read() {
+    const ticket = ++this.ticket;
+    const items = [];
+    let cursor = null;
+    if (NAME_PREFIX.test(this.prefix)) {
+      do {
+        const params = new URLSearchParams({ limit: String(Math.min(this.wanted - items.length, 1000)) });
+        if (this.prefix) params.set("prefix", this.prefix);
+        if (cursor) params.set("cursor", cursor);
+        const page = await api("GET", `${this.path}?${params}`);
+        items.push(...page[this.key]);
+        cursor = page.cursor;
+      } while (cursor && items.length < this.wanted);
+    }
+    return { items, ticket, more: Boolean(cursor) };
+  }
+  stale(read) { return read.ticket !== this.ticket; }
+  // under the table: how many are shown, and a button for the next page when there is one
+  footer(read) {
+    if (!read.more) return null;
+    return h("p", { class: "more muted" }, `showing the first ${read.items.length} ${this.what}s by name `,
+      h("button", { id: `${this.id}-more`, class: "secondary", onclick: () => { this.wanted += PAGE; refresh(); } },
+        `Show ${PAGE} more`));
+  }
+  none(otherwise) {
+    return this.prefix ? `No ${this.what} name starts with “${this.prefix}”.` : otherwise;
+  }
+}
+const queueList = new Listing("queues", "/v1/queues", "queues", "queue"); // kept while the tab is open
+let groupList = null; // the shown queue's
+
 // ---- rates and history (kept in the page: the last hour, one point per refresh) ----------
 const last = new Map(); // key -> {t, v}
 function rateOf(key, value) {
@@ -200,12 +246,14 @@ const pages = {
       field("retention (s)", { name: "retention_seconds", type: "number", min: 0 }),
       field("delay (s)", { name: "delay_seconds", type: "number", min: 0 }),
       h("button", { id: "new-queue-submit", type: "submit" }, "Create queue"));
-      return [h("h1", {}, "Queues"), h("div", { id: "note" }), h("div", { id: "queues" }),
-        h("h2", {}, "New queue"), h("div", { class: "card" }, form)];
+      return [h("h1", {}, "Queues"), h("div", { id: "note" }), h("div", { class: "filter" }, queueList.filter()),
+        h("div", { id: "queues" }), h("h2", {}, "New queue"), h("div", { class: "card" }, form)];
     },
     async refresh() {
-      const { queues } = await api("GET", "/v1/queues");
+      const read = await queueList.read();
+      const queues = read.items;
       const full = (await Promise.all(queues.map((q) => covered(api("GET", qpath(q.name)))))).filter(Boolean);
+      if (queueList.stale(read)) return; // a newer read shows its own
       const rows = full.map((q) => {
         const rate = rateOf(`pub:${q.name}`, q.stats.messages_published);
         remember(q.name, { rate });
@@ -222,12 +270,14 @@ const pages = {
       });
       replace("queues", h("div", { id: "queues" }, table("queues-table",
         ["Name", "Type", "Replicas ", "Open extents ", "Sealed extents ", "Stored ", "Published ", "Publish rate ", ""],
-        rows, queues.length ? "Your key covers none of the queues." : "No queues yet: create one below.")));
+        rows, queues.length ? "Your key covers none of these queues."
+          : queueList.none("No queues yet: create one below.")), queueList.footer(read)));
     },
   },
 
   queue: {
     mount(q) {
+      groupList = new Listing("groups", `${qpath(q)}/groups`, "groups", "group");
       const groupForm = h("form", { class: "inline", id: "new-group", async onsubmit(ev) {
         ev.preventDefault();
         const { name, ...config } = values(groupForm);
@@ -270,16 +320,18 @@ const pages = {
         h("div", { class: "grid" },
           h("div", { class: "card" }, h("canvas", { class: "chart", id: "chart-rate" })),
           h("div", { class: "card" }, h("canvas", { class: "chart", id: "chart-backlog" }))),
-        h("h2", {}, "Consumer groups"), h("div", { id: "groups" }),
+        h("h2", {}, "Consumer groups"), h("div", { class: "filter" }, groupList.filter()), h("div", { id: "groups" }),
         h("h2", {}, "Publish a test message"), h("div", { class: "card" }, publishForm),
         h("h2", {}, "New consumer group"), h("div", { class: "card" }, groupForm),
         h("h2", {}, "Extents"), h("div", { id: "extents" }),
         h("h2", {}, "Edit queue"), h("div", { class: "card" }, editForm)];
     },
     async refresh(q) {
-      const [queue, { groups }, extents] = await Promise.all([
-        api("GET", qpath(q)), api("GET", `${qpath(q)}/groups`), covered(api("GET", `${qpath(q)}/extents`))]);
-      const full = await Promise.all(groups.map((g) => api("GET", gpath(q, g.name))));
+      const listing = groupList;
+      const [queue, read, extents] = await Promise.all([
+        api("GET", qpath(q)), listing.read(), covered(api("GET", `${qpath(q)}/extents`))]);
+      const full = await Promise.all(read.items.map((g) => api("GET", gpath(q, g.name))));
+      if (listing.stale(read)) return; // a newer read shows its own
       replace("queue-config", h("div", { id: "queue-config", class: "kv muted" },
         ...[["type", queue.type], ["replicas", queue.replicas], ["retention", fmt.secs(queue.retention_seconds)],
           ["delay", fmt.secs(queue.delay_seconds)], ["published", fmt.int(queue.stats.messages_published)],
@@ -314,7 +366,7 @@ const pages = {
       });
       replace("groups", h("div", { id: "groups" }, table("groups-table",
         ["Group", "Backlog ", "In flight ", "Oldest unacked ", "DLQ ", "Delivery rate ", "Ack rate ", "Settings", ""],
-        rows, "No consumer groups yet.")));
+        rows, listing.none("No consumer groups yet.")), listing.footer(read)));
       const points = remember(q, { rate: rateOf(`pub:${q}`, queue.stats.messages_published), backlog });
       chart(document.getElementById("chart-rate"), points, "rate", "publish rate (msgs/s)", fmt.rate);
       chart(document.getElementById("chart-backlog"), points, "backlog", "backlog (messages, all groups)", fmt.int);
