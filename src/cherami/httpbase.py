@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
@@ -72,6 +73,18 @@ def http_runner(app: web.Application, limits: HttpLimits) -> web.AppRunner:
     return web.AppRunner(
         app, access_log=None, keepalive_timeout=limits.header_timeout, logger=ServerLog()
     )
+
+
+async def listen(
+    app: web.Application, limits: HttpLimits, host: str, port: int,
+    ssl_context: ssl.SSLContext | None,
+) -> tuple[web.AppRunner, int]:  # fmt: skip
+    """Serve ``app`` on ``host``:``port`` (0: any free port) held to ``limits``; the
+    runner (cleanup() stops it) and the port it listens on."""
+    runner = http_runner(app, limits)
+    await runner.setup()
+    await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
+    return runner, int(runner.addresses[0][1])
 
 
 @web.middleware

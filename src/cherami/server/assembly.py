@@ -170,7 +170,11 @@ def _output_host(
     if alone:
         return OutputHostService(s.metadata, s.stores, inputs), None
     host = s.ids[OUTPUTHOST]
-    ownership = ExtentOwnership(None, s.metadata, host)  # type: ignore[arg-type]
+    made: list[ExtentOwnership] = []
+
+    def ownership(service: OutputHostService) -> ExtentOwnership:
+        made.append(ExtentOwnership(service, s.metadata, host))
+        return made[0]
+
     service = OutputHostService(s.metadata, s.stores, inputs, ownership, host_tag(host))
-    ownership.outputs = service
-    return service, ownership
+    return service, made[0]

@@ -16,12 +16,14 @@ from aiohttp import web
 from cherami import timing
 from cherami.config import NodeConfig
 from cherami.datadir import lock_data_dir
-from cherami.httpbase import http_runner
+from cherami.httpbase import listen
 from cherami.loadmeter import LoadMeter, LoadSources
 from cherami.membership import CONTROLLER, INPUTHOST, OUTPUTHOST
+from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Extent, Host
 from cherami.metadata.sqlite import SqliteMetadataStore
 from cherami.periodic import Periodic
+from cherami.roles.controller.service import ControllerService
 from cherami.roles.frontend.auth import KeyRing
 from cherami.roles.storehost.directory import StoreDirectory, StoreWatcher
 from cherami.roles.storehost.process import StoreProcess
@@ -63,11 +65,18 @@ class Node:
         self.secret = node_secret(config.data_dir, config.cluster_secret_file)
         self.stores = StoreDirectory(h.derive_key(self.secret))
         self.store_processes: list[StoreProcess] = []
+        # what start() has made so far (stop() undoes that much of a start that failed)
+        self.metadata: MetadataStore | None = None
+        self.controller: ControllerService | None = None
+        self.roles: Assembly | None = None
+        self._watcher: StoreWatcher | None = None
+        self._heartbeats: Periodic | None = None
+        self._hosts: list[tuple[Host, LoadMeter]] = []
 
     async def start(self) -> None:
         cfg = self.config
         self._lock = lock_data_dir(cfg.data_dir)  # one server per data dir
-        self.metadata = timed_metadata(
+        self.metadata = metadata = timed_metadata(
             SqliteMetadataStore(os.path.join(cfg.data_dir, "metadata.db"))
         )
         self.store_processes = [
@@ -81,61 +90,54 @@ class Node:
             for i in range(cfg.stores)
         ]
         await asyncio.gather(*(p.start() for p in self.store_processes))
-        self._watcher = StoreWatcher(self.metadata, self.stores)
-        await self._watcher.start()
-        self.roles: Assembly = await assemble(
+        self._watcher = watcher = StoreWatcher(metadata, self.stores)
+        await watcher.start()
+        self.roles = roles = await assemble(
             Surroundings(
-                config=cfg, metadata=self.metadata, reads=self.metadata, stores=self.stores,
-                watcher=self._watcher, keys=self.keys, ready=lambda: self.ready,
+                config=cfg, metadata=metadata, reads=metadata, stores=self.stores,
+                watcher=watcher, keys=self.keys, ready=lambda: self.ready,
                 pick_input_host=self._input_host,
                 ids={INPUTHOST: INPUT_HOST_ID, CONTROLLER: CONTROLLER_ID,
                      OUTPUTHOST: OUTPUT_HOST_ID},
             ),
             EVERY_ROLE,
         )  # fmt: skip
-        self.controller = self.roles.controller
-        self._hosts: list[tuple[Host, LoadMeter]] = []
-        self._runner = http_runner(self.roles.app, cfg.http)
-        await self._runner.setup()
+        self.controller = roles.controller
         context = None
         if cfg.tls_cert and cfg.tls_key:  # the API listener; store hosts stay on loopback
             context = tls.server_context(cfg.tls_cert, cfg.tls_key)
-        site = web.TCPSite(self._runner, cfg.host, cfg.port, ssl_context=context)
-        await site.start()
-        server = site._server
-        assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-        self._hosts = self._role_hosts()
+        self._runner, self.port = await listen(roles.app, cfg.http, cfg.host, cfg.port, context)
+        self._hosts = self._role_hosts(roles)
         every = min(NODE_HEARTBEAT, timing.current.dead_after / 3)
         self._heartbeats = Periodic("node heartbeat", every, self._beat)
         await self._beat()
         self._heartbeats.start()
-        await self.roles.start()
+        await roles.start()
         self.ready = True
 
     async def _store_up(self, store_id: str, address: str) -> None:
         await self.stores.set_address(store_id, address)
-        if hasattr(self, "metadata"):
+        if self.metadata is not None:
             await self.metadata.heartbeat(
                 Host(id=store_id, role="storehost", address=address, heartbeat_at=time.time())
             )
-        if hasattr(self, "controller"):  # a restart: seal what was sealed while it was away
+        if self.controller is not None:  # a restart: seal what was sealed while it was away
             await self.controller.reseal_replicas(store_id)
 
     async def _input_host(self, queue_extents: list[Extent]) -> str:
         return INPUT_HOST_ID
 
-    def _role_hosts(self) -> list[tuple[Host, LoadMeter]]:
+    def _role_hosts(self, roles: Assembly) -> list[tuple[Host, LoadMeter]]:
         """The node's roles as hosts of the hosts table (GET /v1/cluster), each with a
         meter: the in-process roles report this process's CPU; a store host (a child
         process) its own CPU, its data dir's disk and the node's appends to it."""
         cfg = self.config
         address = f"{cfg.host}:{self.port}"
         data = cfg.data_dir
-        assert self.roles.inputs is not None and self.roles.outputs is not None
-        extent_counts = self.roles.inputs.extent_counts
+        assert roles.inputs is not None and roles.outputs is not None
+        extent_counts = roles.inputs.extent_counts
         inputs = LoadSources(counters=extent_counts, data_dir=data)
-        outputs = LoadSources(counters=self.roles.outputs.delivered_counts, data_dir=data)
+        outputs = LoadSources(counters=roles.outputs.delivered_counts, data_dir=data)
         interval = cfg.load_report_interval
         hosts = [
             (Host(id=host_id, role=role, address=address, heartbeat_at=0.0, zone=cfg.zone),
@@ -168,19 +170,20 @@ class Node:
             if host.role == "storehost":
                 host.address = addresses[host.id]
             host.load = meter.report()
+            assert self.metadata is not None
             await self.metadata.heartbeat(host)
 
     async def stop(self) -> None:
         self.ready = False
-        if hasattr(self, "_heartbeats"):
+        if self._heartbeats is not None:
             await self._heartbeats.stop()
-        if hasattr(self, "roles"):
+        if self.roles is not None:
             await self.roles.stop()
         if self._runner is not None:
             await self._runner.cleanup()
-        if hasattr(self, "_watcher"):
+        if self._watcher is not None:
             await self._watcher.stop()
         await self.stores.close()
         await asyncio.gather(*(p.stop() for p in self.store_processes))
-        if hasattr(self, "metadata"):
+        if self.metadata is not None:
             await self.metadata.close()

@@ -17,7 +17,7 @@ from cherami import timing
 from cherami.config import NodeConfig
 from cherami.datadir import lock_data_dir
 from cherami.errors import Unavailable
-from cherami.httpbase import http_runner
+from cherami.httpbase import listen
 from cherami.loadmeter import LoadMeter, LoadSources
 from cherami.membership import (
     INPUTHOST,
@@ -101,16 +101,14 @@ class RoleProcess:
         self.address = self._advertise(service.address)
         self._stoppers.append(service.stop)
         if self.config.metrics_port is not None:
-            await self._serve_metrics(storehost_metrics_app(service, self.id, self.keys))
+            app = storehost_metrics_app(service, self.id, self.keys)
+            await self._serve_metrics(app, self.config.metrics_port)
 
-    async def _serve_metrics(self, app: web.Application) -> None:
+    async def _serve_metrics(self, app: web.Application, metrics_port: int) -> None:
         """A store host's /metrics listener (roles/storehost/metrics.py)."""
-        runner = http_runner(app, self.config.http)
-        await runner.setup()
-        site = web.TCPSite(runner, self.config.host, self.config.metrics_port,
-                           ssl_context=tls.listener())  # fmt: skip
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, port = await listen(
+            app, self.config.http, self.config.host, metrics_port, tls.listener()
+        )
         self.metrics_address = f"{self.config.host}:{port}"
         self._stoppers.insert(0, runner.cleanup)
 
@@ -141,11 +139,9 @@ class RoleProcess:
         self._stoppers.append(roles.stop)
         app = roles.app
         self._load_sources.connections = app[STREAMS].count
-        runner = http_runner(app, self.config.http)
-        await runner.setup()
-        site = web.TCPSite(runner, self.config.host, self.config.port, ssl_context=tls.listener())
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, port = await listen(
+            app, self.config.http, self.config.host, self.config.port, tls.listener()
+        )
         self.address = self._advertise(f"{self.config.host}:{port}")
         self.router.address = self.address
         self._stoppers += [runner.cleanup, self.router.close, watcher.stop, stores.close]

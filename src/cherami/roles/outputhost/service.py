@@ -52,10 +52,11 @@ class OutputHostService:
         metadata: MetadataStore,
         stores: StoreDirectory,
         inputs: InputHostClient,
-        holdings: Holdings | None = None,
+        holdings: Callable[[OutputHostService], Holdings] | None = None,
         tag: str = "",
     ) -> None:
-        """``holdings`` tells which extents of which groups this output host serves (a
+        """``holdings`` makes, given this service (which it tells of the units it takes
+        and drops), what tells which extents of which groups this output host serves (a
         cluster hands them out by lease) and gives a held extent's fence while this
         host may act for it (None once its lease may have run out: then nothing of the
         extent is delivered, settled or persisted). Without it, it serves every extent
@@ -63,7 +64,7 @@ class OutputHostService:
         ``tag`` goes into every receipt (the frontend routes
         a settle to the output host that issued the receipt)."""
         self.metadata = metadata
-        self._holdings = holdings
+        self._holdings = None if holdings is None else holdings(self)
         self._streams: dict[str, set[Closer]] = {}
         self.stores = stores
         self.reads = SharedReads(stores)  # one read of a position serves every group
@@ -73,7 +74,7 @@ class OutputHostService:
         self.groups: dict[str, GroupConsumer] = {}
         self._loading: dict[str, asyncio.Lock] = {}
         self._loader: asyncio.Task[None] | None = None
-        self.committer = AckCommitter(metadata, self.groups, holdings, self.riding_out)
+        self.committer = AckCommitter(metadata, self.groups, self._holdings, self.riding_out)
         self._seen = -1  # the metadata change log, as far as the refresh has followed it
         self._again: set[str] = set()  # groups whose refresh failed: read them next time
         self._refresher = Periodic(
