@@ -1,10 +1,12 @@
 """How a node's costs grow with the number of queues: create N queues of G groups each
-(one message in each), then measure the node's idle CPU (every process, over 10 s), a
-SIGTERM restart and a SIGKILL restart (until /healthz answers 200), and that every
-message published before is delivered after, to every group.
+(one message in each), then measure the node's idle CPU (every process, over --idle
+seconds, 60 by default: long enough to see anything that wakes every 30 s) and memory
+(the resident set of every process), a SIGTERM restart and a SIGKILL restart (until
+/healthz answers 200), and that every message published before is delivered after, to
+every group.
 
     .venv/bin/python benchmarks/breadth.py 25 50 100          # queue counts, 2 groups each
-    .venv/bin/python benchmarks/breadth.py --groups 1 200
+    .venv/bin/python benchmarks/breadth.py --groups 1 --idle 10 200
 
 Prints one row per N; nothing is estimated."""
 
@@ -23,8 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cherami.client.asyncclient import AsyncClient  # noqa: E402
 from cherami.devcluster.nodeproc import NodeProcess  # noqa: E402
-
-IDLE_SECONDS = 10.0
 
 
 async def _create(url: str, queues: int, groups: int) -> float:
@@ -68,7 +68,19 @@ def _cpu_seconds(pids: list[str]) -> float:
     return total
 
 
-def _idle_cpu(node: NodeProcess) -> float:
+def _rss_mb(pids: list[str]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        except (OSError, StopIteration):
+            pass
+    return total / 1024
+
+
+def _idle(node: NodeProcess, seconds: float) -> tuple[float, float]:
+    """The node's CPU over ``seconds`` of idling (% of a core) and its RSS after (MB)."""
     assert node.proc is not None
     children = subprocess.run(
         ["pgrep", "-P", str(node.proc.pid)], capture_output=True, text=True
@@ -76,8 +88,8 @@ def _idle_cpu(node: NodeProcess) -> float:
     pids = [str(node.proc.pid), *children]
     time.sleep(3)  # what creating and the first deliveries left behind settles
     before = _cpu_seconds(pids)
-    time.sleep(IDLE_SECONDS)
-    return (_cpu_seconds(pids) - before) / IDLE_SECONDS * 100
+    time.sleep(seconds)
+    return (_cpu_seconds(pids) - before) / seconds * 100, _rss_mb(pids)
 
 
 def _restart(node: NodeProcess, kill: bool) -> float:
@@ -90,12 +102,12 @@ def _restart(node: NodeProcess, kill: bool) -> float:
     return time.monotonic() - started
 
 
-def run(queues: int, groups: int) -> dict[str, float]:
+def run(queues: int, groups: int, idle_seconds: float) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         node = NodeProcess(Path(tmp) / "node").start()
         try:
             created = asyncio.run(_create(node.url, queues, groups))
-            idle = _idle_cpu(node)
+            idle, rss = _idle(node, idle_seconds)
             sigterm = _restart(node, kill=False)
             missing_term = asyncio.run(_all_delivered(node.url, queues, groups))
             sigkill = _restart(node, kill=True)
@@ -105,6 +117,7 @@ def run(queues: int, groups: int) -> dict[str, float]:
             node.stop()
     return {
         "queues": queues, "groups": groups, "create_s": created, "idle_cpu_pct": idle,
+        "rss_mb": rss,
         "sigterm_restart_s": sigterm, "sigkill_restart_s": sigkill,
         "missing_after_sigterm": missing_term, "missing_after_sigkill": missing_kill,
     }  # fmt: skip
@@ -114,14 +127,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("queues", nargs="+", type=int)
     parser.add_argument("--groups", type=int, default=2)
+    parser.add_argument("--idle", type=float, default=60.0, help="seconds of idling measured")
     args = parser.parse_args()
-    print("| queues x groups | create all (s) | idle CPU (% of a core) | SIGTERM restart (s) "
-          "| SIGKILL restart (s) | not delivered after |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+    print("| queues x groups | create all (s) | idle CPU (% of a core) | RSS (MB) "
+          "| SIGTERM restart (s) | SIGKILL restart (s) | not delivered after |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for n in args.queues:
-        r = run(n, args.groups)
+        r = run(n, args.groups, args.idle)
         print(
-            f"| {n} x {args.groups} | {r['create_s']:.1f} | {r['idle_cpu_pct']:.0f} "
+            f"| {n} x {args.groups} | {r['create_s']:.1f} | {r['idle_cpu_pct']:.1f} "
+            f"| {r['rss_mb']:.0f} "
             f"| {r['sigterm_restart_s']:.1f} | {r['sigkill_restart_s']:.1f} "
             f"| {r['missing_after_sigterm'] + r['missing_after_sigkill']} |",
             flush=True,

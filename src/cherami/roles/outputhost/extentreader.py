@@ -24,9 +24,10 @@ log = logging.getLogger("cherami.outputhost.extentreader")
 READ_BATCH = 2000  # records per read of a store host (fewer round trips when far behind)
 # how long a read waits at the store host for records to come (committed, or due on a
 # timer extent; a seal or a drop ends the wait too): an idle extent costs one read per
-# wait. A store host cut off is noticed by its connection's liveness check
-# (storehost/client.py), not at the end of this wait.
-TAIL_WAIT_MS = 30_000
+# wait, so the wait is long. A store host cut off is noticed by its connection's
+# liveness check (storehost/client.py, every 2 s while a read waits), not at the end of
+# this wait.
+TAIL_WAIT_MS = 600_000
 SHUN_SECONDS = 5.0  # a replica whose read failed is not read again for this long
 ORIG_ID = attrgetter("orig_id")
 

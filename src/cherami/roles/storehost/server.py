@@ -30,7 +30,7 @@ from cherami.wire.framing import Cork, FrameReader, FrameWriter, start_framed_se
 
 log = logging.getLogger("cherami.storehost.server")
 
-MAX_READ_WAIT_MS = 30_000
+MAX_READ_WAIT_MS = 600_000  # a read waits at most this long for records (10 min)
 DISK_CHECK = 0.1  # seconds between looks at the free disk (one statvfs)
 T = TypeVar("T")
 
