@@ -22,6 +22,11 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     ack_flush_interval: float = 0.05  # stream acks gather this long into one ack-level write
     extent_refresh_interval: float = 1.0  # output hosts read a group's extents again
     read_ahead: int = 20_000  # messages read and not acked yet, per group per host
+    # the lease-related safety times (design/fencing.md, design/metadata-outage.md)
+    slow_tick: float = 1.0  # an ownership tick running this long counts as an outage
+    recovery_grace: float = 2.0  # after an outage a host renews only its own leases so long
+    outage_ask_timeout: float = 0.5  # a peer silent this long counts as reaching the store
+    seal_wait: float = 1.0  # the leader's tick waits this long for the seals it started
 
     def check(self) -> None:
         if not 0 < self.lease_margin < self.lease_ttl <= 600:
@@ -34,6 +39,15 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         if not 0 < self.ack_flush_interval <= 1 or not 0 < self.extent_refresh_interval <= 60:
             raise ConfigError(
                 "timing: 0 < ack_flush_interval <= 1 and 0 < extent_refresh_interval <= 60"
+            )
+        acting = self.lease_ttl - self.lease_margin
+        if not self.ownership_tick < self.slow_tick < acting:
+            raise ConfigError("timing: ownership_tick < slow_tick < lease_ttl - lease_margin")
+        if not 2 * self.ownership_tick <= self.recovery_grace <= 60:
+            raise ConfigError("timing: 2 ownership_tick <= recovery_grace <= 60 seconds")
+        if not 0 < self.outage_ask_timeout < acting or not 0 < self.seal_wait < acting:
+            raise ConfigError(
+                "timing: 0 < outage_ask_timeout and seal_wait < lease_ttl - lease_margin"
             )
         if not 100 <= self.read_ahead <= 10_000_000:
             raise ConfigError("timing: read_ahead must be 100 to 10,000,000 messages")

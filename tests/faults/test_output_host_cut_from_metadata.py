@@ -53,7 +53,7 @@ def _stamp(line: str) -> float:
 
 def _acting_on_unvouched(cut_log: str, peer_log: str) -> list[str]:
     """The cut host's "acting on" lines that its peer did not vouch for. The peer says it
-    cannot reach the store while one of its ownership ticks fails or runs past SLOW_TICK
+    cannot reach the store while one of its ownership ticks fails or runs past timing.slow_tick
     (a loaded machine can do that with the store in reach); it takes nothing then, so the
     cut host acting on its word is safe, and the peer logs such a tick (as it ends or
     fails)."""

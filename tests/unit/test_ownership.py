@@ -25,7 +25,7 @@ from cherami.metadata.models import (
     QueueConfig,
 )
 from cherami.metadata.sqlite import SqliteMetadataStore
-from cherami.roles.outputhost import outage, ownership
+from cherami.roles.outputhost import ownership
 from cherami.roles.outputhost.ownership import ExtentOwnership, Unit
 from cherami.wire.store import PLAIN, TIMER
 
@@ -270,7 +270,7 @@ async def test_outage_acting_goes_on_only_on_every_peers_word(
     await a.outage.check()
     extended = a.held[unit].acting_until
     assert extended > until and a.riding_out()
-    assert extended <= a.clock() + outage.RECOVERY_GRACE - timing.current.lease_margin
+    assert extended <= a.clock() + timing.current.recovery_grace - timing.current.lease_margin
 
     a.held[unit].acting_until = a.clock() - 0.01  # a window that ran out
     await a.outage.check()  # is never extended: the unit may have been taken meanwhile
@@ -305,11 +305,12 @@ async def test_no_taking_while_a_tick_is_slow_or_after_an_outage(
     await _failing_tick(a)
     await a._tick_noting_outages()  # reaches the store again: renews only, for a while
     assert not a.held and not a.store_unreachable()
-    monkeypatch.setattr(ownership, "SLOW_TICK", -1.0)  # every tick is slow from its start
+    every_tick_slow = msgspec.structs.replace(timing.DEFAULT, slow_tick=-1.0)
+    monkeypatch.setattr(timing, "current", every_tick_slow)  # slow from its start
     a._taking_after = 0.0
     await a._tick_noting_outages()
     assert not a.held  # a slow tick may be one that waited out an outage: takes nothing
-    monkeypatch.setattr(ownership, "SLOW_TICK", 60.0)
+    monkeypatch.setattr(timing, "current", timing.DEFAULT)
     a._taking_after = 0.0
     await a._tick_noting_outages()
     assert len(a.held) == 1

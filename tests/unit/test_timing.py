@@ -29,6 +29,11 @@ def test_a_config_file_sets_the_timing(tmp_path: Path) -> None:
         ({"lease_margin": 3.0}, "lease_margin < lease_ttl"),
         ({"ownership_tick": 2.9}, "ownership_tick < lease_ttl - lease_margin"),
         ({"dead_after": 0.5}, "dead_after"),
+        ({"slow_tick": 0.4}, "ownership_tick < slow_tick"),
+        ({"slow_tick": 2.6}, "slow_tick < lease_ttl - lease_margin"),
+        ({"recovery_grace": 0.9}, "2 ownership_tick <= recovery_grace"),
+        ({"seal_wait": 2.5}, "seal_wait < lease_ttl - lease_margin"),
+        ({"outage_ask_timeout": 0}, "outage_ask_timeout"),
         ({"read_ahead": 10}, "read_ahead"),
     ],
 )

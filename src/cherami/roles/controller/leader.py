@@ -41,8 +41,6 @@ MARGIN = timing.DEFAULT.lease_margin  # seconds before the lease's end the leade
 TICK = timing.DEFAULT.leader_tick
 RETENTION_INTERVAL = 2.0  # seconds between retention passes (each behind the tick)
 ROLL_CHECK_ALL = 60.0  # every open extent is looked at for rolling over this often
-# how long a tick waits for the seals it started before it goes on (they go on behind it)
-SEAL_WAIT = 1.0
 
 
 class Leader:
@@ -256,7 +254,7 @@ class Leader:
         return queues_now, self._extents, changed
 
     async def _seal_all(self, extents: list[Extent]) -> None:
-        """Seal the extents at once, each in a task of its own, and wait up to SEAL_WAIT
+        """Seal the extents at once, each in a task of its own, and wait up to timing.seal_wait
         for them. A seal waits up to the store deadline (3 s) for each replica that does
         not answer, so with a zone cut off, sealing its extents one after another took
         3 s each: the tick outlasted the lease, leadership changed hands, and the queues
@@ -270,7 +268,7 @@ class Leader:
                 task.add_done_callback(partial(self._sealed, extent.id))
         waiting = [self._sealing[e.id] for e in extents if e.id in self._sealing]
         if waiting:
-            await asyncio.wait(waiting, timeout=SEAL_WAIT)
+            await asyncio.wait(waiting, timeout=timing.current.seal_wait)
 
     def _run_behind(self, what: str, chore: Callable[[], Awaitable[None]]) -> None:
         """Start ``chore`` behind the tick unless the last one is still running."""

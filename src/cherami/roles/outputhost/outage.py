@@ -5,7 +5,7 @@ its leases' end as before when only it is cut off.
 A host cannot tell those two apart by itself, so it asks its peers: every output host
 that was alive at its last successful read of the hosts table. When each of them answers
 that it cannot reach the store either, nobody can take a lease now, and nobody will for
-``RECOVERY_GRACE`` after it reaches the store again (ownership.py: after a failed or
+``timing.recovery_grace`` after it reaches the store again (ownership.py: after a failed or
 slow tick a host only renews its own leases for that long, and a host that starts waits
 that long before it takes anything). So the asker may act for that long from the moment
 it asked, less the lease margin for clock drift: it extends the acting window of every
@@ -39,8 +39,6 @@ from cherami.wire import tls
 log = logging.getLogger("cherami.outputhost.outage")
 
 ROUTE = "/internal/v1/outputhost/metadata"
-ASK_TIMEOUT = 0.5  # a peer that has not answered by then counts as reaching the store
-RECOVERY_GRACE = 2.0  # see ownership.py: no taking for this long after an outage
 
 
 class Riding(Protocol):
@@ -83,7 +81,9 @@ class OutageWatch:
         # replace it, which reaches the store, would take its extents): it stops
         units = 0
         if peers and all(answers) and self.owner.store_unreachable():
-            units = self.owner.ride_out(asked + RECOVERY_GRACE - timing.current.lease_margin)
+            units = self.owner.ride_out(
+                asked + timing.current.recovery_grace - timing.current.lease_margin
+            )
         # every window may have run out before the peers answered (the store went away
         # while this host was cut off too, or a peer's tick was merely slow): then there
         # is nothing to act on, and nothing is said
@@ -110,7 +110,7 @@ class OutageWatch:
         url = f"{tls.http_scheme()}://{address}{ROUTE}"
         try:
             async with self._session.get(
-                url, timeout=aiohttp.ClientTimeout(total=ASK_TIMEOUT),
+                url, timeout=aiohttp.ClientTimeout(total=timing.current.outage_ask_timeout),
                 headers={h.INTERNAL_HEADER: h.internal_token(h.cluster_key())},
             ) as resp:  # fmt: skip
                 if resp.status != 200:

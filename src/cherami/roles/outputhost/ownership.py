@@ -27,7 +27,7 @@ store refuses them once the lease has passed to another holder.
 
 One exception, outage.py: while *every* live output host says it cannot reach the
 metadata store, nobody can take a lease, so a holder acts on past its window for as
-long as its peers keep saying so (and ``RECOVERY_GRACE`` after: a host whose tick failed
+long as its peers keep saying so (and ``timing.recovery_grace`` after: a host whose tick failed
 or was slow, or that has just started, renews only its own leases for that long)."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from cherami.membership import OUTPUTHOST, live_hosts
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import FAILING, OPEN, SEALED, STREAM, Fence, Group, Queue
 from cherami.periodic import Periodic
-from cherami.roles.outputhost.outage import RECOVERY_GRACE, OutageWatch
+from cherami.roles.outputhost.outage import OutageWatch
 from cherami.roles.outputhost.service import DELETED_CLOSE, MOVED_CLOSE, OutputHostService
 
 log = logging.getLogger("cherami.outputhost.ownership")
@@ -55,11 +55,10 @@ LEASE_TTL = timing.DEFAULT.lease_ttl
 MARGIN = timing.DEFAULT.lease_margin  # seconds before the lease's end a holder stops acting
 TICK = timing.DEFAULT.ownership_tick
 # after this host could not reach the metadata store (or a tick of it was slow, or it has
-# just started), it only renews its own leases for RECOVERY_GRACE: when an outage ends,
+# just started), it only renews its own leases for timing.recovery_grace: when an outage ends,
 # each unit goes back to the holder that has its acks in memory, not to whichever host
 # ticks first (that would deliver them all again), and a holder that rode the outage out
 # on its peers' word (outage.py) has stopped or renewed before anyone takes its units
-SLOW_TICK = 1.0  # a tick still running after this long counts as not reaching the store
 WHOLE = "*"  # the extent of a unit that is the whole group
 LEASES = "group:"  # the prefix of every unit's lease
 
@@ -160,7 +159,7 @@ class ExtentOwnership:
         return Fence(lease=unit_lease(*unit), epoch=held.epoch)
 
     def start(self) -> None:
-        self._taking_after = self.clock() + RECOVERY_GRACE  # see SLOW_TICK
+        self._taking_after = self.clock() + timing.current.recovery_grace  # see slow_tick
         self._periodic.start(first_now=True)
         self.outage.start()
 
@@ -171,11 +170,11 @@ class ExtentOwnership:
     # a metadata outage (outage.py)
     def _slow(self) -> bool:
         started = self._tick_started
-        return started is not None and self.clock() - started > SLOW_TICK
+        return started is not None and self.clock() - started > timing.current.slow_tick
 
     def store_unreachable(self) -> bool:
         """Whether this host cannot reach the metadata store now, by its last tick (it
-        failed) or the running one (it has been waiting for over SLOW_TICK)."""
+        failed) or the running one (it has been waiting for over timing.slow_tick)."""
         return self._failing or self._slow()
 
     def riding_out(self) -> bool:
@@ -210,11 +209,11 @@ class ExtentOwnership:
             if slow:
                 took = self.clock() - (self._tick_started or 0.0)
                 log.info("ownership tick took %.1f s: taking nothing for %.0f s", took,
-                         RECOVERY_GRACE)  # fmt: skip
+                         timing.current.recovery_grace)  # fmt: skip
             self._tick_started = None
         if self._failing or slow:
             self._failing = False
-            self._taking_after = self.clock() + RECOVERY_GRACE
+            self._taking_after = self.clock() + timing.current.recovery_grace
 
     async def _units(self) -> tuple[dict[Unit, str], set[tuple[str, str]]]:
         """Every unit with its extent's kind (plain or timer: a group's share of each
