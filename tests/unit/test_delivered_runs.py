@@ -196,10 +196,10 @@ async def test_a_dropped_extent_makes_its_run_deliveries_stale() -> None:
     consumer = _consumer()
     await consumer.window.admit(_read_run(consumer.cursors["e1"], range(1, 4)))
     numbers = _numbers(consumer.take_runs(2, OWNER, 1 << 20)[0])
-    assert consumer.cursor_of(numbers[0]) is consumer.cursors["e1"]
+    assert consumer.flight.cursor_of(numbers[0]) is consumer.cursors["e1"]
     consumer.drop_extent("e1")
     assert consumer.in_flight == 0 and not consumer.ready
-    assert consumer.cursor_of(numbers[0]) is None
+    assert consumer.flight.cursor_of(numbers[0]) is None
     assert consumer.ack(numbers, OWNER) == numbers
 
 

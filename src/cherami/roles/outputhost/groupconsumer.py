@@ -158,15 +158,8 @@ class GroupConsumer:
         not_acting = self.not_acting()
         if not not_acting:
             return True
-        for no in numbers:
-            cursor = self.flight.cursor_of(no)
-            if cursor is None or cursor.id in not_acting:
-                return False
-        return True
-
-    def cursor_of(self, no: int) -> ExtentCursor | None:
-        """The cursor of the current delivery ``no`` (None: not current)."""
-        return self.flight.cursor_of(no)
+        cursors = map(self.flight.cursor_of, numbers)
+        return all(c is not None and c.id not in not_acting for c in cursors)
 
     # extents
     def sync_extents(self, extents: list[Extent], levels: dict[str, AckLevel]) -> None:

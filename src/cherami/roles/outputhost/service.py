@@ -317,7 +317,7 @@ class OutputHostService:
             else:
                 by_number[no] = receipt
         self.check_acting(consumer, by_number)
-        extents = {c.id for no in by_number if (c := consumer.cursor_of(no))}
+        extents = {c.id for no in by_number if (c := consumer.flight.cursor_of(no))}
         stale_numbers = action(list(by_number))
         stale.extend(by_number[no] for no in stale_numbers)
         return len(by_number) - len(stale_numbers), stale, extents
