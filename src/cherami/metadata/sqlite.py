@@ -1,6 +1,7 @@
 """SQLite metadata (stdlib sqlite3, WAL mode): the embedded default for one machine.
 
-Every call runs on one dedicated thread, so the event loop never blocks on SQLite."""
+Every call runs on one dedicated thread, so the event loop never blocks on SQLite. The
+tables, indexes and change-log triggers are in sqlite_schema.py."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from cherami.metadata.models import (
     QueueConfig,
     Redelivery,
 )
+from cherami.metadata.sqlite_schema import create_schema
 
 T = TypeVar("T")
 
@@ -37,71 +39,6 @@ _UNAVAILABLE_CODES = frozenset({
     sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_NOMEM, sqlite3.SQLITE_READONLY,
     sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PROTOCOL,
 })  # fmt: skip
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS queues (
-    name TEXT PRIMARY KEY, config TEXT NOT NULL, created_at REAL NOT NULL, dlq_of TEXT
-);
--- the queues a listing shows (not the groups' DLQs), in name order
-CREATE INDEX IF NOT EXISTS queues_public ON queues (name) WHERE dlq_of IS NULL;
-CREATE TABLE IF NOT EXISTS groups (
-    queue TEXT NOT NULL, name TEXT NOT NULL, config TEXT NOT NULL, created_at REAL NOT NULL,
-    start_ms INTEGER NOT NULL, dlq TEXT NOT NULL, PRIMARY KEY (queue, name)
-);
-CREATE TABLE IF NOT EXISTS extents (
-    id TEXT PRIMARY KEY, queue TEXT NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL,
-    input_host TEXT NOT NULL, stores TEXT NOT NULL, created_at REAL NOT NULL,
-    sealed_seq INTEGER, predecessor TEXT UNIQUE
-);
-CREATE INDEX IF NOT EXISTS extents_by_queue ON extents (queue, status);
-CREATE INDEX IF NOT EXISTS extents_by_status ON extents (status);
-CREATE TABLE IF NOT EXISTS ack_levels (
-    queue TEXT NOT NULL, grp TEXT NOT NULL, extent TEXT NOT NULL, level BLOB NOT NULL,
-    acked INTEGER NOT NULL, lim BLOB, PRIMARY KEY (queue, grp, extent)
-);
-CREATE TABLE IF NOT EXISTS hosts (
-    id TEXT PRIMARY KEY, role TEXT NOT NULL, address TEXT NOT NULL, heartbeat_at REAL NOT NULL,
-    zone TEXT NOT NULL DEFAULT '', load TEXT
-);
-CREATE TABLE IF NOT EXISTS leases (
-    name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL,
-    epoch INTEGER NOT NULL DEFAULT 1
-);
--- the change log: a row per write to a queue, its groups, its extents or a merged DLQ
--- range (an ack level with a limit), in commit order; the newest KEPT_CHANGES are kept
-CREATE TABLE IF NOT EXISTS changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL);
-CREATE TRIGGER IF NOT EXISTS changes_kept AFTER INSERT ON changes
-    BEGIN DELETE FROM changes WHERE seq <= NEW.seq - 10000; END;
-CREATE TRIGGER IF NOT EXISTS queue_added AFTER INSERT ON queues
-    BEGIN INSERT INTO changes (queue) VALUES (NEW.name); END;
-CREATE TRIGGER IF NOT EXISTS queue_changed AFTER UPDATE ON queues
-    BEGIN INSERT INTO changes (queue) VALUES (NEW.name); END;
-CREATE TRIGGER IF NOT EXISTS queue_deleted AFTER DELETE ON queues
-    BEGIN INSERT INTO changes (queue) VALUES (OLD.name); END;
-CREATE TRIGGER IF NOT EXISTS group_added AFTER INSERT ON groups
-    BEGIN INSERT INTO changes (queue) VALUES (NEW.queue); END;
-CREATE TRIGGER IF NOT EXISTS group_changed AFTER UPDATE ON groups
-    BEGIN INSERT INTO changes (queue) VALUES (NEW.queue); END;
-CREATE TRIGGER IF NOT EXISTS group_deleted AFTER DELETE ON groups
-    BEGIN INSERT INTO changes (queue) VALUES (OLD.queue); END;
-CREATE TRIGGER IF NOT EXISTS extent_added AFTER INSERT ON extents
-    BEGIN INSERT INTO changes (queue) VALUES (NEW.queue); END;
-CREATE TRIGGER IF NOT EXISTS extent_changed AFTER UPDATE OF status ON extents
-    BEGIN INSERT INTO changes (queue) VALUES (NEW.queue); END;
-CREATE TRIGGER IF NOT EXISTS extent_deleted AFTER DELETE ON extents
-    BEGIN INSERT INTO changes (queue) VALUES (OLD.queue); END;
-CREATE TRIGGER IF NOT EXISTS limit_added AFTER INSERT ON ack_levels WHEN NEW.lim IS NOT NULL
-    BEGIN INSERT INTO changes (queue) VALUES (NEW.queue); END;
-CREATE TRIGGER IF NOT EXISTS limit_changed AFTER UPDATE ON ack_levels
-    WHEN NEW.lim IS NOT OLD.lim
-    BEGIN INSERT INTO changes (queue) VALUES (NEW.queue); END;
-CREATE TRIGGER IF NOT EXISTS limit_deleted AFTER DELETE ON ack_levels WHEN OLD.lim IS NOT NULL
-    BEGIN INSERT INTO changes (queue) VALUES (OLD.queue); END;
-CREATE TABLE IF NOT EXISTS redeliveries (
-    queue TEXT NOT NULL, grp TEXT NOT NULL, extent TEXT NOT NULL, key BLOB NOT NULL,
-    count INTEGER NOT NULL, due_ms INTEGER NOT NULL, PRIMARY KEY (queue, grp, extent, key)
-);
-"""
 
 _json = msgspec.json.Encoder()
 
@@ -161,14 +98,7 @@ class SqliteMetadataStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(SCHEMA)
-        leases = [row[1] for row in self._db.execute("PRAGMA table_info(leases)")]
-        if "epoch" not in leases:  # made before lease epochs
-            self._db.execute("ALTER TABLE leases ADD COLUMN epoch INTEGER NOT NULL DEFAULT 1")
-        hosts = [row[1] for row in self._db.execute("PRAGMA table_info(hosts)")]
-        if "zone" not in hosts:  # made before zones and load reports
-            self._db.execute("ALTER TABLE hosts ADD COLUMN zone TEXT NOT NULL DEFAULT ''")
-            self._db.execute("ALTER TABLE hosts ADD COLUMN load TEXT")
+        create_schema(self._db)
 
     async def _run(self, fn: Callable[[], T]) -> T:
         try:

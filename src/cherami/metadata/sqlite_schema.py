@@ -1,0 +1,85 @@
+"""The SQLite metadata store's schema (sqlite.py): its tables and indexes, the triggers
+that keep the change log (``MetadataStore.changes_since``), and the columns added to a
+database made before them."""
+
+from __future__ import annotations
+
+import sqlite3
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS queues (
+    name TEXT PRIMARY KEY, config TEXT NOT NULL, created_at REAL NOT NULL, dlq_of TEXT
+);
+-- the queues a listing shows (not the groups' DLQs), in name order
+CREATE INDEX IF NOT EXISTS queues_public ON queues (name) WHERE dlq_of IS NULL;
+CREATE TABLE IF NOT EXISTS groups (
+    queue TEXT NOT NULL, name TEXT NOT NULL, config TEXT NOT NULL, created_at REAL NOT NULL,
+    start_ms INTEGER NOT NULL, dlq TEXT NOT NULL, PRIMARY KEY (queue, name)
+);
+CREATE TABLE IF NOT EXISTS extents (
+    id TEXT PRIMARY KEY, queue TEXT NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL,
+    input_host TEXT NOT NULL, stores TEXT NOT NULL, created_at REAL NOT NULL,
+    sealed_seq INTEGER, predecessor TEXT UNIQUE
+);
+CREATE INDEX IF NOT EXISTS extents_by_queue ON extents (queue, status);
+CREATE INDEX IF NOT EXISTS extents_by_status ON extents (status);
+CREATE TABLE IF NOT EXISTS ack_levels (
+    queue TEXT NOT NULL, grp TEXT NOT NULL, extent TEXT NOT NULL, level BLOB NOT NULL,
+    acked INTEGER NOT NULL, lim BLOB, PRIMARY KEY (queue, grp, extent)
+);
+CREATE TABLE IF NOT EXISTS hosts (
+    id TEXT PRIMARY KEY, role TEXT NOT NULL, address TEXT NOT NULL, heartbeat_at REAL NOT NULL,
+    zone TEXT NOT NULL DEFAULT '', load TEXT
+);
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL,
+    epoch INTEGER NOT NULL DEFAULT 1
+);
+-- the change log: a row per write to a queue, its groups, its extents or a merged DLQ
+-- range (an ack level with a limit), in commit order; the newest KEPT_CHANGES are kept
+CREATE TABLE IF NOT EXISTS changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL);
+CREATE TRIGGER IF NOT EXISTS changes_kept AFTER INSERT ON changes
+    BEGIN DELETE FROM changes WHERE seq <= NEW.seq - 10000; END;
+CREATE TRIGGER IF NOT EXISTS queue_added AFTER INSERT ON queues
+    BEGIN INSERT INTO changes (queue) VALUES (NEW.name); END;
+CREATE TRIGGER IF NOT EXISTS queue_changed AFTER UPDATE ON queues
+    BEGIN INSERT INTO changes (queue) VALUES (NEW.name); END;
+CREATE TRIGGER IF NOT EXISTS queue_deleted AFTER DELETE ON queues
+    BEGIN INSERT INTO changes (queue) VALUES (OLD.name); END;
+CREATE TRIGGER IF NOT EXISTS group_added AFTER INSERT ON groups
+    BEGIN INSERT INTO changes (queue) VALUES (NEW.queue); END;
+CREATE TRIGGER IF NOT EXISTS group_changed AFTER UPDATE ON groups
+    BEGIN INSERT INTO changes (queue) VALUES (NEW.queue); END;
+CREATE TRIGGER IF NOT EXISTS group_deleted AFTER DELETE ON groups
+    BEGIN INSERT INTO changes (queue) VALUES (OLD.queue); END;
+CREATE TRIGGER IF NOT EXISTS extent_added AFTER INSERT ON extents
+    BEGIN INSERT INTO changes (queue) VALUES (NEW.queue); END;
+CREATE TRIGGER IF NOT EXISTS extent_changed AFTER UPDATE OF status ON extents
+    BEGIN INSERT INTO changes (queue) VALUES (NEW.queue); END;
+CREATE TRIGGER IF NOT EXISTS extent_deleted AFTER DELETE ON extents
+    BEGIN INSERT INTO changes (queue) VALUES (OLD.queue); END;
+CREATE TRIGGER IF NOT EXISTS limit_added AFTER INSERT ON ack_levels WHEN NEW.lim IS NOT NULL
+    BEGIN INSERT INTO changes (queue) VALUES (NEW.queue); END;
+CREATE TRIGGER IF NOT EXISTS limit_changed AFTER UPDATE ON ack_levels
+    WHEN NEW.lim IS NOT OLD.lim
+    BEGIN INSERT INTO changes (queue) VALUES (NEW.queue); END;
+CREATE TRIGGER IF NOT EXISTS limit_deleted AFTER DELETE ON ack_levels WHEN OLD.lim IS NOT NULL
+    BEGIN INSERT INTO changes (queue) VALUES (OLD.queue); END;
+CREATE TABLE IF NOT EXISTS redeliveries (
+    queue TEXT NOT NULL, grp TEXT NOT NULL, extent TEXT NOT NULL, key BLOB NOT NULL,
+    count INTEGER NOT NULL, due_ms INTEGER NOT NULL, PRIMARY KEY (queue, grp, extent, key)
+);
+"""
+
+
+def create_schema(db: sqlite3.Connection) -> None:
+    """Create what is missing, then add the columns a database made by an older version
+    lacks."""
+    db.executescript(SCHEMA)
+    leases = [row[1] for row in db.execute("PRAGMA table_info(leases)")]
+    if "epoch" not in leases:  # made before lease epochs
+        db.execute("ALTER TABLE leases ADD COLUMN epoch INTEGER NOT NULL DEFAULT 1")
+    hosts = [row[1] for row in db.execute("PRAGMA table_info(hosts)")]
+    if "zone" not in hosts:  # made before zones and load reports
+        db.execute("ALTER TABLE hosts ADD COLUMN zone TEXT NOT NULL DEFAULT ''")
+        db.execute("ALTER TABLE hosts ADD COLUMN load TEXT")
