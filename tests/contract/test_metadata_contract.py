@@ -31,7 +31,8 @@ from cherami.metadata.models import (
     Redelivery,
 )
 from cherami.metadata.open import MetadataTarget, open_metadata, parse_metadata_url
-from cherami.metadata.postgres import MIGRATIONS, PostgresMetadataStore
+from cherami.metadata.postgres import PostgresMetadataStore
+from cherami.metadata.postgres_schema import MIGRATIONS
 from cherami.metadata.sqlite import SqliteMetadataStore
 from tests.contract.conftest import POSTGRES_URL, MetadataBackend
 

@@ -12,7 +12,8 @@ import msgspec
 
 from cherami.errors import ConfigError
 from cherami.metadata.base import MetadataStore
-from cherami.metadata.postgres import PostgresMetadataStore, check_schema
+from cherami.metadata.postgres import PostgresMetadataStore
+from cherami.metadata.postgres_schema import check_schema
 from cherami.metadata.sqlite import SqliteMetadataStore
 from cherami.telemetry import timed_metadata
 

@@ -1,21 +1,18 @@
 """PostgreSQL metadata (psycopg 3, async): the store for a cluster of hosts.
 
 Every call borrows a connection from a pool, so many asyncio tasks can use one store at
-once. The tables live in their own schema, created and migrated by ``connect``."""
+once. The tables live in their own schema, created and migrated by ``connect``
+(postgres_schema.py)."""
 
 from __future__ import annotations
 
-import logging
-import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, LiteralString
+from typing import Any
 
 import msgspec
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -23,7 +20,6 @@ from cherami.errors import (
     AlreadyExists,
     Fenced,
     GroupNotFound,
-    InvalidRequest,
     QueueNotFound,
     Unavailable,
 )
@@ -41,8 +37,7 @@ from cherami.metadata.models import (
     QueueConfig,
     Redelivery,
 )
-
-log = logging.getLogger("cherami.metadata.postgres")
+from cherami.metadata.postgres_schema import NOW, check_schema, migrate, with_search_path
 
 Row = tuple[Any, ...]
 Pool = AsyncConnectionPool[psycopg.AsyncConnection[Row]]
@@ -67,93 +62,6 @@ class _Pool(Pool):
             raise Unavailable(f"metadata database unavailable: {err}") from err
 
 
-# Applied in order, each once, each in its own transaction; append, never edit.
-# Keys are COLLATE "C" so listings sort by code point, as SQLite's BINARY collation does.
-MIGRATIONS: tuple[LiteralString, ...] = (
-    """
-    CREATE TABLE queues (
-        name text COLLATE "C" PRIMARY KEY, config jsonb NOT NULL,
-        created_at double precision NOT NULL, dlq_of text
-    );
-    CREATE TABLE groups (
-        queue text COLLATE "C" NOT NULL, name text COLLATE "C" NOT NULL, config jsonb NOT NULL,
-        created_at double precision NOT NULL, start_ms bigint NOT NULL, dlq text NOT NULL,
-        PRIMARY KEY (queue, name)
-    );
-    CREATE TABLE extents (
-        id text COLLATE "C" PRIMARY KEY, queue text NOT NULL, kind text NOT NULL,
-        status text NOT NULL, input_host text NOT NULL, stores text[] NOT NULL,
-        created_at double precision NOT NULL, sealed_seq bigint,
-        predecessor text UNIQUE
-    );
-    CREATE INDEX extents_by_queue ON extents (queue, status);
-    CREATE TABLE ack_levels (
-        queue text NOT NULL, grp text NOT NULL, extent text NOT NULL, level bytea NOT NULL,
-        acked bigint NOT NULL, lim bytea, PRIMARY KEY (queue, grp, extent)
-    );
-    CREATE TABLE hosts (
-        id text COLLATE "C" PRIMARY KEY, role text NOT NULL, address text NOT NULL,
-        heartbeat_at double precision NOT NULL
-    );
-    CREATE TABLE leases (
-        name text PRIMARY KEY, holder text NOT NULL, expires_at double precision NOT NULL
-    );
-    """,
-    # lease epochs: fenced writes (ack levels, extents) name the epoch they act in
-    "ALTER TABLE leases ADD COLUMN epoch bigint NOT NULL DEFAULT 1;",
-    # parked messages: delivery counts and nack delays that survive restarts
-    """
-    CREATE TABLE redeliveries (
-        queue text NOT NULL, grp text NOT NULL, extent text COLLATE "C" NOT NULL,
-        key bytea NOT NULL, count integer NOT NULL, due_ms bigint NOT NULL,
-        PRIMARY KEY (queue, grp, extent, key)
-    );
-    """,
-    # zones and load reports (the hosts' latest, JSON) for placement and scaling
-    "ALTER TABLE hosts ADD COLUMN zone text NOT NULL DEFAULT '', ADD COLUMN load jsonb;",
-    # every open extent at once (recovery), not queue by queue
-    "CREATE INDEX extents_by_status ON extents (status);",
-    # the change log (MetadataStore.changes_since): numbered from one counter row, whose
-    # lock orders the writers, so numbers become visible in order and without gaps
-    """
-    CREATE TABLE changes (seq bigint PRIMARY KEY, queue text NOT NULL);
-    CREATE TABLE change_counter (one boolean PRIMARY KEY, seq bigint NOT NULL);
-    INSERT INTO change_counter VALUES (true, 0);
-    CREATE FUNCTION note_change() RETURNS trigger LANGUAGE plpgsql AS $$
-    DECLARE
-        q text;
-        n bigint;
-    BEGIN
-        IF TG_OP = 'DELETE' THEN
-            IF TG_TABLE_NAME = 'queues' THEN q := OLD.name; ELSE q := OLD.queue; END IF;
-        ELSE
-            IF TG_TABLE_NAME = 'queues' THEN q := NEW.name; ELSE q := NEW.queue; END IF;
-        END IF;
-        UPDATE change_counter SET seq = seq + 1 RETURNING seq INTO n;
-        INSERT INTO changes VALUES (n, q);
-        DELETE FROM changes WHERE seq <= n - 10000;
-        RETURN NULL;
-    END $$;
-    CREATE TRIGGER queues_changed AFTER INSERT OR UPDATE OR DELETE ON queues
-        FOR EACH ROW EXECUTE FUNCTION note_change();
-    CREATE TRIGGER groups_changed AFTER INSERT OR UPDATE OR DELETE ON groups
-        FOR EACH ROW EXECUTE FUNCTION note_change();
-    CREATE TRIGGER extents_changed AFTER INSERT OR DELETE OR UPDATE OF status ON extents
-        FOR EACH ROW EXECUTE FUNCTION note_change();
-    CREATE TRIGGER limit_added AFTER INSERT ON ack_levels
-        FOR EACH ROW WHEN (NEW.lim IS NOT NULL) EXECUTE FUNCTION note_change();
-    CREATE TRIGGER limit_changed AFTER UPDATE ON ack_levels
-        FOR EACH ROW WHEN (NEW.lim IS DISTINCT FROM OLD.lim) EXECUTE FUNCTION note_change();
-    CREATE TRIGGER limit_deleted AFTER DELETE ON ack_levels
-        FOR EACH ROW WHEN (OLD.lim IS NOT NULL) EXECUTE FUNCTION note_change();
-    """,
-    # a page of the queues a listing shows (not the groups' DLQs), in name order
-    "CREATE INDEX queues_public ON queues (name) WHERE dlq_of IS NULL;",
-)
-
-_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-_MIGRATION_LOCK = 0x43484552  # "CHER": the advisory lock class; the schema hash is the key
-_NOW = "extract(epoch FROM clock_timestamp())::double precision"
 _EXTENT_COLUMNS = "id, queue, kind, status, input_host, stores, created_at, sealed_seq, predecessor"
 
 _json = msgspec.json.Encoder()
@@ -220,55 +128,6 @@ def _config(value: msgspec.Struct) -> Jsonb:
     return Jsonb(value, dumps=_json.encode)
 
 
-def check_schema(schema: str) -> str:
-    if not _SCHEMA_NAME.match(schema):
-        raise InvalidRequest(
-            f"schema name {schema!r} must be 1-63 characters from a-z 0-9 _ "
-            "not starting with a digit"
-        )
-    return schema
-
-
-async def migrate(url: str, schema: str) -> int:
-    """Create ``schema`` if missing and apply the migrations it lacks; returns its version.
-
-    An advisory lock serialises processes that start at once against one database."""
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        # Held until this connection closes.
-        await conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (_MIGRATION_LOCK, schema))
-        await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-        await conn.execute("SELECT set_config('search_path', %s, false)", (schema,))
-        await conn.execute(
-            "CREATE TABLE IF NOT EXISTS schema_migrations "
-            "(version integer PRIMARY KEY, applied_at double precision NOT NULL)"
-        )
-        cur = await conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations")
-        row = await cur.fetchone()
-        current: int = row[0] if row else 0
-        if current > len(MIGRATIONS):
-            log.warning(
-                "schema %s is at version %d, newer than this code (%d)",
-                schema,
-                current,
-                len(MIGRATIONS),
-            )
-        for version, script in enumerate(MIGRATIONS[current:], start=current + 1):
-            async with conn.transaction():
-                await conn.execute(script)
-                await conn.execute(
-                    f"INSERT INTO schema_migrations VALUES (%s, {_NOW})",
-                    (version,),
-                )
-            log.info("migrated metadata schema %s to version %d", schema, version)
-            current = version
-        return current
-
-
-def _with_search_path(url: str, schema: str) -> str:
-    options = conninfo_to_dict(url).get("options") or ""
-    return make_conninfo(url, options=f"{options} -c search_path={schema}".strip())
-
-
 class PostgresMetadataStore:
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
@@ -281,7 +140,7 @@ class PostgresMetadataStore:
         check_schema(schema)
         await migrate(url, schema)
         pool: Pool = _Pool(
-            _with_search_path(url, schema),
+            with_search_path(url, schema),
             min_size=1,
             max_size=max_connections,
             kwargs={"autocommit": True, "connect_timeout": int(POOL_TIMEOUT)},
@@ -578,14 +437,14 @@ class PostgresMetadataStore:
 
     async def lease_holder(self, name: str) -> str | None:
         row = await self._fetchone(
-            f"SELECT holder FROM leases WHERE name = %s AND expires_at >= {_NOW}", (name,)
+            f"SELECT holder FROM leases WHERE name = %s AND expires_at >= {NOW}", (name,)
         )
         return str(row[0]) if row else None
 
     async def lease_holders(self, prefix: str) -> dict[str, str]:
         rows = await self._fetchall(
             "SELECT name, holder FROM leases WHERE substr(name, 1, %s) = %s "
-            f"AND expires_at >= {_NOW}",
+            f"AND expires_at >= {NOW}",
             (len(prefix), prefix),
         )
         return {str(name): str(holder) for name, holder in rows}
@@ -594,10 +453,10 @@ class PostgresMetadataStore:
         # Expiry is judged by the server's clock, the one clock every contender shares.
         row = await self._fetchone(
             "INSERT INTO leases AS l (name, holder, expires_at, epoch) "
-            f"VALUES (%s, %s, {_NOW} + %s, 1) ON CONFLICT (name) DO UPDATE SET "
+            f"VALUES (%s, %s, {NOW} + %s, 1) ON CONFLICT (name) DO UPDATE SET "
             "holder = excluded.holder, expires_at = excluded.expires_at, "
             "epoch = CASE WHEN l.holder = excluded.holder THEN l.epoch ELSE l.epoch + 1 END "
-            f"WHERE l.holder = excluded.holder OR l.expires_at < {_NOW} RETURNING l.epoch",
+            f"WHERE l.holder = excluded.holder OR l.expires_at < {NOW} RETURNING l.epoch",
             (name, holder, ttl_seconds),
         )
         return int(row[0]) if row else None
