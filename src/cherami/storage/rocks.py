@@ -12,6 +12,7 @@ holding the msgpack array of its records): far fewer keys to write, sync and sca
 one per message (benchmarks/README.md). Reads split the values back into per-message keys
 and records, so callers see the same thing as from the per-message reference store.
 Timer extents keep one key per message, ordered by (delivery time, sequence number).
+The key layout and the scans that read it are in rockslayout.py.
 
 Append rounds are made durable by the store's own journal (journal.py), not RocksDB's
 WAL: they are written to the memtables without the WAL, after the round is synced in
@@ -27,7 +28,7 @@ from dataclasses import replace
 from typing import Any, cast
 
 import msgspec
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from cherami.storage import journal
 from cherami.storage.base import (
@@ -37,7 +38,15 @@ from cherami.storage.base import (
     StorageError,
     check_append,
 )
-from cherami.wire.keys import MAX_SEQ, plain_key, plain_keys, seq_of, timer_key
+from cherami.storage.rockslayout import (
+    after_prefix,
+    extent_prefix,
+    prefixed_iter,
+    scan,
+    scan_plain,
+    seek_value_holding,
+)
+from cherami.wire.keys import MAX_SEQ, plain_key, seq_of, timer_key
 from cherami.wire.store import PLAIN, TIMER, ExtentInfo, array_header, unpack_records
 
 _META_CF = "__meta__"
@@ -110,7 +119,7 @@ class RocksExtentStore:
                 self._own.add(extent)
                 self._cfs[extent] = (self._db.get_column_family_handle(extent), b"")
             else:
-                self._cfs[extent] = (self._shared_handle, _prefix(extent))
+                self._cfs[extent] = (self._shared_handle, extent_prefix(extent))
         journal_dir = os.path.join(path, "journal")
         self._replay(journal_dir)
         self._journal = journal.Journal(journal_dir, journal_bytes)
@@ -192,11 +201,7 @@ class RocksExtentStore:
             if view is None:
                 view = self._views[extent] = self._db.get_column_family(extent)
             return view.iter()
-        prefix = _prefix(extent)
-        bounds = ReadOptions()
-        bounds.set_iterate_lower_bound(prefix)
-        bounds.set_iterate_upper_bound(_after_prefix(prefix))
-        return _Prefixed(self._views[_SHARED_CF].iter(bounds), prefix, bounds)
+        return prefixed_iter(self._views[_SHARED_CF], extent)
 
     def _durable_write(self, batch: WriteBatch) -> None:
         """Write, then fsync the WAL: as durable as a ``sync=True`` write, but rocksdict
@@ -212,7 +217,7 @@ class RocksExtentStore:
             raise StorageError("invalid_request", f"unknown extent kind {kind!r}")
         if extent in self._meta:
             return
-        prefix = _prefix(extent)
+        prefix = extent_prefix(extent)
         meta = ExtentMeta(kind)
         self._write_meta(extent, meta)
         self._cfs[extent] = (self._shared_handle, prefix)
@@ -312,8 +317,8 @@ class RocksExtentStore:
         it = self._iter(extent)
         try:
             if meta.kind == PLAIN:
-                return _scan_plain(it, meta, after, max_count, max_bytes, max_seq)
-            return _scan(it, meta, after, max_count, until_ms, max_bytes, max_seq)
+                return scan_plain(it, meta, after, max_count, max_bytes, max_seq)
+            return scan(it, meta, after, max_count, until_ms, max_bytes, max_seq)
         finally:
             del it
 
@@ -336,7 +341,7 @@ class RocksExtentStore:
         removed = dropped_bytes = 0
         it = self._iter(extent)
         if meta.kind == PLAIN:
-            _seek_value_holding(it, at_seq + 1)
+            seek_value_holding(it, at_seq + 1)
             while it.valid():
                 first = seq_of(it.key())
                 records = unpack_records(it.value())
@@ -379,10 +384,10 @@ class RocksExtentStore:
         batch.delete(extent.encode(), self._meta_handle)
         handle, prefix = self._cfs[extent]
         if prefix:  # its records go with the metadata row, in one synced write
-            batch.delete_range(prefix, _after_prefix(prefix), handle)
+            batch.delete_range(prefix, after_prefix(prefix), handle)
         self._durable_write(batch)
         if prefix:
-            self._compact_later(prefix, _after_prefix(prefix))
+            self._compact_later(prefix, after_prefix(prefix))
         del self._meta[extent]
         del self._cfs[extent]
         if extent in self._own:
@@ -437,58 +442,6 @@ class RocksExtentStore:
         self._db.close()
 
 
-def _prefix(extent: str) -> bytes:
-    """The keys of an extent in the shared column family start with this."""
-    name = extent.encode()
-    if not 0 < len(name) < 256:
-        raise StorageError("invalid_request", f"extent name {extent!r} must be 1-255 bytes")
-    return bytes((len(name),)) + name
-
-
-def _after_prefix(prefix: bytes) -> bytes:
-    """The first key past every key that starts with ``prefix`` (its length byte makes
-    the name's last byte never the end of a longer prefix)."""
-    return prefix + b"\xff" * 17  # longer than any key of an extent (timer: 16 bytes)
-
-
-class _Prefixed:
-    """An iterator of the shared column family, bounded to one extent's keys (its
-    ReadOptions), that shows the keys without the extent's prefix (what the scans and
-    seals expect)."""
-
-    __slots__ = ("_it", "_prefix", "_n", "_bounds")
-
-    def __init__(self, it: Any, prefix: bytes, bounds: ReadOptions) -> None:
-        self._it = it
-        self._prefix = prefix
-        self._n = len(prefix)
-        self._bounds = bounds  # kept while the iterator lives
-
-    def seek(self, key: bytes) -> None:
-        self._it.seek(self._prefix + key)
-
-    def seek_for_prev(self, key: bytes) -> None:
-        self._it.seek_for_prev(self._prefix + key)
-
-    def seek_to_first(self) -> None:
-        self._it.seek(self._prefix)
-
-    def valid(self) -> bool:
-        # the bounds are checked here too: seek_to_first and seek_for_prev have been
-        # seen to pass the lower bound
-        it = self._it
-        return bool(it.valid()) and it.key()[: self._n] == self._prefix
-
-    def key(self) -> bytes:
-        return bytes(self._it.key()[self._n :])
-
-    def value(self) -> bytes:
-        return cast(bytes, self._it.value())
-
-    def next(self) -> None:
-        self._it.next()
-
-
 def _round_parts(
     journaled: list[tuple[str, int, list[bytes] | msgspec.Raw, list[int] | None]],
 ) -> list[bytes]:
@@ -502,83 +455,3 @@ def _round_parts(
         else:
             parts.append(_encoder.encode((extent, first_seq, records, delivery_ms)))
     return parts
-
-
-def _seek_value_holding(it: Any, seq: int) -> None:
-    """Position a plain extent's iterator on the value holding ``seq`` (the last value
-    keyed at or below it), or on the first value when every value starts above it."""
-    it.seek_for_prev(plain_key(seq))
-    if not it.valid():
-        it.seek_to_first()
-
-
-def _scan_plain(
-    it: Any, meta: ExtentMeta, after: bytes, max_count: int, max_bytes: int, max_seq: int
-) -> ReadBatch:
-    """Per-message keys and records after ``after`` from the per-append values."""
-    start = seq_of(after) + 1 if after else 1
-    limit = meta.last_seq if max_seq < 0 else min(max_seq, meta.last_seq)
-    keys: list[bytes] = []
-    records: list[bytes] = []
-    size = 0
-    _seek_value_holding(it, start)
-    while it.valid() and len(records) < max_count and size < max_bytes:
-        first = seq_of(it.key())
-        if first > limit:
-            break
-        values = unpack_records(it.value())
-        lo = max(start - first, 0)
-        hi = min(len(values), limit - first + 1, lo + max_count - len(records))
-        if lo < hi:
-            part = values[lo:hi]
-            part_size = sum(map(len, part))
-            if size + part_size >= max_bytes:  # stop just past max_bytes, as per message
-                taken = 0
-                for record in part:
-                    taken += 1
-                    size += len(record)
-                    if size >= max_bytes:
-                        break
-                part = part[:taken]
-            else:
-                size += part_size
-            keys.extend(plain_keys(first + lo, len(part)))
-            records.extend(part)
-            start = first + lo + len(part)
-        it.next()
-    end = meta.sealed and start > meta.last_seq
-    return ReadBatch(keys, records, end)
-
-
-def _scan(
-    it: Any,
-    meta: ExtentMeta,
-    after: bytes,
-    max_count: int,
-    until_ms: int,
-    max_bytes: int,
-    max_seq: int,
-) -> ReadBatch:
-    if after:
-        it.seek(after)
-        if it.valid() and it.key() == after:
-            it.next()
-    else:
-        it.seek_to_first()
-    keys: list[bytes] = []
-    records: list[bytes] = []
-    size = 0
-    timer = meta.kind == TIMER
-    while it.valid() and len(keys) < max_count and size < max_bytes:
-        key = it.key()
-        if timer and until_ms and int.from_bytes(key[:8], "big") > until_ms:
-            return ReadBatch(keys, records, False)
-        if max_seq >= 0 and int.from_bytes(key[-8:], "big") > max_seq:
-            return ReadBatch(keys, records, False)
-        value = it.value()
-        keys.append(key)
-        records.append(value)
-        size += len(value)
-        it.next()
-    end = meta.sealed and not it.valid()
-    return ReadBatch(keys, records, end)
