@@ -365,3 +365,50 @@ async def test_kinds_split_between_hosts_are_rebalanced(
     while not balanced() and time.monotonic() < deadline:
         await _ticks([a, b], meta, 1)
     assert balanced(), {h.id: sorted(h.held) for h in (a, b)}
+
+
+class _Counting:
+    """A real metadata store that counts the catalog reads made of it."""
+
+    def __init__(self, store: SqliteMetadataStore) -> None:
+        self._store = store
+        self.reads: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if name in ("list_queues", "get_queue", "list_groups", "list_extents"):
+
+            async def counted(*args: Any, **kwargs: Any) -> Any:
+                self.reads.append(f"{name}{args[:1]}")
+                return await attr(*args, **kwargs)
+
+            return counted
+        return attr
+
+
+async def test_a_tick_reads_only_the_queues_that_changed(meta: SqliteMetadataStore) -> None:
+    """The catalog is read whole once; then an idle tick reads none of it, and a change
+    reads that queue alone (every tick listed every queue, and each queue's groups and
+    extents: three queries per queue every half second)."""
+    for name in ("x", "y", "z"):
+        await _queue(meta, name, ["g"], [PLAIN])
+    counting = _Counting(meta)
+    a = ExtentOwnership(_Outputs(), counting, "outputhost-a", clock=_Clock())  # type: ignore[arg-type]
+    await _alive(meta, a.id)
+    await a.tick()
+    assert "list_queues()" in counting.reads and len(a.held) == 3
+    counting.reads.clear()
+    await a.tick()
+    assert counting.reads == []  # idle: nothing of the catalog is read
+    await meta.insert_extent(Extent(id="y-e1", queue="y", kind=PLAIN, status=OPEN,
+                                    input_host="in", stores=["s"], created_at=time.time()))  # fmt: skip
+    await a.tick()
+    assert counting.reads == ["get_queue('y',)", "list_groups('y',)", "list_extents('y',)"]
+    assert ("y", "g", "y-e1") in a.held
+    counting.reads.clear()
+    group = await meta.get_group("z", "g")
+    await meta.delete_group("z", "g")
+    await a.tick()
+    assert not any(u[0] == "z" for u in a.held) and ("unload", ("z", "g")) in a.outputs.events  # type: ignore[attr-defined]
+    assert all("'x'" not in r and "'y'" not in r for r in counting.reads)
+    assert group.dlq not in {u[0] for u in a.held}

@@ -70,9 +70,9 @@ def orphan_after() -> float:
     return 2 * timing.current.ownership_tick
 
 
-MERGED_REFRESH = 2.0  # how often a group's merged dead-letter ranges are read again
-
 Unit = tuple[str, str, str]  # queue, group, extent id (or WHOLE)
+# a queue's units with their extents' kinds, its groups, and its groups' dead-letter queues
+_QueueUnits = tuple[dict[Unit, str], set[tuple[str, str]], set[str]]
 
 
 def unit_lease(queue: str, group: str, extent: str) -> str:
@@ -123,7 +123,10 @@ class ExtentOwnership:
         self._riding_until = 0.0  # acting on past the leases' end until (outage.py)
         self.outage = OutageWatch(self)
         self._unheld_since: dict[Unit, float] = {}  # units no lease holds, since when
-        self._merged_at: dict[tuple[str, str], tuple[float, list[str]]] = {}
+        # what the metadata says of each queue's units, kept up by its change log
+        self._seen = -1
+        self._catalog: dict[str, _QueueUnits] = {}
+        self._dlq_of: dict[str, str] = {}  # a group's dead-letter queue -> its queue
 
     def _find(self, queue: str, group: str, extent: str) -> _Held | None:
         return self.held.get((queue, group, extent)) or self.held.get((queue, group, WHOLE))
@@ -217,39 +220,59 @@ class ExtentOwnership:
 
     async def _units(self) -> tuple[dict[Unit, str], set[tuple[str, str]]]:
         """Every unit with its extent's kind (plain or timer: a group's share of each
-        is counted apart), and every group (those without units too)."""
+        is counted apart), and every group (those without units too). Read from the
+        metadata only for the queues the change log names since the last tick (a
+        queue's record, groups, extents or merged dead-letter ranges; all of them the
+        first time, or when the log cannot say): an idle catalog costs one query."""
+        latest, changed = await self.metadata.changes_since(self._seen)
+        if changed is None:
+            queues = await self.metadata.list_queues()
+            self._catalog = {}
+        else:  # a dead-letter queue's extents are those of its group's merged ranges
+            names = changed | {self._dlq_of[n] for n in changed if n in self._dlq_of}
+            queues = []
+            for name in sorted(names):
+                self._catalog.pop(name, None)
+                try:
+                    queues.append(await self.metadata.get_queue(name))
+                except QueueNotFound:
+                    continue
+        for queue in queues:
+            self._catalog[queue.name] = await self._queue_units(queue)
+        self._seen = latest
+        self._dlq_of = {dlq: name for name, (_, _, dlqs) in self._catalog.items() for dlq in dlqs}
         units: dict[Unit, str] = {}
         groups: set[tuple[str, str]] = set()
-        for queue in await self.metadata.list_queues():
-            listed = await self.metadata.list_groups(queue.name)
-            if not listed:
-                continue
-            readable = await self.metadata.list_extents(queue.name, (OPEN, FAILING, SEALED))
-            extents = [e.id for e in readable]
-            kinds = {e.id: e.kind for e in readable}
-            for group in listed:
-                groups.add((group.queue, group.name))
-                merged = []
-                if queue.config.type != "cp" and group.config.type != STREAM:
-                    merged = await self._merged(group)
-                for unit in group_units(queue, group, extents + merged):
-                    units[unit] = kinds.get(unit[2], "dlq")
+        for queue_units, queue_groups, _ in self._catalog.values():
+            units.update(queue_units)
+            groups |= queue_groups
         return units, groups
+
+    async def _queue_units(self, queue: Queue) -> _QueueUnits:
+        """One queue's units (with their kinds), groups and groups' dead-letter queues."""
+        listed = await self.metadata.list_groups(queue.name)
+        if not listed:
+            return {}, set(), set()
+        readable = await self.metadata.list_extents(queue.name, (OPEN, FAILING, SEALED))
+        extents = [e.id for e in readable]
+        kinds = {e.id: e.kind for e in readable}
+        units: dict[Unit, str] = {}
+        for group in listed:
+            merged = []
+            if queue.config.type != "cp" and group.config.type != STREAM:
+                merged = await self._merged(group)
+            for unit in group_units(queue, group, extents + merged):
+                units[unit] = kinds.get(unit[2], "dlq")
+        return units, {(g.queue, g.name) for g in listed}, {g.dlq for g in listed}
 
     async def _merged(self, group: Group) -> list[str]:
         """The dead-letter extents with ranges merged back into the group, while they
-        exist; read again every MERGED_REFRESH seconds (a merge is rare, and this is
-        two reads per group)."""
-        key = (group.queue, group.name)
-        at, merged = self._merged_at.get(key, (-math.inf, []))
-        if self.clock() - at < MERGED_REFRESH:
-            return merged
+        exist."""
         levels = await self.metadata.get_ack_levels(group.queue, group.name)
         merged = [lv.extent for lv in levels if lv.limit is not None]
         if merged:
             dlq = {e.id for e in await self.metadata.list_extents(group.dlq)}
             merged = [e for e in merged if e in dlq]
-        self._merged_at[key] = (self.clock(), merged)
         return merged
 
     async def tick(self) -> None:
@@ -275,7 +298,6 @@ class ExtentOwnership:
         for unit in gone:
             moved = unit[:2] in groups and unit[:2] not in deleted
             await self._drop(unit, MOVED_CLOSE if moved else DELETED_CLOSE)
-        self._merged_at = {k: v for k, v in self._merged_at.items() if k in groups}
         shed = False
         taken: set[tuple[str, str]] = set()
         for (queue, group, _), members in shares.items():
