@@ -1,5 +1,9 @@
 """The controller: creates queues, groups and extents, places extents on store hosts,
-seals extents (at recovery and when a replica fails) and opens their successors."""
+seals extents (at recovery and when a replica fails) and opens their successors.
+
+Its parts: sealing.py seals an extent and later the replicas a seal missed; recovery.py
+keeps or seals at a node's start what its input host left open; dlqmerge.py moves a
+dead-letter queue's cursor (merge, purge)."""
 
 from __future__ import annotations
 
@@ -33,28 +37,16 @@ from cherami.metadata.models import (
     Queue,
     QueueConfig,
 )
+from cherami.roles.controller.dlqmerge import DlqCursor
 from cherami.roles.controller.placement import Placements, pick_stores
-from cherami.roles.storehost.client import StoreError
-from cherami.roles.storehost.directory import INFO_CHUNK, StoreDirectory
-from cherami.wire.keys import plain_key
+from cherami.roles.controller.recovery import PING, Recovery
+from cherami.roles.controller.sealing import Sealer
+from cherami.roles.storehost.directory import StoreDirectory
 from cherami.wire.store import PLAIN, TIMER
 
 log = logging.getLogger("cherami.controller.service")
 
 STOREHOST = "storehost"
-
-DLQ_CURSOR = "_dlq_cursor"  # internal group on a DLQ queue: how far it was merged or purged
-PING = "_ping"  # an extent name no extent has: asking for it tests that a store answers
-RECOVERY_CONCURRENCY = 16  # seals under way at once when a node recovers
-
-
-def _agreed(lasts: dict[tuple[str, str], int], extent: Extent) -> int | None:
-    """The last sequence number every replica of the extent holds, when all of them
-    answered open and end at the same one; None otherwise."""
-    ends = {lasts.get((extent.id, s)) for s in extent.stores}
-    if None in ends or len(ends) != 1:
-        return None
-    return ends.pop()
 
 
 def new_extent_id() -> str:
@@ -125,14 +117,17 @@ class ControllerService:
         self.default_min_extents = default_min_extents
         self._restarts_stores = restarts_stores  # a node: a store host that dies comes back
         self.placed = Placements()  # placements the hosts' load reports do not show yet
-        # replicas a seal could not reach; sealed when they answer again
-        self.unsealed_replicas: set[tuple[str, str]] = set()
         # open extents with fewer replicas than their queue's (extent id -> queue)
         self.degraded: dict[str, str] = {}
         self._queue_locks: dict[str, asyncio.Lock] = {}
         # the leading controller's lease fence: extent changes it makes are refused by
         # the metadata store once another controller leads (None: unfenced, one node)
         self.fence: Fence | None = None
+        self.sealer = Sealer(metadata, stores, fence=lambda: self.fence)
+        self.recovery = Recovery(
+            metadata, stores, self.seal_extent, self._lock, self.ensure_extents
+        )
+        self.dlq_cursors = DlqCursor(metadata, stores)
 
     def _lock(self, queue: str) -> asyncio.Lock:
         return self._queue_locks.setdefault(queue, asyncio.Lock())
@@ -389,36 +384,9 @@ class ControllerService:
         return True
 
     async def seal_extent(self, extent: Extent) -> int:
-        """Seal every reachable replica at the last sequence number all of them hold.
-
-        First each replica is sealed where it stands, which stops every append: a publish
-        is acked only once every replica holds it, so from the first of these seals on no
-        further message can be acked. Every acked message is therefore at or below each
-        replica's sealed point, and so at or below their minimum. Then every replica is
-        cut back to that minimum: all acked messages stay, and every replica holds
-        exactly the same records. (Taking the minimum of a first look and sealing there
-        would race with appends acked between the look and the seal.)"""
-        lasts: dict[str, int] = {}
-        for store_id in extent.stores:
-            try:
-                lasts[store_id] = await self.stores.get(store_id).seal(extent.id, -1)
-            except CheramiError as err:
-                if isinstance(err, StoreError) and err.code == "extent_not_found":
-                    continue  # this store never got a replica of the extent
-                log.warning("replica %s of %s unreachable at seal: %s", store_id, extent.id, err)
-                self.unsealed_replicas.add((extent.id, store_id))
-        if not lasts:
-            raise Unavailable(f"no replica of extent {extent.id} is reachable")
-        at = min(lasts.values())
-        for store_id in lasts:
-            try:
-                await self.stores.get(store_id).seal(extent.id, at)
-            except CheramiError as err:
-                log.warning("replica %s of %s not sealed: %s", store_id, extent.id, err)
-                self.unsealed_replicas.add((extent.id, store_id))
-        await self.metadata.set_extent_status(extent.id, SEALED, sealed_seq=at, fence=self.fence)
-        log.info("extent %s of queue %s sealed at %d", extent.id, extent.queue, at)
-        return at
+        """Seal every reachable replica at the last sequence number all of them hold
+        (sealing.py)."""
+        return await self.sealer.seal_extent(extent)
 
     async def replace_extent(self, extent_id: str) -> None:
         """Seal a failed extent and open what the queue needs, so publishing goes on."""
@@ -483,143 +451,32 @@ class ControllerService:
                 name, stores, stores, stores + 1, stores,
             )  # fmt: skip
 
+    @property
+    def unsealed_replicas(self) -> set[tuple[str, str]]:
+        """Replicas a seal could not reach; sealed when they answer again."""
+        return self.sealer.unsealed_replicas
+
     async def seal_stragglers(self) -> None:
         """Seal the replicas that earlier seals could not reach, at the sealed seq."""
-        for extent_id, store_id in sorted(self.unsealed_replicas):
-            extent = await self.metadata.get_extent(extent_id)
-            if extent is None or extent.sealed_seq is None:
-                self.unsealed_replicas.discard((extent_id, store_id))
-                continue
-            try:
-                await self.stores.get(store_id).seal(extent_id, extent.sealed_seq)
-            except CheramiError:
-                continue
-            self.unsealed_replicas.discard((extent_id, store_id))
-            log.info("replica %s of %s sealed at %d", store_id, extent_id, extent.sealed_seq)
+        await self.sealer.seal_stragglers()
 
     async def reseal_replicas(self, store_id: str) -> None:
         """A store host came back: seal its replicas of extents sealed while it was away."""
-        for extent in await self.metadata.list_extents_in((SEALED,)):
-            if store_id in extent.stores and extent.sealed_seq is not None:
-                try:
-                    await self.stores.get(store_id).seal(extent.id, extent.sealed_seq)
-                except CheramiError as err:
-                    log.warning("reseal of %s on %s failed: %s", extent.id, store_id, err)
+        await self.sealer.reseal_replicas(store_id)
 
     async def recover(self) -> None:
-        """At a node's start: the extents its input host left open (it died with the
-        last run) are kept open where that is safe and sealed where it is not.
+        """At a node's start: keep open the extents its input host left open where that
+        is safe and seal them where it is not (recovery.py)."""
+        await self.recovery.recover()
 
-        An open extent whose every replica exists, is unsealed and ends at the same
-        sequence number holds the same records on each (appends reach a replica in
-        order and whole): its input host goes on from there, as after any reconnect, and
-        the replicas are told that all of it is on every replica (readable). One where
-        they differ (a publish was under way), a replica is missing or sealed, or that
-        was FAILING is sealed as the leader seals any failed extent, and its queue gets
-        what it needs. The replicas are asked in one request per store host, so an idle
-        node with any number of queues comes back in a few round trips, not a seal and
-        an open per queue."""
-        extents = await self.metadata.list_extents_in((OPEN, FAILING))
-        lasts = await self._replica_ends([e for e in extents if e.status == OPEN])
-        keep = [e for e in extents if e.status == OPEN and _agreed(lasts, e) is not None]
-        kept = {e.id for e in keep}
-        broken = [e for e in extents if e.id not in kept]
-        await self._commit_kept(keep, lasts)
-        limit = asyncio.Semaphore(RECOVERY_CONCURRENCY)
-
-        async def seal(extent: Extent) -> None:
-            async with limit, self._lock(extent.queue):
-                await self.seal_extent(extent)
-
-        await asyncio.gather(*(seal(e) for e in broken))
-        for name in sorted({e.queue for e in broken}):
-            await self.ensure_extents(name)
-        log.info("recovered %d open extents: %d kept open, %d sealed", len(extents),
-                 len(keep), len(broken))  # fmt: skip
-
-    async def _replica_ends(self, extents: list[Extent]) -> dict[tuple[str, str], int]:
-        """(extent, store) -> the replica's last sequence number, for each replica that
-        exists and is open; one info request per store host (in chunks)."""
-        by_store: dict[str, list[str]] = {}
-        for extent in extents:
-            for store_id in extent.stores:
-                by_store.setdefault(store_id, []).append(extent.id)
-
-        async def ask(store_id: str, ids: list[str]) -> list[tuple[str, str, int]]:
-            client = self.stores.get(store_id)
-            ends = []
-            for i in range(0, len(ids), INFO_CHUNK):
-                for info in await client.info(ids[i : i + INFO_CHUNK]):
-                    if info.exists and not info.sealed:
-                        ends.append((info.extent, store_id, info.last_seq))
-            return ends
-
-        answers = await asyncio.gather(
-            *(ask(s, ids) for s, ids in by_store.items()), return_exceptions=True
-        )
-        lasts: dict[tuple[str, str], int] = {}
-        for store_id, answer in zip(by_store, answers, strict=True):
-            if isinstance(answer, BaseException):
-                log.warning("store host %s did not answer at recovery: %s", store_id, answer)
-                continue
-            for extent_id, store, last in answer:
-                lasts[(extent_id, store)] = last
-        return lasts
-
-    async def _commit_kept(self, keep: list[Extent], lasts: dict[tuple[str, str], int]) -> None:
-        """Tell each replica of the extents kept open that what it holds is on every
-        replica (a store host makes an open extent readable only up to that point),
-        then wait for one answer per store host: the commits before it are applied."""
-        stores = sorted({s for e in keep for s in e.stores})
-        for extent in keep:
-            last = _agreed(lasts, extent)
-            if last:
-                for store_id in extent.stores:
-                    self.stores.get(store_id).commit_nowait(extent.id, last)
-        await asyncio.gather(*(self.stores.get(s).info([PING]) for s in stores))
-
-    # dead-letter queues
+    # dead-letter queues (dlqmerge.py)
     async def dlq_cursor(self, dlq: str) -> dict[str, AckLevel]:
-        return {a.extent: a for a in await self.metadata.get_ack_levels(dlq, DLQ_CURSOR)}
+        return await self.dlq_cursors.dlq_cursor(dlq)
 
     async def dlq_ranges(self, dlq: str) -> list[tuple[Extent, AckLevel, int]]:
         """Each DLQ extent with its cursor and last sequence number."""
-        cursor = await self.dlq_cursor(dlq)
-        ranges = []
-        for extent in await self.metadata.list_extents(dlq, (OPEN, FAILING, SEALED)):
-            info = await self.stores.info(extent)
-            level = cursor.get(extent.id) or AckLevel(queue=dlq, group=DLQ_CURSOR, extent=extent.id)
-            ranges.append((extent, level, info.last_seq))
-        return ranges
+        return await self.dlq_cursors.dlq_ranges(dlq)
 
     async def move_dlq_cursor(self, dlq: str, merge_into: Group | None) -> int:
         """Advance the DLQ cursor to the end: purge, or merge the range into one group."""
-        moved = 0
-        cursor_rows: list[AckLevel] = []
-        merged_rows: list[AckLevel] = []
-        group_levels = (
-            {
-                a.extent: a
-                for a in await self.metadata.get_ack_levels(merge_into.queue, merge_into.name)
-            }
-            if merge_into
-            else {}
-        )
-        for extent, level, last_seq in await self.dlq_ranges(dlq):
-            if last_seq <= level.acked:
-                continue
-            moved += last_seq - level.acked
-            end = plain_key(last_seq)
-            if merge_into is not None:
-                row = group_levels.get(extent.id) or AckLevel(
-                    queue=merge_into.queue, group=merge_into.name, extent=extent.id,
-                    level=level.level, acked=level.acked,
-                )  # fmt: skip
-                row.limit = end
-                merged_rows.append(row)
-            cursor_rows.append(
-                AckLevel(queue=dlq, group=DLQ_CURSOR, extent=extent.id, level=end, acked=last_seq)
-            )
-        if cursor_rows:
-            await self.metadata.put_ack_levels(cursor_rows + merged_rows)
-        return moved
+        return await self.dlq_cursors.move_dlq_cursor(dlq, merge_into)

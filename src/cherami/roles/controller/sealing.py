@@ -1,0 +1,86 @@
+"""Sealing an extent's replicas at one point, and the replicas a seal could not reach:
+sealed later, once they answer again (a straggler, or a store host that came back)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from cherami.errors import CheramiError, Unavailable
+from cherami.metadata.base import MetadataStore
+from cherami.metadata.models import SEALED, Extent, Fence
+from cherami.roles.storehost.client import StoreError
+from cherami.roles.storehost.directory import StoreDirectory
+
+# the controller's log lines keep the logger they were written under
+log = logging.getLogger("cherami.controller.service")
+
+
+class Sealer:
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        stores: StoreDirectory,
+        fence: Callable[[], Fence | None],
+    ) -> None:
+        """``fence``: the leading controller's lease fence now (None: unfenced)."""
+        self.metadata = metadata
+        self.stores = stores
+        self._fence = fence
+        # replicas a seal could not reach; sealed when they answer again
+        self.unsealed_replicas: set[tuple[str, str]] = set()
+
+    async def seal_extent(self, extent: Extent) -> int:
+        """Seal every reachable replica at the last sequence number all of them hold.
+
+        First each replica is sealed where it stands, which stops every append: a publish
+        is acked only once every replica holds it, so from the first of these seals on no
+        further message can be acked. Every acked message is therefore at or below each
+        replica's sealed point, and so at or below their minimum. Then every replica is
+        cut back to that minimum: all acked messages stay, and every replica holds
+        exactly the same records. (Taking the minimum of a first look and sealing there
+        would race with appends acked between the look and the seal.)"""
+        lasts: dict[str, int] = {}
+        for store_id in extent.stores:
+            try:
+                lasts[store_id] = await self.stores.get(store_id).seal(extent.id, -1)
+            except CheramiError as err:
+                if isinstance(err, StoreError) and err.code == "extent_not_found":
+                    continue  # this store never got a replica of the extent
+                log.warning("replica %s of %s unreachable at seal: %s", store_id, extent.id, err)
+                self.unsealed_replicas.add((extent.id, store_id))
+        if not lasts:
+            raise Unavailable(f"no replica of extent {extent.id} is reachable")
+        at = min(lasts.values())
+        for store_id in lasts:
+            try:
+                await self.stores.get(store_id).seal(extent.id, at)
+            except CheramiError as err:
+                log.warning("replica %s of %s not sealed: %s", store_id, extent.id, err)
+                self.unsealed_replicas.add((extent.id, store_id))
+        await self.metadata.set_extent_status(extent.id, SEALED, sealed_seq=at, fence=self._fence())
+        log.info("extent %s of queue %s sealed at %d", extent.id, extent.queue, at)
+        return at
+
+    async def seal_stragglers(self) -> None:
+        """Seal the replicas that earlier seals could not reach, at the sealed seq."""
+        for extent_id, store_id in sorted(self.unsealed_replicas):
+            extent = await self.metadata.get_extent(extent_id)
+            if extent is None or extent.sealed_seq is None:
+                self.unsealed_replicas.discard((extent_id, store_id))
+                continue
+            try:
+                await self.stores.get(store_id).seal(extent_id, extent.sealed_seq)
+            except CheramiError:
+                continue
+            self.unsealed_replicas.discard((extent_id, store_id))
+            log.info("replica %s of %s sealed at %d", store_id, extent_id, extent.sealed_seq)
+
+    async def reseal_replicas(self, store_id: str) -> None:
+        """A store host came back: seal its replicas of extents sealed while it was away."""
+        for extent in await self.metadata.list_extents_in((SEALED,)):
+            if store_id in extent.stores and extent.sealed_seq is not None:
+                try:
+                    await self.stores.get(store_id).seal(extent.id, extent.sealed_seq)
+                except CheramiError as err:
+                    log.warning("reseal of %s on %s failed: %s", extent.id, store_id, err)
