@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from cherami.cli.cluster import cluster
-from cherami.cli.commands import ClientFactory, connection_options, echo_json, run
+from cherami.cli.connection import ClientFactory, connection_options, echo_json, run
 
 
 def _rate(value: float) -> str:

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from cherami.cli.commands import ClientFactory, connection_options
+from cherami.cli.connection import ClientFactory, connection_options
 from cherami.cli.main import cli
 from cherami.client.asyncclient import AsyncClient
 from cherami.errors import Forbidden, NotFound, Unavailable
