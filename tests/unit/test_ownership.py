@@ -400,8 +400,9 @@ async def test_a_tick_reads_only_the_queues_that_changed(meta: SqliteMetadataSto
     counting.reads.clear()
     await a.tick()
     assert counting.reads == []  # idle: nothing of the catalog is read
-    await meta.insert_extent(Extent(id="y-e1", queue="y", kind=PLAIN, status=OPEN,
-                                    input_host="in", stores=["s"], created_at=time.time()))  # fmt: skip
+    extent = Extent(id="y-e1", queue="y", kind=PLAIN, status=OPEN, input_host="in",
+                    stores=["s"], created_at=time.time())  # fmt: skip
+    await meta.insert_extent(extent)
     await a.tick()
     assert counting.reads == ["get_queue('y',)", "list_groups('y',)", "list_extents('y',)"]
     assert ("y", "g", "y-e1") in a.held
