@@ -229,6 +229,27 @@ async def test_lease_holders_by_prefix(meta: MetadataStore) -> None:
     assert await meta.lease_holders("nothing:") == {}
 
 
+async def test_leases_are_renewed_in_bulk_only_by_their_holder(meta: MetadataStore) -> None:
+    mine = await meta.try_lease("group:q/g/e1", "o1", ttl_seconds=0)  # run out, not taken
+    assert mine is not None
+    assert await meta.try_lease("group:q/g/e2", "o1", ttl_seconds=5) == 1
+    assert await meta.try_lease("group:q/g/e3", "o1", ttl_seconds=0)
+    taken = await meta.try_lease("group:q/g/e3", "o2", ttl_seconds=5)  # passed on
+    assert taken == 2
+    names = ["group:q/g/e1", "group:q/g/e2", "group:q/g/e3", "group:q/g/never"]
+    renewed = await meta.renew_leases(names, "o1", ttl_seconds=5)
+    assert renewed == {"group:q/g/e1": mine, "group:q/g/e2": 1}  # epochs kept
+    assert await meta.lease_holders("group:q/g/") == {
+        "group:q/g/e1": "o1", "group:q/g/e2": "o1", "group:q/g/e3": "o2",
+    }  # fmt: skip
+    assert not await meta.try_lease("group:q/g/e1", "o2", ttl_seconds=5)  # renewed: still o1's
+    assert await meta.renew_leases([], "o1", ttl_seconds=5) == {}
+    many = [f"group:q/h/e{i}" for i in range(2000)]  # more than one statement's parameters
+    for name in many[:3]:
+        assert await meta.try_lease(name, "o1", ttl_seconds=5)
+    assert set(await meta.renew_leases(many, "o1", ttl_seconds=5)) == set(many[:3])
+
+
 async def test_expired_lease_passes_to_another_holder(meta: MetadataStore) -> None:
     assert await meta.try_lease("controller", "c1", ttl_seconds=0)
     assert await meta.try_lease("controller", "c2", ttl_seconds=5)

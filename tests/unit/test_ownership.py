@@ -376,7 +376,8 @@ class _Counting:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
-        if name in ("list_queues", "get_queue", "list_groups", "list_extents"):
+        if name in ("list_queues", "get_queue", "list_groups", "list_extents", "try_lease",
+                    "renew_leases"):  # fmt: skip
 
             async def counted(*args: Any, **kwargs: Any) -> Any:
                 self.reads.append(f"{name}{args[:1]}")
@@ -399,17 +400,26 @@ async def test_a_tick_reads_only_the_queues_that_changed(meta: SqliteMetadataSto
     assert "list_queues()" in counting.reads and len(a.held) == 3
     counting.reads.clear()
     await a.tick()
-    assert counting.reads == []  # idle: nothing of the catalog is read
+    # idle: nothing of the catalog is read, and the leases are renewed in one statement
+    # (one statement per unit every tick before)
+    assert counting.reads == [
+        "renew_leases(['group:x/g/x-e0', 'group:y/g/y-e0', 'group:z/g/z-e0'],)"
+    ]
+    counting.reads.clear()
     extent = Extent(id="y-e1", queue="y", kind=PLAIN, status=OPEN, input_host="in",
                     stores=["s"], created_at=time.time())  # fmt: skip
     await meta.insert_extent(extent)
     await a.tick()
-    assert counting.reads == ["get_queue('y',)", "list_groups('y',)", "list_extents('y',)"]
+    assert [r for r in counting.reads if not r.startswith("renew_leases")] == [
+        "get_queue('y',)", "list_groups('y',)", "list_extents('y',)",
+        "try_lease('group:y/g/y-e1',)",
+    ]  # fmt: skip
     assert ("y", "g", "y-e1") in a.held
     counting.reads.clear()
     group = await meta.get_group("z", "g")
     await meta.delete_group("z", "g")
     await a.tick()
     assert not any(u[0] == "z" for u in a.held) and ("unload", ("z", "g")) in a.outputs.events  # type: ignore[attr-defined]
-    assert all("'x'" not in r and "'y'" not in r for r in counting.reads)
+    catalog = [r for r in counting.reads if not r.startswith(("renew_leases", "try_lease"))]
+    assert all("'x'" not in r and "'y'" not in r for r in catalog)
     assert group.dlq not in {u[0] for u in a.held}

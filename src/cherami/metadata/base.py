@@ -166,3 +166,10 @@ class MetadataStore(Protocol):
         """Take or renew the lease for ``ttl_seconds``, judged by the store's clock.
         Returns the lease's epoch when ``holder`` holds it now (it grows by one each
         time the holder changes, and stays on a renewal), else None."""
+
+    async def renew_leases(
+        self, names: list[str], holder: str, ttl_seconds: float
+    ) -> dict[str, int]:
+        """Renew, in one statement, each lease of ``names`` that ``holder`` still holds
+        (as ``try_lease`` renews one: its epoch stays): name -> epoch of those renewed.
+        A lease another holder has taken is left alone and absent from the answer."""

@@ -449,6 +449,18 @@ class PostgresMetadataStore:
         )
         return {str(name): str(holder) for name, holder in rows}
 
+    async def renew_leases(
+        self, names: list[str], holder: str, ttl_seconds: float
+    ) -> dict[str, int]:
+        if not names:
+            return {}
+        rows = await self._fetchall(
+            f"UPDATE leases SET expires_at = {NOW} + %s WHERE holder = %s "
+            "AND name = ANY(%s) RETURNING name, epoch",
+            (ttl_seconds, holder, names),
+        )
+        return {str(name): int(epoch) for name, epoch in rows}
+
     async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> int | None:
         # Expiry is judged by the server's clock, the one clock every contender shares.
         row = await self._fetchone(

@@ -6,6 +6,7 @@ tables, indexes and change-log triggers are in sqlite_schema.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import time
 from collections.abc import Callable
@@ -425,6 +426,19 @@ class SqliteMetadataStore:
             ).fetchall()
         )
         return {str(name): str(holder) for name, holder in rows}
+
+    async def renew_leases(
+        self, names: list[str], holder: str, ttl_seconds: float
+    ) -> dict[str, int]:
+        def renew() -> dict[str, int]:
+            rows = self._db.execute(
+                "UPDATE leases SET expires_at = ? WHERE holder = ? "
+                "AND name IN (SELECT value FROM json_each(?)) RETURNING name, epoch",
+                (time.time() + ttl_seconds, holder, json.dumps(names)),
+            ).fetchall()
+            return {str(name): int(epoch) for name, epoch in rows}
+
+        return await self._run(renew) if names else {}
 
     async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> int | None:
         def take() -> int | None:

@@ -300,6 +300,7 @@ class ExtentOwnership:
             await self._drop(unit, MOVED_CLOSE if moved else DELETED_CLOSE)
         shed = False
         taken: set[tuple[str, str]] = set()
+        before = list(self.held)  # their leases are renewed together, after the shares
         for (queue, group, _), members in shares.items():
             key = (queue, group)
             fair_here = math.ceil(len(members) / len(live))
@@ -316,37 +317,48 @@ class ExtentOwnership:
                     mine -= 1
                     shed = True
             for unit in members:
-                held = self.held.get(unit)
-                if held is None:
-                    holder = held_by.get(unit_lease(*unit))
-                    if holder is not None and holder != self.id:
-                        continue  # another host's
-                    if self.clock() < self._taking_after or self._slow():
-                        continue  # after an outage, or in what may be one
-                    orphaned = now - self._unheld_since.get(unit, now) >= orphan_after()
-                    full = mine >= fair_here or (len(self.held) >= fair and mine >= floor)
-                    if not orphaned and full:
-                        continue
+                if unit in self.held:
+                    continue  # renewed below, with every unit held before this tick
+                holder = held_by.get(unit_lease(*unit))
+                if holder is not None and holder != self.id:
+                    continue  # another host's
+                if self.clock() < self._taking_after or self._slow():
+                    continue  # after an outage, or in what may be one
+                orphaned = now - self._unheld_since.get(unit, now) >= orphan_after()
+                full = mine >= fair_here or (len(self.held) >= fair and mine >= floor)
+                if not orphaned and full:
+                    continue
                 asked = self.clock()
                 ttl, margin = timing.current.lease_ttl, timing.current.lease_margin
                 epoch = await self.metadata.try_lease(unit_lease(*unit), self.id, ttl)
-                if held is not None and epoch != held.epoch:  # lost, or lost and taken back
-                    await self._drop(unit, MOVED_CLOSE)
-                    held = None
-                    mine -= 1
                 if epoch is None:
                     continue
-                if held is None:
-                    self.held[unit] = _Held(epoch, asked + ttl - margin)
-                    self._groups[key] += 1
-                    mine += 1
-                    taken.add(key)
-                    log.info("output host %s takes %s/%s extent %s (epoch %d)",
-                             self.id, *unit, epoch)  # fmt: skip
-                else:
-                    held.acting_until = asked + ttl - margin
+                self.held[unit] = _Held(epoch, asked + ttl - margin)
+                self._groups[key] += 1
+                mine += 1
+                taken.add(key)
+                log.info("output host %s takes %s/%s extent %s (epoch %d)",
+                         self.id, *unit, epoch)  # fmt: skip
+        await self._renew([unit for unit in before if unit in self.held])
         for key in sorted(taken):
             await self.outputs.took(*key)
+
+    async def _renew(self, units: list[Unit]) -> None:
+        """Renew the leases of ``units`` in one statement; drop those lost (another host
+        took the lease, or took it and this host took it back: a new epoch)."""
+        if not units:
+            return
+        asked = self.clock()
+        ttl, margin = timing.current.lease_ttl, timing.current.lease_margin
+        renewed = await self.metadata.renew_leases([unit_lease(*u) for u in units], self.id, ttl)
+        for unit in units:
+            held = self.held.get(unit)
+            if held is None:
+                continue
+            if renewed.get(unit_lease(*unit)) != held.epoch:
+                await self._drop(unit, MOVED_CLOSE)
+            else:
+                held.acting_until = asked + ttl - margin
 
     async def _group_exists(self, queue: str, group: str) -> bool:
         try:
