@@ -7,6 +7,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from cherami.errors import Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import FAILING, OPEN, Extent
 from cherami.roles.storehost.directory import INFO_CHUNK, StoreDirectory
@@ -17,6 +18,12 @@ log = logging.getLogger("cherami.controller.service")
 
 PING = "_ping"  # an extent name no extent has: asking for it tests that a store answers
 RECOVERY_CONCURRENCY = 16  # seals under way at once when a node recovers
+# a store host still starting (replaying its journal, its RocksDB opening) may answer
+# slowly: it is asked this long for each chunk of replica ends, this many times, before
+# its replicas count as unknown (and every extent with one is sealed: with thousands of
+# queues, a minute of seals and opens)
+ASK_TIMEOUT = 15.0
+ASK_TRIES = 3
 
 
 def _agreed(lasts: dict[tuple[str, str], int], extent: Extent) -> int | None:
@@ -88,7 +95,16 @@ class Recovery:
             client = self.stores.get(store_id)
             ends = []
             for i in range(0, len(ids), INFO_CHUNK):
-                for info in await client.info(ids[i : i + INFO_CHUNK]):
+                for attempt in range(1, ASK_TRIES + 1):
+                    try:
+                        infos = await client.info(ids[i : i + INFO_CHUNK], timeout=ASK_TIMEOUT)
+                        break
+                    except Unavailable as err:
+                        if attempt == ASK_TRIES:
+                            raise
+                        log.info("store host %s at recovery: %s; asking again", store_id, err)
+                        await asyncio.sleep(0.5)
+                for info in infos:
                     if info.exists and not info.sealed:
                         ends.append((info.extent, store_id, info.last_seq))
             return ends
