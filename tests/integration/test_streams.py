@@ -46,6 +46,34 @@ async def test_stream_publish_and_consume_round_trip(client: AsyncClient) -> Non
     assert stats["backlog"] == 0 and stats["acked"] == 2000
 
 
+async def test_a_settlement_frame_over_the_cap_is_refused_whole(
+    server: ServerProcess, client: AsyncClient
+) -> None:
+    """An ack frame naming more handles than a stream can hold (100,000) is answered
+    with an error frame and applies nothing (a million junk handles were all echoed in a
+    settled frame); the stream goes on, and a frame within the cap acks."""
+    q = await _queue(client, "g")
+    await client.publish(q, ["one"])
+    async with aiohttp.ClientSession() as s:
+        url = server.url.replace("http", "ws") + f"/v1/queues/{q}/groups/g/consume"
+        async with s.ws_connect(url) as ws:
+            await ws.send_bytes(f.encode(f.Credit(1)))
+            frame = f.decode_server((await ws.receive(timeout=5)).data)
+            assert isinstance(frame, f.Deliver) and len(frame.messages) == 1
+            handle = frame.messages[0].handle
+            too_many = [handle, *range(10**9, 10**9 + 100_000)]
+            await ws.send_bytes(f.encode(f.Ack(too_many)))
+            refused = f.decode_server((await ws.receive(timeout=5)).data)
+            assert isinstance(refused, f.Error) and refused.code == "invalid_request"
+            assert "at most 100000" in refused.message
+            assert (await client.get_group(q, "g"))["stats"]["acked"] == 0  # nothing applied
+            await ws.send_bytes(f.encode(f.Ack([handle])))  # the stream goes on
+            deadline = time.monotonic() + 10
+            while (await client.get_group(q, "g"))["stats"]["acked"] != 1:
+                assert time.monotonic() < deadline, "the ack within the cap was not applied"
+                await asyncio.sleep(0.05)
+
+
 async def test_credit_bounds_deliveries(server: ServerProcess, client: AsyncClient) -> None:
     q = await _queue(client, "g")
     await client.publish(q, [f"m{i}" for i in range(50)])

@@ -19,6 +19,9 @@ from cherami.wire import stream as f
 
 MAX_SETTLE_DELAY_MS = 12 * 3600 * 1000
 MAX_CREDIT = 100_000
+# handles one ack, nack or extend frame may name (what a stream may hold at once): a
+# bigger frame is refused whole, so no settled frame lists more than this
+MAX_SETTLE_HANDLES = MAX_CREDIT
 DELIVER_BATCH = 1000
 DELIVER_BYTES = 8 << 20  # a frame holds at least one message, and stops growing past this
 
@@ -64,6 +67,11 @@ class ConsumeStream:
             await self.ws.send_bytes(f.encode(f.Error(0, "invalid_request", f"bad frame: {err}")))
             return
         c = self.consumer
+        if isinstance(frame, f.Ack | f.Nack | f.Extend) and len(frame.handles) > MAX_SETTLE_HANDLES:
+            kind = type(frame).__name__.lower()
+            message = f"{kind}: {len(frame.handles)} handles, at most {MAX_SETTLE_HANDLES} a frame"
+            await self.ws.send_bytes(f.encode(f.Error(0, "invalid_request", message)))
+            return  # nothing of it applied: the client sends it again in parts
         if isinstance(frame, f.Ack | f.Nack | f.Extend) and not self._may_settle(frame.handles):
             # settling is fenced like delivering: the handles go stale with the move, or
             # with the group, when it was deleted (then the documented close says so)
