@@ -1,7 +1,8 @@
 """How a node's costs grow with the number of queues: create N queues of G groups each
 (one message in each), then measure the node's idle CPU (every process, over --idle
 seconds, 60 by default: long enough to see anything that wakes every 30 s) and memory
-(the resident set of every process), a SIGTERM restart and a SIGKILL restart (until
+(the resident set of every process), the latency of publishing and receiving one
+message at a time on one more queue, a SIGTERM restart and a SIGKILL restart (until
 /healthz answers 200), and that every message published before is delivered after, to
 every group.
 
@@ -68,6 +69,25 @@ def _cpu_seconds(pids: list[str]) -> float:
     return total
 
 
+async def _latency(url: str, rounds: int = 200) -> tuple[float, float]:
+    """p50 and p99 (ms) of publishing one message and receiving it (then acking it), one
+    at a time, on a queue of its own made among the idle ones: what a user of one queue
+    sees on a node that holds many."""
+    took = []
+    async with AsyncClient(url, timeout=60) as client:
+        await client.create_queue("latency")
+        await client.create_group("latency", "g")
+        for i in range(rounds):
+            started = time.perf_counter()
+            await client.publish("latency", [f"ping{i}"])
+            got = await client.receive("latency", "g", max_messages=1, wait_seconds=5)
+            took.append((time.perf_counter() - started) * 1000)
+            assert [m.text for m in got] == [f"ping{i}"], got
+            await client.ack("latency", "g", got)
+    took.sort()
+    return took[len(took) // 2], took[int(len(took) * 0.99)]
+
+
 def _rss_mb(pids: list[str]) -> float:
     total = 0
     for pid in pids:
@@ -108,6 +128,7 @@ def run(queues: int, groups: int, idle_seconds: float) -> dict[str, float]:
         try:
             created = asyncio.run(_create(node.url, queues, groups))
             idle, rss = _idle(node, idle_seconds)
+            p50, p99 = asyncio.run(_latency(node.url))
             sigterm = _restart(node, kill=False)
             missing_term = asyncio.run(_all_delivered(node.url, queues, groups))
             sigkill = _restart(node, kill=True)
@@ -117,7 +138,7 @@ def run(queues: int, groups: int, idle_seconds: float) -> dict[str, float]:
             node.stop()
     return {
         "queues": queues, "groups": groups, "create_s": created, "idle_cpu_pct": idle,
-        "rss_mb": rss,
+        "rss_mb": rss, "latency_p50_ms": p50, "latency_p99_ms": p99,
         "sigterm_restart_s": sigterm, "sigkill_restart_s": sigkill,
         "missing_after_sigterm": missing_term, "missing_after_sigkill": missing_kill,
     }  # fmt: skip
@@ -130,13 +151,14 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=60.0, help="seconds of idling measured")
     args = parser.parse_args()
     print("| queues x groups | create all (s) | idle CPU (% of a core) | RSS (MB) "
-          "| SIGTERM restart (s) | SIGKILL restart (s) | not delivered after |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+          "| publish to receive p50 / p99 (ms) | SIGTERM restart (s) | SIGKILL restart (s) "
+          "| not delivered after |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for n in args.queues:
         r = run(n, args.groups, args.idle)
         print(
             f"| {n} x {args.groups} | {r['create_s']:.1f} | {r['idle_cpu_pct']:.1f} "
-            f"| {r['rss_mb']:.0f} "
+            f"| {r['rss_mb']:.0f} | {r['latency_p50_ms']:.1f} / {r['latency_p99_ms']:.1f} "
             f"| {r['sigterm_restart_s']:.1f} | {r['sigkill_restart_s']:.1f} "
             f"| {r['missing_after_sigterm'] + r['missing_after_sigkill']} |",
             flush=True,

@@ -264,9 +264,7 @@ class StoreClient:
         assert isinstance(reply, w.Done)
         return reply.last_seq
 
-    async def info(
-        self, extents: list[str], timeout: float = CALL_TIMEOUT
-    ) -> list[w.ExtentInfo]:
+    async def info(self, extents: list[str], timeout: float = CALL_TIMEOUT) -> list[w.ExtentInfo]:
         reply = await self.call(w.Info, extents, timeout=timeout)
         assert isinstance(reply, w.InfoResult)
         return reply.extents
