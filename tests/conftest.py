@@ -20,6 +20,7 @@ HEAVY = (
     "tests/integration/test_netns.py",
     "tests/integration/test_scaling_cluster.py",
     "tests/integration/test_publish_spread.py",
+    "tests/integration/test_cluster_restart_breadth.py",
 )
 
 

@@ -31,6 +31,9 @@ from cherami.wire.framing import Cork, FrameReader, FrameWriter, start_framed_se
 log = logging.getLogger("cherami.storehost.server")
 
 MAX_READ_WAIT_MS = 600_000  # a read waits at most this long for records (10 min)
+# ... but this long when the replica holds records after the read's position and knows
+# of no commit of its extent (it restarted, see _read): the reader tries another replica
+UNKNOWN_COMMIT_WAIT = 1.0
 DISK_CHECK = 0.1  # seconds between looks at the free disk (one statvfs)
 T = TypeVar("T")
 
@@ -338,6 +341,15 @@ class StoreHostService:
                     joined = w.join_records(batch.records)
                     return w.ReadResult(request.rid, batch.keys, [], batch.end, joined)
                 return w.ReadResult(request.rid, batch.keys, batch.records, batch.end)
+            if committed is None and max_seq == 0 and await self._holds_after(request):
+                # The commit points live in memory: a replica that restarted knows none
+                # for its open extents until the next append to each, which may never
+                # come (an idle extent), and it shows none of what it holds meanwhile.
+                # A reader left waiting here for MAX_READ_WAIT_MS would miss records
+                # another replica shows (seen after a store host restart: messages
+                # delivered 10 minutes late); answered soon, it tries the next replica.
+                deadline = min(deadline, loop.time() + UNKNOWN_COMMIT_WAIT)
+                remaining = deadline - loop.time()
             if until_ms:
                 remaining = min(remaining, await self._until_due(request, until_ms, max_seq))
             try:
@@ -345,6 +357,13 @@ class StoreHostService:
                     await event.wait()
             except TimeoutError:
                 pass
+
+    async def _holds_after(self, request: w.Read) -> bool:
+        """Whether the replica holds a record after the read's position (shown or not)."""
+        peek = await asyncio.get_running_loop().run_in_executor(
+            self._reads, self.store.read, request.extent, request.after, 1, 0, 1 << 20, -1
+        )
+        return bool(peek.keys)
 
     async def _until_due(self, request: w.Read, until_ms: int, max_seq: int) -> float:
         """Seconds until the next record of a timer extent after the read's position
