@@ -127,6 +127,8 @@ class ExtentOwnership:
         self._seen = -1
         self._catalog: dict[str, _QueueUnits] = {}
         self._dlq_of: dict[str, str] = {}  # a group's dead-letter queue -> its queue
+        # every queue's units and groups together, as _units last merged them
+        self._last: tuple[dict[Unit, str], set[tuple[str, str]]] | None = None
 
     def _find(self, queue: str, group: str, extent: str) -> _Held | None:
         return self.held.get((queue, group, extent)) or self.held.get((queue, group, WHOLE))
@@ -225,6 +227,8 @@ class ExtentOwnership:
         queue's record, groups, extents or merged dead-letter ranges; all of them the
         first time, or when the log cannot say): an idle catalog costs one query."""
         latest, changed = await self.metadata.changes_since(self._seen)
+        if changed is not None and not changed and self._last is not None:
+            return self._last  # nothing changed: the catalog as last merged
         if changed is None:
             queues = await self.metadata.list_queues()
             self._catalog = {}
@@ -246,6 +250,7 @@ class ExtentOwnership:
         for queue_units, queue_groups, _ in self._catalog.values():
             units.update(queue_units)
             groups |= queue_groups
+        self._last = units, groups
         return units, groups
 
     async def _queue_units(self, queue: Queue) -> _QueueUnits:
