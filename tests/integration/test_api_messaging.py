@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import sqlite3
 import time
 from datetime import UTC, datetime
 
@@ -163,6 +165,42 @@ async def test_poison_message_goes_to_dlq_and_group_goes_on(client: AsyncClient)
     assert dead["body"] == "poison" and dead["attributes"] == {"kind": "bad"}
     stats = (await client.get_group(q, "g"))["stats"]
     assert stats["dlq_depth"] == 1 and stats["backlog"] == 0
+
+
+def _open_extents(server: ServerProcess, queue: str) -> tuple[int, dict[str, int]]:
+    """Open extents of the queue, and of each of its groups' dead-letter queues, as the
+    node's metadata database holds them (read-only, beside the running node)."""
+    path = f"file:{server.data_dir}/metadata.db?mode=ro"
+    with contextlib.closing(sqlite3.connect(path, uri=True)) as db:
+        mine = db.execute(
+            "SELECT count(*) FROM extents WHERE queue = ? AND status = 'open'", (queue,)
+        ).fetchone()[0]
+        dlqs = db.execute(
+            "SELECT g.name, (SELECT count(*) FROM extents e WHERE e.queue = g.dlq "
+            "AND e.status = 'open') FROM groups g WHERE g.queue = ?",
+            (queue,),
+        ).fetchall()
+    return int(mine), {str(name): int(n) for name, n in dlqs}
+
+
+async def test_a_dead_letter_queue_opens_an_extent_at_its_first_dead_letter(
+    client: AsyncClient, server: ServerProcess
+) -> None:
+    """A group's dead-letter queue held a plain and a timer extent from the group's
+    creation (3 replicas each): 2 groups tripled a queue's extents, most of them never
+    written. It now holds none until the first message is moved there, then one plain
+    extent (no timer extent: nothing delayed is published to a dead-letter queue)."""
+    q = await _setup(client, "g", "idle", visibility_timeout_seconds=0.3, max_delivery_count=1)
+    await client.publish(q, ["first"])
+    assert _open_extents(server, q) == (2, {"g": 0, "idle": 0})  # a plain and a timer one
+    await _poison(client, q, "g", 1)
+    assert _open_extents(server, q) == (2, {"g": 1, "idle": 0})
+    (dead,) = (await client.dlq(q, "g"))["messages"]
+    assert dead["body"] == "first"
+    assert (await client.dlq(q, "idle"))["depth"] == 0
+    assert await _drain(client, q, "idle", 1) == ["first"]
+    assert await client.dlq_merge(q, "g") == 1
+    assert await _drain(client, q, "g", 1) == ["first"]
 
 
 async def _poison(client: AsyncClient, q: str, g: str, n: int) -> None:

@@ -14,6 +14,9 @@ _NAME = re.compile(NAME_PATTERN)
 
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=365 * 86400)]
 Extents = Annotated[int, msgspec.Meta(ge=1, le=64)]
+# a queue's min_extents: 0 only for a dead-letter queue that nothing was moved to yet (it
+# holds no extent until its first dead letter; the controller refuses 0 for any other)
+MinExtents = Annotated[int, msgspec.Meta(ge=0, le=64)]
 TargetRate = Annotated[float, msgspec.Meta(gt=0, le=10_000_000)]
 Rate = Annotated[float, msgspec.Meta(ge=0, le=1e12)]  # per second (or a burst); 0: none
 
@@ -49,7 +52,7 @@ class QueueConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     min_replicas: Annotated[int, msgspec.Meta(ge=1, le=9)] | None = None
     # open plain extents the queue keeps at least (None: 1 on a node, 2 in a cluster,
     # filled in when the queue is created) and at most (scaling by load opens up to it)
-    min_extents: Extents | None = None
+    min_extents: MinExtents | None = None
     max_extents: Extents = 16
     extent_target_rate: TargetRate = 20_000  # msgs/s one extent should carry
     delay_seconds: Annotated[float, msgspec.Meta(ge=0, le=30 * 86400)] = 0.0
@@ -90,6 +93,18 @@ class Queue(msgspec.Struct, kw_only=True):
     config: QueueConfig
     created_at: float
     dlq_of: str | None = None  # "queue/group" when this queue is that group's DLQ
+
+
+def min_plain(queue: Queue) -> int:
+    """The open plain extents the queue keeps at least (0: a dead-letter queue nothing
+    was moved to yet)."""
+    return 1 if queue.config.min_extents is None else queue.config.min_extents
+
+
+def wants_timers(queue: Queue) -> bool:
+    """Whether the queue keeps a timer extent beside its plain ones: not a dead-letter
+    queue (only the output host publishes there, never a delayed message)."""
+    return queue.dlq_of is None
 
 
 class GroupConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -3,7 +3,9 @@ dead-letter ranges (``ControllerClient``): every API process of a cluster runs a
 ControllerService over the shared metadata store (only the leading controller's process
 opens and seals extents: ``manage_extents``), so the in-process service is the one
 implementation; a node's is the same. An input host reports a failed extent through the
-metadata store (``report_failing``); the leading controller (leader.py) acts on it."""
+metadata store (``report_failing``); the leading controller (leader.py) acts on it. A
+group's dead-letter queue holds no extent until the output host moves its first message
+there (``wake_dead_letter_queue``, also through the metadata store)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from cherami.metadata.models import (
     GroupConfig,
     Queue,
     QueueConfig,
+    min_plain,
 )
 
 
@@ -56,3 +59,15 @@ async def report_failing(metadata: MetadataStore, extent_id: str) -> None:
     extent = await metadata.get_extent(extent_id)
     if extent is not None and extent.status == OPEN:
         await metadata.set_extent_status(extent_id, FAILING)
+
+
+async def wake_dead_letter_queue(metadata: MetadataStore, dlq: str) -> Queue:
+    """The dead-letter queue, asked to keep an open extent from now on (made with
+    ``min_extents`` 0, it holds none until its first dead letter): the leading
+    controller sees the change in the change log and opens one at its next tick, and a
+    publish to the queue waits for it meanwhile, as when an extent is replaced."""
+    queue = await metadata.get_queue(dlq)
+    if queue.dlq_of is not None and min_plain(queue) == 0:
+        queue.config.min_extents = 1
+        await metadata.update_queue(queue)
+    return queue

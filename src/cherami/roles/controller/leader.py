@@ -17,7 +17,15 @@ from cherami import timing
 from cherami.errors import CheramiError, QueueNotFound
 from cherami.membership import INPUTHOST, live_hosts
 from cherami.metadata.base import MetadataStore
-from cherami.metadata.models import FAILING, OPEN, Extent, Fence, Queue
+from cherami.metadata.models import (
+    FAILING,
+    OPEN,
+    Extent,
+    Fence,
+    Queue,
+    min_plain,
+    wants_timers,
+)
 from cherami.periodic import Periodic
 from cherami.roles.controller.retention import Retention
 from cherami.roles.controller.scaling import (
@@ -212,7 +220,7 @@ class Leader:
         """Open what the queue is short of and scale it; a queue left unsettled is
         looked at again next tick."""
         queue = self._queues[name]
-        if sum(e.kind == PLAIN for e in healthy) > (queue.config.min_extents or 1):
+        if sum(e.kind == PLAIN for e in healthy) > min_plain(queue):
             self._wide.add(name)
         else:
             self._wide.discard(name)
@@ -294,7 +302,7 @@ class Leader:
         plain = [e for e in extents if e.kind == PLAIN and e.status == OPEN]
         load = QueueLoad(
             extents=len(plain), rate=sum(rates.get(e.id, 0.0) for e in plain),
-            target=queue.config.extent_target_rate, min_extents=queue.config.min_extents or 1,
+            target=queue.config.extent_target_rate, min_extents=min_plain(queue),
             max_extents=queue.config.max_extents,
         )  # fmt: skip
         decision = self.scaling.decide(queue.name, load)
@@ -321,12 +329,12 @@ async def _logged(what: str, chore: Callable[[], Awaitable[None]]) -> None:
 
 def _short_of_extents(queue: Queue, healthy: list[Extent]) -> bool:
     """Whether the queue's healthy open extents are fewer than its minimum, or an input
-    host holds a plain one without a timer extent beside it (what ensure_extents opens):
-    a steady queue costs the tick no more reads."""
+    host holds a plain one without a timer extent beside it (what ensure_extents opens;
+    a dead-letter queue has none): a steady queue costs the tick no more reads."""
     plain = [e for e in healthy if e.kind == PLAIN]
     with_timer = {e.input_host for e in healthy if e.kind == TIMER}
-    short = len(plain) < (queue.config.min_extents or 1)
-    return short or any(e.input_host not in with_timer for e in plain)
+    short = len(plain) < min_plain(queue)
+    return short or (wants_timers(queue) and any(e.input_host not in with_timer for e in plain))
 
 
 def _needs_seal(extent: Extent, live_inputs: set[str], live_stores: set[str]) -> bool:

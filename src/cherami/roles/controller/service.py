@@ -36,6 +36,8 @@ from cherami.metadata.models import (
     Host,
     Queue,
     QueueConfig,
+    min_plain,
+    wants_timers,
 )
 from cherami.roles.controller.dlqmerge import DlqCursor
 from cherami.roles.controller.placement import Placements, pick_stores
@@ -58,11 +60,15 @@ def dlq_name(queue: str, group: str) -> str:
     return f"_dlq.{secrets.token_hex(6)}.{queue}.{group}"[:200]
 
 
-def check_extent_bounds(config: QueueConfig, default_min: int = 1) -> None:
+def check_extent_bounds(
+    config: QueueConfig, default_min: int = 1, dlq_of: str | None = None
+) -> None:
     """Fill ``min_extents`` in (default: 1 on a node, 2 in a cluster) and check it is at
-    most ``max_extents``."""
+    most ``max_extents``, and 0 only for a dead-letter queue (``dlq_of``)."""
     if config.min_extents is None:
         config.min_extents = min(default_min, config.max_extents)
+    if config.min_extents == 0 and dlq_of is None:
+        raise InvalidRequest("min_extents must be at least 1")
     if config.min_extents > config.max_extents:
         raise InvalidRequest(
             f"min_extents {config.min_extents} exceeds max_extents {config.max_extents}"
@@ -146,7 +152,7 @@ class ControllerService:
                 f"replicas {config.replicas} exceeds the {len(self.stores.ids())} store hosts"
             )
         check_min_replicas(config)
-        check_extent_bounds(config, self.default_min_extents)
+        check_extent_bounds(config, self.default_min_extents, dlq_of)
         self._warn_without_spare_store(name, config)
         async with self._lock(name):
             queue = Queue(name=name, config=config, created_at=time.time(), dlq_of=dlq_of)
@@ -165,7 +171,7 @@ class ControllerService:
     async def update_queue(self, queue: Queue) -> None:
         """Store a changed config and open extents up to its min_extents."""
         check_min_replicas(queue.config)
-        check_extent_bounds(queue.config, self.default_min_extents)
+        check_extent_bounds(queue.config, self.default_min_extents, queue.dlq_of)
         async with self._lock(queue.name):
             await self.metadata.update_queue(queue)
             await self._ensure_extents(queue)
@@ -217,9 +223,11 @@ class ControllerService:
                 raise AlreadyExists(f"group {name} exists with a different config")
             return existing, False
         dlq = dlq_name(queue_name, name)
+        # no extent until the first dead letter (wake_dead_letter_queue, client.py): an
+        # idle group costs its store hosts, the leader and the output host nothing
         dlq_config = QueueConfig(
             replicas=queue.config.replicas, min_replicas=queue.config.min_replicas,
-            retention_seconds=queue.config.retention_seconds, min_extents=1,
+            retention_seconds=queue.config.retention_seconds, min_extents=0,
         )  # fmt: skip
         group = Group(
             queue=queue_name, name=name, config=config, created_at=time.time(),
@@ -254,7 +262,7 @@ class ControllerService:
         plain = [e for e in open_extents if e.kind == PLAIN]
         created: list[Extent] = []
         heads = await self._unsucceeded(queue) if queue.config.type == "cp" else []
-        for i in range((queue.config.min_extents or 1) - len(plain)):
+        for i in range(min_plain(queue) - len(plain)):
             predecessor = heads[i].id if i < len(heads) else None
             created.append(
                 await self._create_extent(
@@ -268,7 +276,9 @@ class ControllerService:
         self, queue: Queue, open_extents: list[Extent], created: list[Extent]
     ) -> list[Extent]:
         """A timer extent on every input host that has a plain extent of the queue and
-        no timer extent yet."""
+        no timer extent yet (none for a dead-letter queue)."""
+        if not wants_timers(queue):
+            return []
         plain = [e for e in open_extents if e.kind == PLAIN]
         timers = []
         with_timer = {e.input_host for e in open_extents if e.kind == TIMER}

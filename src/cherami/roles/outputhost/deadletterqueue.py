@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from cherami.metadata.base import MetadataStore
+from cherami.roles.controller.client import wake_dead_letter_queue
 from cherami.roles.outputhost.entry import Entry
 from cherami.wire.records import Message
 
@@ -34,7 +35,8 @@ class DeadLetterMover:
         messages = [
             Message(e.record.body, e.record.attributes, 0, e.msg_id, e.record.text) for e in entries
         ]
-        await self._inputs.publish(await self._metadata.get_queue(dlq), messages)
+        # a dead-letter queue opens its extent at its first dead letter
+        await self._inputs.publish(await wake_dead_letter_queue(self._metadata, dlq), messages)
 
 
 Move = Callable[[list[Entry]], Awaitable[None]]
