@@ -4,8 +4,8 @@ restarted, and every message published before is delivered after (issue 34, part
 
 A cluster of role processes on loopback (3 store hosts, 2 controllers, an input host,
 an output host, a frontend; PostgreSQL metadata in a schema of its own) with QUEUES
-queues of 2 groups each: QUEUES * 7 open extents (2 plain and a timer extent per queue,
-a plain and a timer one per group's dead-letter queue), 3 replicas each. One message is
+queues of 2 groups each: QUEUES * 3 open extents (2 plain and a timer extent per queue;
+a group's dead-letter queue holds none until its first dead letter), 3 replicas each. One message is
 published to every queue, then, one after another:
 
 1. both controllers SIGKILLed and restarted;
@@ -279,7 +279,10 @@ async def test_a_cluster_with_many_queues_restarts_its_controllers_and_store_hos
     # back in 15.8-17.3 s on a quiet machine, but in a CI run 6 of the 400 deliveries
     # (the last two queues' messages of that round) were not made within 60 s after
     # the leader sealed and reopened 401 extents: an open bug of issue 34, not hidden
-    # behind a retry here. _seen_dead and the until_dead path stay for it.
+    # behind a retry here. _seen_dead and the until_dead path stay for it. Since the
+    # dead-letter queues open no extent before their first dead letter it comes back
+    # in 10.6 s (303 extents sealed and reopened, not 703), and passed 7 runs of 7 on
+    # a busy machine; the CI failure was not reproduced.
     back: dict[str, float] = {}
     reports: dict[str, Counter[str]] = {}
     tally = Tally()
