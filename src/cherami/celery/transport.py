@@ -1,0 +1,167 @@
+# mypy: disallow-untyped-calls=False
+"""The transport: one Cherami ``Client`` per kombu connection, and ``drain_events``
+handing Celery the deliveries its channels' streams put in the connection's inbox."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue as stdqueue
+import threading
+import time
+from typing import Any
+
+from kombu.transport import virtual
+
+from cherami.celery.channel import Channel, Stream
+from cherami.celery.mapping import DEFAULT_PORT, ROUTE_TTL, endpoint
+from cherami.client.models import Received
+from cherami.client.sync import Client
+from cherami.errors import AlreadyExists, CheramiError, NotFound, Unavailable
+
+log = logging.getLogger("cherami.kombu")
+
+
+class Transport(virtual.Transport):
+    Channel = Channel
+    default_port = DEFAULT_PORT  # type: ignore[assignment]
+    driver_type = driver_name = "cherami"
+    polling_interval = None  # type: ignore[assignment]
+    connection_errors = (*virtual.Transport.connection_errors, Unavailable)  # type: ignore[assignment]
+    channel_errors = virtual.Transport.channel_errors
+    implements = virtual.Transport.implements.extend(
+        asynchronous=False, exchange_type=frozenset(["direct", "topic", "fanout"])
+    )
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        self.inbox: stdqueue.SimpleQueue[tuple[Stream, Received | BaseException]] = (
+            stdqueue.SimpleQueue()
+        )
+        self._cherami: Client | None = None
+        self._pid = os.getpid()
+        self._declared: set[tuple[str, str | None]] = set()
+        self._routes: dict[str, tuple[float, list[str]]] = {}
+        self._stop = threading.Event()
+        self._extender: threading.Thread | None = None
+
+    @property
+    def cherami(self) -> Client:
+        """This connection's client (a forked child, such as a prefork pool's process,
+        makes its own: the parent's event loop thread did not come with it)."""
+        if self._cherami is None or self._pid != os.getpid():
+            url, api_key, tls_ca = endpoint(self.client)
+            self._cherami, self._pid = Client(url, api_key, tls_ca=tls_ca), os.getpid()
+        return self._cherami
+
+    def establish_connection(self) -> Transport:
+        """Check the server answers and takes the key (a clear error if not)."""
+        try:
+            self.cherami.list_queues(limit=1)
+        except CheramiError as err:
+            raise type(err)(f"cherami broker {self.cherami.url}: {err}") from None
+        return super().establish_connection()  # type: ignore[no-any-return]
+
+    def close_connection(self, connection: Any) -> None:
+        self._stop.set()
+        super().close_connection(connection)
+        if self._cherami is not None and self._pid == os.getpid():
+            self._cherami.close()
+        self._cherami = None
+
+    def ensure(
+        self,
+        name: str,
+        group: str | None,
+        queue_config: dict[str, Any],
+        group_config: dict[str, Any],
+    ) -> None:
+        """Create the queue (and the group) unless this connection saw them already."""
+        if (name, group) in self._declared:
+            return
+        _create(
+            lambda: self.cherami.get_queue(name),
+            lambda: self.cherami.create_queue(name, **queue_config),
+        )
+        if group is not None:
+            _create(lambda: self.cherami.get_group(name, group),
+                    lambda: self.cherami.create_group(name, group, **group_config))  # fmt: skip
+        self._declared.add((name, group))
+
+    def forget(self, name: str) -> None:
+        self._declared = {d for d in self._declared if d[0] != name}
+
+    def routes(self, route_queue: str) -> list[str]:
+        """The queues other processes bound to a direct exchange's routing key."""
+        now = time.monotonic()
+        cached = self._routes.get(route_queue)
+        if cached is not None and cached[0] > now and cached[1]:
+            return cached[1]
+        try:
+            found = [g["name"] for g in self.cherami.list_groups(route_queue)]
+        except NotFound:
+            found = []
+        self._routes[route_queue] = (now + ROUTE_TTL, found)
+        return found
+
+    def drain_events(self, connection: Any, timeout: float | None = None) -> None:  # type: ignore[override]
+        """Deliver one message, waiting up to ``timeout`` seconds for it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for channel in self.channels:
+            if channel._consumers:
+                channel.open_streams()
+        self._start_extender()
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                stream, item = self.inbox.get(timeout=left)
+            except stdqueue.Empty:
+                raise TimeoutError() from None
+            if stream.closed:
+                continue  # its stream ended: the server delivers its messages again
+            if isinstance(item, BaseException):
+                raise Unavailable(f"the stream of queue {stream.queue} ended: {item}") from item
+            channel = stream.channel
+            if stream.queue not in self._callbacks:  # cancelled meanwhile
+                stream.consumer.nack(item)
+                continue
+            payload = channel.delivered(stream, item)
+            if payload is not None:
+                self._deliver(payload, stream.queue)
+                return
+
+    def _start_extender(self) -> None:
+        if self._extender is None:
+            self._extender = threading.Thread(
+                target=self._extend, name="cherami-kombu extend", daemon=True
+            )
+            self._extender.start()
+
+    def _extend(self) -> None:
+        """Keep every held delivery invisible until it is settled: extended each third
+        of its group's visibility timeout."""
+        while not self._stop.wait(1.0):
+            now = time.monotonic()
+            for channel in list(self.channels):
+                for stream, messages in channel.held_by_stream().items():
+                    if now < stream.extended_at + stream.visibility / 3:
+                        continue
+                    stream.extended_at = now
+                    try:
+                        stream.consumer.extend(
+                            *messages, visibility_timeout_seconds=stream.visibility
+                        )
+                    except Exception as err:
+                        log.warning(
+                            "extending %d deliveries of %s: %s", len(messages), stream.queue, err
+                        )
+
+
+def _create(get: Any, create: Any) -> None:
+    try:
+        get()
+    except NotFound:
+        try:
+            create()
+        except AlreadyExists:  # made meanwhile by another process (with another config)
+            pass
