@@ -52,6 +52,8 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # a store host's /metrics listener in a cluster (0: a free port; None: none); the
     # other roles serve /metrics on their API port and ignore it
     metrics_port: int | None = None
+    # the SQS-compatible endpoint's port on an API process (0: a free one; None: none)
+    sqs_port: int | None = None
 
     def log_level_name(self) -> str:
         """The logging level, checked with the log format: an unknown one is a one-line

@@ -76,6 +76,10 @@ def cli(output: str, url: str | None, api_key: str | None, tls_ca: str | None) -
     "--metrics-port", type=int,
     help="A store host's /metrics port in a cluster (0: a free one; other roles: the API port).",
 )  # fmt: skip
+@click.option(
+    "--sqs-port", type=int,
+    help="Serve the SQS-compatible API on this port too (0: a free one; docs/sqs.md).",
+)  # fmt: skip
 @click.option("--config", "config_file", help="Config file: JSON, or TOML (name ends .toml).")
 @click.option("--log-level", help="DEBUG, INFO (default), WARNING, ERROR or CRITICAL.")
 @click.option("--log-format", type=click.Choice(["text", "json"]),

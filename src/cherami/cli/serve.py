@@ -34,10 +34,16 @@ async def _serve(config: NodeConfig) -> None:
             if node.metrics_address:
                 print(f"cherami {node.id} metrics at {scheme}://{node.metrics_address}/metrics",
                       flush=True)  # fmt: skip
+            if node.sqs_address:
+                print(f"cherami {node.id} SQS endpoint at {scheme}://{node.sqs_address}",
+                      flush=True)  # fmt: skip
         else:
             await node.start()
             scheme = "https" if config.tls_cert else "http"
             print(f"cherami listening on {scheme}://{config.host}:{node.port}", flush=True)
+            if config.sqs_port is not None:
+                sqs = f"{scheme}://{config.host}:{node.sqs_port}"
+                print(f"cherami SQS endpoint at {sqs}", flush=True)
         await stop.wait()
     finally:
         await node.stop()

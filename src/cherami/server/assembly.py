@@ -37,6 +37,7 @@ from cherami.roles.frontend.app import Roles, build_app
 from cherami.roles.frontend.auth import KeyRing
 from cherami.roles.frontend.metrics import Metrics
 from cherami.roles.frontend.proxy import Router
+from cherami.roles.frontend.sqs import build_sqs_app
 from cherami.roles.inputhost.client import (
     INTERNAL_PUBLISH,
     InputHostClient,
@@ -84,6 +85,7 @@ class Assembly:
     ownership: ExtentOwnership | None = None
     leader: Leader | None = None
     recovers: bool = False  # a node: its input host's extents are looked at first
+    sqs: web.Application | None = None  # the SQS endpoint, with --sqs-port
     _stoppers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     async def start(self) -> None:
@@ -150,7 +152,8 @@ async def assemble(s: Surroundings, roles: frozenset[str]) -> Assembly:
         add_outage_route(app, ownership.store_unreachable)
     stoppers: list[Callable[[], Awaitable[None]]] = [] if inputs is None else [inputs.stop]
     # a node's input host died with its last run: Assembly.start recovers its extents
-    return Assembly(controller, app, inputs, outputs, ownership, leader, alone, stoppers)
+    sqs = None if s.config.sqs_port is None else build_sqs_app(clients, s.config.data_dir)
+    return Assembly(controller, app, inputs, outputs, ownership, leader, alone, sqs, stoppers)
 
 
 def _input_client(s: Surroundings, inputs: InputHostService | None) -> InputHostClient:

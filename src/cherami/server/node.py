@@ -61,6 +61,8 @@ class Node:
         self.ready = False
         self.port = 0
         self._runner: web.AppRunner | None = None
+        self._sqs_runner: web.AppRunner | None = None
+        self.sqs_port = 0
         timing.use(config.timing)
         self.secret = node_secret(config.data_dir, config.cluster_secret_file)
         self.stores = StoreDirectory(h.derive_key(self.secret))
@@ -107,6 +109,10 @@ class Node:
         if cfg.tls_cert and cfg.tls_key:  # the API listener; store hosts stay on loopback
             context = tls.server_context(cfg.tls_cert, cfg.tls_key)
         self._runner, self.port = await listen(roles.app, cfg.http, cfg.host, cfg.port, context)
+        if roles.sqs is not None and cfg.sqs_port is not None:
+            self._sqs_runner, self.sqs_port = await listen(
+                roles.sqs, cfg.http, cfg.host, cfg.sqs_port, context
+            )
         self._hosts = self._role_hosts(roles)
         every = min(NODE_HEARTBEAT, timing.current.dead_after / 3)
         self._heartbeats = Periodic("node heartbeat", every, self._beat)
@@ -179,8 +185,9 @@ class Node:
             await self._heartbeats.stop()
         if self.roles is not None:
             await self.roles.stop()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        for runner in (self._sqs_runner, self._runner):
+            if runner is not None:
+                await runner.cleanup()
         if self._watcher is not None:
             await self._watcher.stop()
         await self.stores.close()

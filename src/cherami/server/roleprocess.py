@@ -62,6 +62,7 @@ class RoleProcess:
         self.id = host_id(config.data_dir, self.role)
         self.address = ""
         self.metrics_address = ""  # a store host's /metrics listener, with --metrics-port
+        self.sqs_address = ""  # the SQS endpoint, with --sqs-port
         self.ready = False
         self._stoppers: list[Any] = []
         self._load_sources = LoadSources(data_dir=config.data_dir)
@@ -145,6 +146,12 @@ class RoleProcess:
         self.address = self._advertise(f"{self.config.host}:{port}")
         self.router.address = self.address
         self._stoppers += [runner.cleanup, self.router.close, watcher.stop, stores.close]
+        if roles.sqs is not None and self.config.sqs_port is not None:
+            sqs, sqs_port = await listen(
+                roles.sqs, self.config.http, self.config.host, self.config.sqs_port, tls.listener()
+            )
+            self.sqs_address = f"{self.config.host}:{sqs_port}"
+            self._stoppers.insert(0, sqs.cleanup)
 
     async def _pick_input_host(self, queue_extents: list[Extent]) -> str:
         """The live input host for a new extent of a queue whose open extents are

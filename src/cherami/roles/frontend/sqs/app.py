@@ -1,0 +1,160 @@
+"""The SQS endpoint's listener: one route takes every request, in either protocol,
+checks its signature against the auth file's keys, runs the action and answers in the
+request's protocol. No action's error is a 500 unless it is a bug."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from cherami.errors import CheramiError
+from cherami.httpbase import MAX_REQUEST_BYTES, body_deadline
+from cherami.roles.frontend.auth import ApiKey, KeyRing, Scope
+from cherami.roles.frontend.context import Roles
+from cherami.roles.frontend.sqs import sigv4
+from cherami.roles.frontend.sqs.backend import Backend
+from cherami.roles.frontend.sqs.errors import (
+    SqsError,
+    access_denied,
+    from_cherami,
+    internal,
+    unknown_action,
+    unsupported,
+)
+from cherami.roles.frontend.sqs.messages import MessageActions
+from cherami.roles.frontend.sqs.protocol import SqsRequest, answer, error_answer, parse
+from cherami.roles.frontend.sqs.queues import Caller, QueueActions
+from cherami.roles.frontend.sqs.settings import SettingsStore
+
+log = logging.getLogger("cherami.frontend.sqs")
+
+DEFAULT_REGION = "us-east-1"
+ACCESS_KEY_DIGITS = 20  # an access key id: the first 20 hex digits of the key's SHA-256
+Action = Callable[[Caller, dict[str, Any]], Awaitable[dict[str, Any]]]
+_NOT_BUILT = ("AddPermission", "RemovePermission")
+
+
+def access_key_id(key: ApiKey) -> str:
+    """The access key id of an API key: the start of its SHA-256, in upper case."""
+    return key.digest().hex()[:ACCESS_KEY_DIGITS].upper()
+
+
+def secret_access_key(key: ApiKey) -> str:
+    """Its secret access key: the whole SHA-256, as the auth file's ``key_sha256``."""
+    return key.digest().hex()
+
+
+def credentials(api_key: str) -> tuple[str, str]:
+    """(access key id, secret access key) of a key in clear, for a client."""
+    digest = hashlib.sha256(api_key.encode()).hexdigest()
+    return digest[:ACCESS_KEY_DIGITS].upper(), digest
+
+
+class SqsEndpoint:
+    def __init__(self, roles: Roles, data_dir: str | None) -> None:
+        self.keys: KeyRing = roles.keys
+        backend = Backend(roles)
+        settings = SettingsStore(data_dir)
+        self.queues = QueueActions(backend, settings)
+        self.messages = MessageActions(backend, settings)
+        self.actions: dict[str, Action] = {}
+        for group in (self.queues, self.messages):
+            for name in dir(group):
+                if name[:1].isupper():
+                    self.actions[name] = getattr(group, name)
+
+    def _key_of(self, access_key: str) -> ApiKey | None:
+        wanted = access_key.upper()
+        found = None
+        for key in self._all_keys():  # every key compared, none skipped
+            if hmac.compare_digest(access_key_id(key), wanted):
+                found = key
+        return found
+
+    def _all_keys(self) -> list[ApiKey]:
+        return [key for _, key in self.keys._entries]  # noqa: SLF001 (the ring's own list)
+
+    def _caller(self, request: web.Request, body: bytes) -> Caller:
+        base = f"{request.scheme}://{request.host}"
+        headers = list(request.headers.items())
+        if not self.keys.enabled:  # loopback only, as the HTTP API: any signature or none
+            region = DEFAULT_REGION
+            header = request.headers.get("Authorization")
+            sender = "anonymous"
+            if header:
+                try:
+                    claimed = sigv4.parse_authorization(header)
+                    region, sender = claimed.region, claimed.access_key
+                except SqsError:
+                    pass
+            return Caller(_allow_all, region, base, None, sender)
+
+        def secret_of(access_key: str) -> str | None:
+            key = self._key_of(access_key)
+            return None if key is None else secret_access_key(key)
+
+        path, _, query = request.raw_path.partition("?")
+        signed = sigv4.verify(request.method, path, query, headers, body, secret_of, time.time())
+        key = self._key_of(signed.access_key)
+        assert key is not None
+        return Caller(_allow(key), signed.region, base, key, signed.access_key)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        query = "X-Amz-Target" not in request.headers
+        req: SqsRequest | None = None
+        request_id = ""
+        try:
+            req = parse(request, body)
+            request_id = req.request_id
+            caller = self._caller(request, body)
+            if req.action in _NOT_BUILT:
+                raise unsupported(
+                    f"{req.action} is not supported: access is by the auth file's keys."
+                )
+            action = self.actions.get(req.action)
+            if action is None:
+                raise unknown_action(req.action)
+            return answer(req, await action(caller, req.params))
+        except SqsError as err:
+            return error_answer(err, query, request_id)
+        except CheramiError as err:
+            return error_answer(from_cherami(err, _queue_hint(req)), query, request_id)
+        except Exception:
+            log.exception("SQS %s failed", req.action if req else "request")
+            return error_answer(internal(), query, request_id)
+
+
+def _queue_hint(req: SqsRequest | None) -> str:
+    if req is None:
+        return ""
+    url = req.params.get("QueueUrl") or req.params.get("QueueName") or ""
+    return str(url).rstrip("/").rsplit("/", 1)[-1]
+
+
+def _allow_all(scope: Scope | None, queue: str | None) -> None:
+    return None
+
+
+def _allow(key: ApiKey) -> Callable[[Scope | None, str | None], None]:
+    def allow(scope: Scope | None, queue: str | None) -> None:
+        if scope is not None and scope not in key.scopes and "admin" not in key.scopes:
+            raise access_denied(f"the key lacks the {scope} scope")
+        if queue is not None and not any(queue.startswith(p) for p in key.prefixes):
+            raise access_denied(f"the key does not cover queue {queue}")
+
+    return allow
+
+
+def build_sqs_app(roles: Roles, data_dir: str | None) -> web.Application:
+    """The SQS endpoint over a process's roles (served on its own port)."""
+    endpoint = SqsEndpoint(roles, data_dir)
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[body_deadline])
+    app.router.add_route("*", "/{tail:.*}", endpoint.handle)
+    return app

@@ -1,0 +1,330 @@
+"""SQS's queue actions: create, find, list, delete and purge queues; their attributes
+and tags; dead-letter sources and message move tasks (a move is the group's DLQ
+merge, done at once)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from cherami.errors import InvalidName, QueueNotFound
+from cherami.metadata.models import GroupConfig, Queue, QueueConfig, check_name
+from cherami.roles.frontend.auth import ApiKey, Scope
+from cherami.roles.frontend.sqs import attributes as a
+from cherami.roles.frontend.sqs.backend import Backend
+from cherami.roles.frontend.sqs.errors import (
+    SqsError,
+    bad_attribute_value,
+    invalid,
+    missing,
+    no_queue,
+    not_found,
+    queue_exists,
+    unsupported,
+)
+from cherami.roles.frontend.sqs.settings import QueueSettings, SettingsStore
+
+SQS_DEFAULT_VISIBILITY = 30.0
+SQS_DEFAULT_RETENTION = 4 * 86400.0
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
+MAX_TASKS = 10  # move tasks remembered per source
+
+
+@dataclass
+class Caller:
+    """Who asks, and how they reached this endpoint."""
+
+    allow: Callable[[Scope | None, str | None], None]  # raises AccessDenied
+    region: str
+    base_url: str  # scheme://host:port the client used
+    key: ApiKey | None = None
+    sender: str = "anonymous"  # SenderId: the access key id
+
+    def url(self, name: str) -> str:
+        return f"{self.base_url}/{a.ACCOUNT}/{name}"
+
+
+def queue_name(params: dict[str, Any]) -> str:
+    url = params.get("QueueUrl")
+    if not isinstance(url, str) or not url:
+        raise missing("QueueUrl")
+    name = url.rstrip("/").rsplit("/", 1)[-1]
+    if not name:
+        raise SqsError("InvalidAddress", f"The address {url} is not valid for this endpoint.", 404)
+    return name
+
+
+@dataclass
+class MoveTask:
+    handle: str
+    source: str
+    destination: str | None
+    moved: int
+    started_ms: int
+    rate: int | None
+
+    def json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "Status": "COMPLETED", "SourceArn": self.source,
+            "ApproximateNumberOfMessagesMoved": self.moved,
+            "ApproximateNumberOfMessagesToMove": self.moved,
+            "StartedTimestamp": self.started_ms,
+        }  # fmt: skip
+        if self.destination:
+            out["DestinationArn"] = self.destination
+        if self.rate:
+            out["MaxNumberOfMessagesPerSecond"] = self.rate
+        return out
+
+
+@dataclass
+class QueueActions:
+    backend: Backend
+    settings: SettingsStore
+    tasks: dict[str, list[MoveTask]] = field(default_factory=dict)  # by source ARN's name
+
+    async def find(self, name: str) -> tuple[Queue, Any]:
+        found = await self.backend.find(name)
+        if found is None:
+            raise no_queue(name)
+        return found
+
+    async def CreateQueue(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        name = p.get("QueueName")
+        if not isinstance(name, str) or not name:
+            raise missing("QueueName")
+        if name.endswith(".fifo"):
+            raise a.fifo_refused()
+        if not _QUEUE_NAME.match(name):
+            raise invalid("Can only include alphanumeric characters, hyphens, or underscores. "
+                          "1 to 80 in length")  # fmt: skip
+        try:
+            check_name("queue", name)
+        except InvalidName as err:
+            raise invalid(
+                f"{err.message} (a Cherami queue name starts with a letter or digit)"
+            ) from None
+        c.allow("admin", name)
+        wanted = a.parse(p.get("Attributes"), creating=True)
+        tags = _tags(p.get("tags", p.get("Tags")))
+        await self._check_target(wanted)
+        found = await self.backend.find(name)
+        if found is not None:
+            queue, group = found
+            settings = self.settings.get(name)
+            same = _matches(queue.config, wanted.queue) and _matches(group.config, wanted.group)
+            if not same or wanted.apply(self.settings.get(name)) != settings:
+                raise queue_exists(name)
+            return {"QueueUrl": c.url(name)}
+        gconfig = GroupConfig(
+            visibility_timeout_seconds=SQS_DEFAULT_VISIBILITY,
+            max_delivery_count=a.NO_REDRIVE_COUNT,
+        )
+        gconfig = msgspec.structs.replace(gconfig, **wanted.group)
+        try:  # a queue made by the HTTP API becomes an SQS queue by getting the group
+            queue = await self.backend.r.metadata.get_queue(name)
+        except QueueNotFound:
+            config = QueueConfig(retention_seconds=SQS_DEFAULT_RETENTION, **wanted.queue)
+        else:
+            if not _matches(queue.config, wanted.queue):
+                raise queue_exists(name)
+            config = queue.config
+        await self.backend.create(name, config, gconfig)
+        settings = wanted.apply(QueueSettings())
+        settings.tags = tags
+        await self.settings.put(name, settings)
+        return {"QueueUrl": c.url(name)}
+
+    async def _check_target(self, wanted: a.Wanted) -> None:
+        target = wanted.dead_letter_target
+        if isinstance(target, str) and await self.backend.find(target) is None:
+            raise bad_attribute_value("RedrivePolicy", "Reason: Dead letter target does not exist.")
+
+    async def GetQueueUrl(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        name = p.get("QueueName")
+        if not isinstance(name, str) or not name:
+            raise missing("QueueName")
+        c.allow(None, name)
+        await self.find(name)
+        return {"QueueUrl": c.url(name)}
+
+    async def ListQueues(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        c.allow(None, None)
+        prefix = p.get("QueueNamePrefix") or ""
+        limit = p.get("MaxResults")
+        if limit is not None:
+            limit = integer("MaxResults", limit, 1, 1000)
+        after = None
+        token = p.get("NextToken")
+        if token:
+            try:
+                after = base64.urlsafe_b64decode(str(token) + "==").decode()
+            except (binascii.Error, ValueError):
+                raise invalid("Invalid NextToken.") from None
+        names = await self.backend.names(str(prefix), after, (limit or 1000) + 1)
+        out: dict[str, Any] = {"QueueUrls": [c.url(n) for n in names[: limit or 1000]]}
+        if limit is not None and len(names) > limit:
+            out["NextToken"] = base64.urlsafe_b64encode(names[limit - 1].encode()).decode()
+        return out
+
+    async def DeleteQueue(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        name = queue_name(p)
+        c.allow("admin", name)
+        await self.find(name)
+        await self.backend.delete(name)
+        await self.settings.drop(name)
+        return {}
+
+    async def PurgeQueue(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        name = queue_name(p)
+        c.allow("admin", name)
+        await self.find(name)
+        await self.backend.delete(name, contents_only=True)
+        return {}
+
+    async def GetQueueAttributes(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        name = queue_name(p)
+        c.allow(None, name)
+        queue, group = await self.find(name)
+        names = p.get("AttributeNames") or []
+        if not isinstance(names, list):
+            raise invalid("AttributeNames must be a list")
+        counts = None
+        if a.needs_counts(names):
+            got = await self.backend.counts(group)
+            visible = got.visible
+            for source in self.settings.sources_of(name):  # what was dead-lettered to it
+                found = await self.backend.find(source)
+                if found is not None:
+                    visible += (await self.backend.counts(found[1])).dead_lettered
+            counts = (visible, got.in_flight, 0)
+        attrs = a.render(queue, group, self.settings.get(name), counts, names, c.region)
+        return {"Attributes": attrs} if attrs else {}
+
+    async def SetQueueAttributes(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        name = queue_name(p)
+        c.allow("admin", name)
+        queue, group = await self.find(name)
+        wanted = a.parse(p.get("Attributes"), creating=False)
+        await self._check_target(wanted)
+        queue.config = msgspec.structs.replace(queue.config, **wanted.queue)
+        group.config = msgspec.structs.replace(group.config, **wanted.group)
+        await self.backend.update(queue, group)
+        await self.settings.put(name, wanted.apply(self.settings.get(name)))
+        return {}
+
+    async def TagQueue(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        name = queue_name(p)
+        c.allow("admin", name)
+        await self.find(name)
+        settings = self.settings.get(name)
+        settings.tags = {**settings.tags, **_tags(p.get("Tags"))}
+        if len(settings.tags) > 50:
+            raise invalid("Too many tags added for queue: a queue holds at most 50.")
+        await self.settings.put(name, settings)
+        return {}
+
+    async def UntagQueue(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        name = queue_name(p)
+        c.allow("admin", name)
+        await self.find(name)
+        keys = p.get("TagKeys") or []
+        settings = self.settings.get(name)
+        settings.tags = {k: v for k, v in settings.tags.items() if k not in keys}
+        await self.settings.put(name, settings)
+        return {}
+
+    async def ListQueueTags(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        name = queue_name(p)
+        c.allow(None, name)
+        await self.find(name)
+        tags = self.settings.get(name).tags
+        return {"Tags": tags} if tags else {}
+
+    async def ListDeadLetterSourceQueues(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        name = queue_name(p)
+        c.allow(None, name)
+        await self.find(name)
+        sources = [s for s in self.settings.sources_of(name) if await self.backend.find(s)]
+        return {"queueUrls": [c.url(s) for s in sources]}
+
+    async def StartMessageMoveTask(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        source = p.get("SourceArn")
+        dlq = a.name_of_arn(source, "SourceArn")
+        if await self.backend.find(dlq) is None:
+            raise not_found(f"The resource {source} does not exist.")
+        sources = [s for s in self.settings.sources_of(dlq) if await self.backend.find(s)]
+        if not sources:
+            raise invalid("Source queue must be configured as a Dead Letter Queue.")
+        destination = p.get("DestinationArn")
+        if destination:
+            wanted = a.name_of_arn(destination, "DestinationArn")
+            if wanted not in sources:
+                raise unsupported(
+                    "A move to a queue other than the messages' source queue is not "
+                    "supported: Cherami merges a DLQ back into its group."
+                )
+            sources = [wanted]
+        moved = 0
+        for name in sources:
+            c.allow("admin", name)
+            _, group = await self.find(name)
+            moved += await self.backend.merge_dlq(group)
+        rate = p.get("MaxNumberOfMessagesPerSecond")
+        task = MoveTask(uuid.uuid4().hex, str(source), destination, moved,
+                        int(time.time() * 1000), int(rate) if rate else None)  # fmt: skip
+        self.tasks.setdefault(dlq, []).insert(0, task)
+        del self.tasks[dlq][MAX_TASKS:]
+        return {"TaskHandle": task.handle}
+
+    async def ListMessageMoveTasks(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        source = p.get("SourceArn")
+        dlq = a.name_of_arn(source, "SourceArn")
+        c.allow(None, dlq)
+        if await self.backend.find(dlq) is None:
+            raise not_found(f"The resource {source} does not exist.")
+        limit = integer("MaxResults", p.get("MaxResults", 1), 1, 10)
+        return {"Results": [t.json() for t in self.tasks.get(dlq, [])[:limit]]}
+
+    async def CancelMessageMoveTask(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
+        handle = p.get("TaskHandle")
+        if not handle:
+            raise missing("TaskHandle")
+        for tasks in self.tasks.values():
+            if any(t.handle == handle for t in tasks):
+                raise invalid("Only a task with the status RUNNING can be cancelled: "
+                              "this one is COMPLETED (a DLQ merge is done at once).")  # fmt: skip
+        raise not_found("Task does not exist.")
+
+
+def _matches(config: msgspec.Struct, wanted: dict[str, Any]) -> bool:
+    return all(getattr(config, k) == v for k, v in wanted.items())
+
+
+def _tags(raw: Any) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise invalid("Tags must be a map of key to value.")
+    return dict(raw)
+
+
+def integer(name: str, value: Any, low: int, high: int) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise invalid(
+            f"Value {value!r} for parameter {name} is invalid. Reason: not an integer."
+        ) from None
+    if not low <= number <= high:
+        raise invalid(f"Value {number} for parameter {name} is invalid. "
+                      f"Reason: must be between {low} and {high}.")  # fmt: skip
+    return number
