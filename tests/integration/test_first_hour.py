@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from cherami import Client, Received, Worker
+from cherami import Client, Received, Unavailable, Worker
 from cherami.client.asyncclient import AsyncClient
 from tests.support.server import ServerProcess, unique
 
@@ -239,3 +239,38 @@ def test_a_client_not_closed_does_not_warn_at_exit(server: ServerProcess, case: 
     assert result.stdout.split() and all(n.isdigit() for n in result.stdout.split())
     assert "Unclosed" not in result.stderr, result.stderr
     assert result.stderr == "", result.stderr
+
+
+async def test_a_publisher_used_without_async_with_opens_on_its_first_send(
+    server: ServerProcess,
+) -> None:
+    """``client.publisher(q)`` used without ``async with`` (as a reader might, the README
+    showing no streaming example): ``send`` returned a future that never resolved and
+    ``flush`` waited forever, without an error. It opens on its first send now, and once
+    closed a send fails at once."""
+    queue = unique()
+    async with AsyncClient(server.url) as client:
+        await client.create_queue(queue)
+        await client.create_group(queue, "g")
+        pub = client.publisher(queue)
+        async with asyncio.timeout(20):
+            sent = await pub.send(["one"])
+            await pub.flush()
+            assert len(await sent) == 1
+            assert await pub.publish(["two", "three"]) and pub.hosts
+        await pub.close()
+        after = await asyncio.wait_for(pub.send(["after"]), 5)
+        assert after.done()  # failed at once, not left waiting
+        with pytest.raises(Unavailable, match="publisher closed"):
+            await after
+        got = await client.receive(queue, "g", max_messages=10, wait_seconds=5)
+        assert sorted(m.text for m in got) == ["one", "three", "two"]
+
+
+def test_a_sync_publisher_used_without_with_opens_on_its_first_send(server: ServerProcess) -> None:
+    queue = unique()
+    with Client(server.url) as client:
+        client.create_queue(queue)
+        pub = client.publisher(queue)
+        assert len(pub.publish(["one", "two"])) == 2
+        pub.close()

@@ -132,6 +132,7 @@ class Publisher:
         self._links: dict[str, _Link] = {}  # the streams that take frames, by address
         self._retiring: set[_Link] = set()  # no longer routed to: closed once answered
         self._routing = asyncio.Lock()
+        self._opening = asyncio.Lock()
         self._refresh = ROUTE_REFRESH
         self._refresher: asyncio.Task[None] | None = None
         self._recovery: asyncio.Task[None] | None = None
@@ -158,16 +159,24 @@ class Publisher:
         return links[0].ws if links else None
 
     async def __aenter__(self) -> Publisher:
-        await self._open()
+        await self.open()
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
-    async def _open(self) -> None:
-        self._created_at = await self._incarnation()
-        await self._reroute(check=False)
-        self._refresher = self._spawn(self._refresh_loop(), "route refresh")
+    async def open(self) -> None:
+        """Connect to the queue's input hosts. ``async with`` opens it; so does the first
+        ``send`` or ``publish`` of a publisher used without it (its batches waited
+        forever for a stream that was never opened). Call ``close`` when done."""
+        async with self._opening:
+            if self._refresher is not None:
+                return
+            if self._closed:
+                raise Unavailable("publisher closed")
+            self._created_at = await self._incarnation()
+            await self._reroute(check=False)
+            self._refresher = self._spawn(self._refresh_loop(), "route refresh")
 
     async def _incarnation(self) -> str:
         queue = await self._client.request("GET", self._queue_path)
@@ -401,8 +410,11 @@ class Publisher:
     async def send(
         self, messages: Iterable[OutgoingMessage | bytes | str]
     ) -> asyncio.Future[list[str]]:
-        """Send one batch; returns a future of its ids (waits while too many are in flight)."""
+        """Send one batch; returns a future of its ids (waits while too many are in flight).
+        Opens the publisher if nothing did; once it is closed, the future fails at once."""
         outs = [_out(m) for m in message_list(messages)]
+        if self._refresher is None and not self._closed and self._gone is None:
+            await self.open()
         await self._slots.acquire()
         future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
         batch = _Batch(outs, future)

@@ -319,8 +319,12 @@ class SyncPublisher:
         self._inner = publisher
 
     def __enter__(self) -> SyncPublisher:
-        self._client._run(self._inner.__aenter__())
+        self.open()
         return self
+
+    def open(self) -> None:
+        """Connect (``with`` does; so does the first ``send`` or ``publish``)."""
+        self._client._run(self._inner.open())
 
     def __exit__(self, *exc: object) -> None:
         self.close()
