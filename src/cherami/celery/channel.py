@@ -127,6 +127,9 @@ class Channel(virtual.Channel):
 
     def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
         name = cherami_name(queue)
+        stream = self._streams.pop(queue, None)
+        if stream is not None:
+            stream.close()
         publisher = self._publishers.pop(name, None)
         if publisher is not None:
             publisher.close()

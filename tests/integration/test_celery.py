@@ -1,0 +1,285 @@
+"""Celery on Cherami (issue 31): a real Celery app (tests/support/celeryapp.py) and real
+``celery -A … worker`` processes against a real node, through the kombu transport
+(cherami.kombu). Every task appends a line to a file, so each test counts what ran."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kombu import Connection
+
+from cherami import Client
+from cherami.errors import CheramiError, Unauthorized
+from tests.support.server import ServerProcess, unique
+
+ROOT = Path(__file__).resolve().parents[2]
+EXACTLY_ONCE_TASKS = 2000
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``check`` until it returns something true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        assert time.monotonic() < deadline, f"not reached in {timeout} s: {what}"
+        time.sleep(0.05)
+    return result
+
+
+class Lines:
+    """The lines the tasks wrote: ``(event, key, node, pid, time)`` each."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> list[tuple[str, ...]]:
+        if not self.path.exists():
+            return []
+        return [tuple(line.split()) for line in self.path.read_text().splitlines()]
+
+    def keys(self, event: str) -> Counter[str]:
+        return Counter(f[1] for f in self.read() if f[0] == event)
+
+
+class Workers:
+    """``celery worker`` processes of the test app, each in its own process group (the
+    worker and its pool), ended by their group id."""
+
+    def __init__(self, server: ServerProcess, queue: str, queue_b: str, log_dir: Path) -> None:
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "CELERY_BROKER_URL": "cherami://" + server.url.removeprefix("http://"),
+            "CELERY_QUEUE": queue,
+            "CELERY_QUEUE_B": queue_b,
+        }
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, node: str, *args: str, concurrency: int = 2) -> subprocess.Popen[bytes]:
+        cmd = [
+            sys.executable, "-m", "celery", "-A", "tests.support.celeryapp", "worker",
+            "-n", f"{node}@%h", "-c", str(concurrency), "-l", "warning", "--without-mingle",
+            "--without-gossip", *args,
+        ]  # fmt: skip
+        log = (self.log_dir / f"{node}.log").open("ab")
+        env = {**self.env, "CELERY_NODE": node}
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+        self.procs[node] = proc
+        return proc
+
+    def kill(self, node: str) -> None:
+        """SIGKILL the worker and its pool processes."""
+        proc = self.procs.pop(node)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    def stop(self, node: str) -> None:
+        """SIGTERM: Celery's warm shutdown (running tasks finish, their acks go out)."""
+        proc = self.procs.pop(node)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+    def log(self, node: str) -> str:
+        return (self.log_dir / f"{node}.log").read_text(errors="replace")
+
+    def close(self) -> None:
+        for node in list(self.procs):
+            self.kill(node)
+
+
+@pytest.fixture
+def celery_env(
+    server: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Any, Workers, Lines, str, str]]:
+    """The app (imported here with this test's broker and queues), its workers, the
+    task lines, and the two queues."""
+    queue, queue_b = unique("celery"), unique("celery-b")
+    workers = Workers(server, queue, queue_b, tmp_path)
+    for name in ("CELERY_BROKER_URL", "CELERY_QUEUE", "CELERY_QUEUE_B"):
+        monkeypatch.setenv(name, workers.env[name])
+    sys.modules.pop("tests.support.celeryapp", None)
+    import tests.support.celeryapp as appmod
+
+    try:
+        yield appmod, workers, Lines(tmp_path / "tasks.txt"), queue, queue_b
+    finally:
+        workers.close()
+        appmod.app.close()
+        sys.modules.pop("tests.support.celeryapp", None)
+
+
+def group_stats(server: ServerProcess, queue: str) -> dict[str, Any]:
+    with Client(server.url) as c:
+        return c.get_group(queue, "celery")["stats"]  # type: ignore[no-any-return]
+
+
+def ready(appmod: Any, node: str) -> None:
+    """Wait until the worker answers a ping (remote control, over the broker)."""
+    wait_for(lambda: appmod.app.control.ping([f"{node}@{os.uname().nodename}"], timeout=1.0),
+             30, f"{node} answers ping")  # fmt: skip
+
+
+def settled(server: ServerProcess, queue: str) -> bool:
+    stats = group_stats(server, queue)
+    return stats["backlog"] == 0 and stats["in_flight"] == 0
+
+
+def test_many_tasks_run_exactly_once_with_acks_late(server: ServerProcess, celery_env: Any) -> None:
+    appmod, workers, lines, queue, _ = celery_env
+    path = str(lines.path)
+    workers.start("w1")
+    workers.start("w2")
+    started = time.monotonic()
+    with appmod.app.producer_or_acquire() as producer:
+        for i in range(EXACTLY_ONCE_TASKS):
+            appmod.record.apply_async((path, f"t{i}"), producer=producer)
+    published = time.monotonic() - started
+    wait_for(lambda: sum(lines.keys("ran").values()) >= EXACTLY_ONCE_TASKS, 40, "every task ran")
+    wait_for(lambda: settled(server, queue), 10, "every task acked")
+    ran = lines.keys("ran")
+    print(f"{EXACTLY_ONCE_TASKS} tasks: published in {published:.2f} s, "
+          f"ran in {time.monotonic() - started:.2f} s")  # fmt: skip
+    assert set(ran) == {f"t{i}" for i in range(EXACTLY_ONCE_TASKS)}
+    assert [k for k, n in ran.items() if n > 1] == []
+    nodes = Counter(f[2] for f in lines.read())
+    assert set(nodes) == {"w1", "w2"}, nodes  # both workers took tasks
+
+
+def test_failing_task_is_retried_with_countdown_then_lands_in_the_dlq(
+    server: ServerProcess, celery_env: Any
+) -> None:
+    appmod, workers, lines, queue, _ = celery_env
+    with Client(server.url) as c:  # the group made beforehand, with 2 deliveries at most
+        c.create_queue(queue)
+        c.create_group(queue, "celery", max_delivery_count=2)
+    workers.start("w1")
+    result = appmod.failing.delay(str(lines.path), "f")
+    with Client(server.url) as c:
+        wait_for(lambda: c.get_group(queue, "celery")["stats"]["dlq_depth"] == 1, 20, "in the DLQ")
+        (dead,) = c.dlq(queue, "celery")["messages"]
+    attempts = [f for f in lines.read() if f[0] == "attempt"]
+    # the first run; the retry, a new message due 1 s later; then that message rejected
+    # (a nack) and delivered once more: its 2nd delivery, max_delivery_count, so the DLQ
+    assert [a[2] for a in attempts] == ["0", "1", "1"]
+    assert float(attempts[1][5]) - float(attempts[0][5]) >= 0.9
+    envelope = json.loads(dead["attributes"]["kombu"])
+    assert envelope["headers"]["id"] == result.id
+    assert envelope["headers"]["retries"] == 1
+    wait_for(lambda: settled(server, queue), 10, "nothing left in the queue")
+
+
+def test_worker_killed_mid_task_has_it_run_by_another(
+    server: ServerProcess, celery_env: Any
+) -> None:
+    appmod, workers, lines, queue, _ = celery_env
+    path = str(lines.path)
+    workers.start("w1")
+    appmod.slow_once.delay(path, "victim", 60)
+    for i in range(200):
+        appmod.record.delay(path, f"t{i}")
+    wait_for(lambda: lines.keys("start")["victim"] == 1, 20, "the victim started on w1")
+    workers.start("w2")
+    workers.kill("w1")
+    killed_at = time.time()
+    wait_for(lambda: lines.keys("done")["victim"] == 1, 20, "the victim ran again")
+    wait_for(lambda: len(lines.keys("ran")) == 200, 20, "every other task ran")
+    wait_for(lambda: settled(server, queue), 10, "every task acked")
+    victim = [f for f in lines.read() if f[1] == "victim"]
+    assert [(f[0], f[2]) for f in victim] == [("start", "w1"), ("start", "w2"), ("done", "w2")]
+    assert float(victim[1][4]) >= killed_at
+    assert set(lines.keys("ran")) == {f"t{i}" for i in range(200)}  # nothing lost
+
+
+def test_eta_runs_once_at_its_time_across_a_worker_restart(
+    server: ServerProcess, celery_env: Any
+) -> None:
+    appmod, workers, lines, queue, _ = celery_env
+    workers.start("w1")
+    ready(appmod, "w1")
+    due = time.time() + 8  # "an hour ahead", shortened
+    appmod.record.apply_async((str(lines.path), "later"), eta=datetime.fromtimestamp(due, UTC))
+    stats = group_stats(server, queue)  # a Cherami delayed message, not in a worker's memory
+    assert (stats["backlog"], stats["in_flight"]) == (1, 0)
+    workers.stop("w1")
+    workers.start("w2")
+    wait_for(lambda: lines.keys("ran")["later"] == 1, 20, "the eta task ran")
+    wait_for(lambda: settled(server, queue), 10, "acked")
+    (run,) = [f for f in lines.read() if f[1] == "later"]
+    assert run[2] == "w2"
+    assert due - 0.05 <= float(run[4]) <= due + 3
+    assert lines.keys("ran")["later"] == 1
+
+
+def test_two_queues_with_routing_and_remote_control(server: ServerProcess, celery_env: Any) -> None:
+    appmod, workers, lines, queue, queue_b = celery_env
+    path = str(lines.path)
+    workers.start("wa", "-Q", queue)
+    workers.start("wb", "-Q", queue_b)
+    for i in range(20):
+        appmod.record.delay(path, f"a{i}")
+        appmod.routed.delay(path, f"b{i}")
+    wait_for(lambda: len(lines.read()) == 40, 20, "every task ran")
+    where = {(f[0], f[2]) for f in lines.read()}
+    assert where == {("ran", "wa"), ("routed", "wb")}
+    replies = wait_for(lambda: appmod.app.control.ping(timeout=2.0), 10, "workers answer ping")
+    assert {name.split("@")[0] for reply in replies for name in reply} == {"wa", "wb"}
+
+
+def test_celery_purge(server: ServerProcess, celery_env: Any) -> None:
+    appmod, workers, lines, queue, _ = celery_env
+    for i in range(30):
+        appmod.record.delay(str(lines.path), f"p{i}")
+    assert group_stats(server, queue)["backlog"] == 30
+    out = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.support.celeryapp", "purge", "-f",
+         "-Q", queue], cwd=ROOT, env=workers.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "Purged 30 messages from 1 known task queue" in out.stdout
+    assert group_stats(server, queue)["backlog"] == 0
+    workers.start("w1")
+    appmod.record.delay(str(lines.path), "after")
+    wait_for(lambda: lines.keys("ran")["after"] == 1, 20, "a task after the purge ran")
+    assert set(lines.keys("ran")) == {"after"}
+
+
+def test_bad_broker_urls_fail_clearly(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps([{"key": "celery-key", "scopes": ["admin"]}]))
+    node = ServerProcess(tmp_path / "node", stores=1, extra=["--auth-file", str(keys)]).start()
+    try:
+        hostport = node.url.removeprefix("http://")
+        import cherami.kombu  # noqa: F401
+
+        with Connection(f"cherami://:celery-key@{hostport}") as good:
+            good.connect()
+            good.SimpleQueue("q1").put({"x": 1})
+        with Connection(
+            f"cherami://{hostport}", transport_options={"api_key": "celery-key"}
+        ) as good:
+            message = good.SimpleQueue("q1").get(timeout=10)
+            assert message.payload == {"x": 1}
+            message.ack()
+        with pytest.raises(Unauthorized, match=f"cherami broker http://{hostport}: .*key"):
+            Connection(f"cherami://:wrong@{hostport}").connect()
+        with pytest.raises(CheramiError, match="cannot resolve the host"):
+            Connection("cherami://no-such-host.invalid:8080").connect()
+    finally:
+        node.stop()
