@@ -2,13 +2,12 @@
 
 Every call borrows a connection from a pool, so many asyncio tasks can use one store at
 once. The tables live in their own schema, created and migrated by ``connect``
-(postgres_schema.py)."""
+(postgres_schema.py). A URL may list a primary and its standbys: postgres_failover.py says
+how the store follows a failover."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
@@ -21,7 +20,6 @@ from cherami.errors import (
     Fenced,
     GroupNotFound,
     QueueNotFound,
-    Unavailable,
 )
 from cherami.metadata.base import page_clause
 from cherami.metadata.models import (
@@ -37,6 +35,7 @@ from cherami.metadata.models import (
     QueueConfig,
     Redelivery,
 )
+from cherami.metadata.postgres_failover import EPOCH_FLOOR, FailoverPool, writable
 from cherami.metadata.postgres_schema import NOW, check_schema, migrate, with_search_path
 
 Row = tuple[Any, ...]
@@ -45,21 +44,6 @@ Pool = AsyncConnectionPool[psycopg.AsyncConnection[Row]]
 # How long a call waits for a connection (and a new connection for the server) before
 # it fails with Unavailable: short, so an outage answers 503 rather than hanging.
 POOL_TIMEOUT = 5.0
-
-
-class _Pool(Pool):
-    """A pool whose connections raise ``Unavailable`` for an unreachable database
-    (refused, lost, timed out, shut down) instead of psycopg's OperationalError."""
-
-    @asynccontextmanager
-    async def connection(
-        self, timeout: float | None = None
-    ) -> AsyncIterator[psycopg.AsyncConnection[Row]]:
-        try:
-            async with super().connection(timeout) as conn:
-                yield conn
-        except psycopg.OperationalError as err:
-            raise Unavailable(f"metadata database unavailable: {err}") from err
 
 
 _EXTENT_COLUMNS = "id, queue, kind, status, input_host, stores, created_at, sealed_seq, predecessor"
@@ -136,10 +120,12 @@ class PostgresMetadataStore:
     async def connect(
         cls, url: str, schema: str = "cherami", *, max_connections: int = 10
     ) -> PostgresMetadataStore:
-        """Migrate ``schema`` (creating it if missing), then open a pool of connections."""
+        """Migrate ``schema`` (creating it if missing), then open a pool of connections,
+        each to a server that takes writes (the primary of a multi-host ``url``)."""
         check_schema(schema)
+        url = writable(url)
         await migrate(url, schema)
-        pool: Pool = _Pool(
+        pool: Pool = FailoverPool(
             with_search_path(url, schema),
             min_size=1,
             max_size=max_connections,
@@ -463,11 +449,16 @@ class PostgresMetadataStore:
 
     async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> int | None:
         # Expiry is judged by the server's clock, the one clock every contender shares.
+        # A new holder, or the same one on a lease granted before a failover (an older
+        # timeline), gets an epoch above any that timeline granted (postgres_failover.py).
         row = await self._fetchone(
+            f"WITH t AS (SELECT {EPOCH_FLOOR} AS floor) "
             "INSERT INTO leases AS l (name, holder, expires_at, epoch) "
-            f"VALUES (%s, %s, {NOW} + %s, 1) ON CONFLICT (name) DO UPDATE SET "
+            f"SELECT %s, %s, {NOW} + %s, greatest(1, floor) FROM t "
+            "ON CONFLICT (name) DO UPDATE SET "
             "holder = excluded.holder, expires_at = excluded.expires_at, "
-            "epoch = CASE WHEN l.holder = excluded.holder THEN l.epoch ELSE l.epoch + 1 END "
+            "epoch = CASE WHEN l.holder = excluded.holder AND l.epoch >= excluded.epoch "
+            "THEN l.epoch ELSE greatest(l.epoch + 1, excluded.epoch) END "
             f"WHERE l.holder = excluded.holder OR l.expires_at < {NOW} RETURNING l.epoch",
             (name, holder, ttl_seconds),
         )

@@ -1,0 +1,76 @@
+"""What the PostgreSQL store (postgres.py) does about a primary that fails over to a standby.
+
+- It connects only to a server that accepts writes: a multi-host URL
+  (``postgresql://h1:5432,h2:5432/db``, or ``?host=h1,h2&port=...``) is tried host by
+  host, and libpq refuses a standby (``target_session_attrs=read-write``, added when the
+  URL does not say; a URL that allows a standby is a ConfigError).
+- Its pool drops a connection that broke (the primary died, restarted or was demoted)
+  instead of lending it again, and closes one whose server has turned read-only; both
+  answer ``Unavailable``, and the next connection goes to whichever host is the primary.
+- Lease epochs carry the server's timeline: an epoch granted on timeline T is at least
+  ``(T - 1) << 32``, and a promotion starts a new timeline. So if the old primary granted
+  epochs that never reached the standby (asynchronous replication loses such a tail), the
+  promoted one never grants the same numbers again: a write fenced by one is refused for
+  good, and no holder's epoch goes backwards. docs/operations.md says which replication
+  settings keep the rest of that tail (extents, ack levels) too."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import AsyncConnectionPool
+
+from cherami.errors import ConfigError, Unavailable
+
+__all__ = ["EPOCH_FLOOR", "FailoverPool", "writable"]
+
+Row = tuple[Any, ...]
+
+_WRITABLE = ("read-write", "primary")
+
+# The lowest epoch a lease may be granted at on this server: (timeline - 1) << 32. The
+# timeline is the first 8 hex digits of the current WAL file's name (on a primary).
+EPOCH_FLOOR = (
+    "((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1) << 32)"
+)
+
+
+def writable(url: str) -> str:
+    """``url`` as a conninfo that only a server accepting writes answers."""
+    try:
+        attrs = conninfo_to_dict(url).get("target_session_attrs")
+    except psycopg.ProgrammingError as err:
+        raise ConfigError(f"metadata URL: {err}") from None
+    if attrs is None:
+        return make_conninfo(url, target_session_attrs="read-write")
+    if attrs not in _WRITABLE:
+        raise ConfigError(
+            f"metadata URL: target_session_attrs={attrs} may reach a standby; "
+            "the store writes: use read-write or primary"
+        )
+    return url
+
+
+class FailoverPool(AsyncConnectionPool[psycopg.AsyncConnection[Row]]):
+    """A pool whose connections raise ``Unavailable`` for an unreachable database
+    (refused, lost, timed out, shut down) instead of psycopg's OperationalError, and
+    for a server that no longer takes writes, whose connection it closes (a closed
+    connection goes back to the pool to be discarded)."""
+
+    @asynccontextmanager
+    async def connection(
+        self, timeout: float | None = None
+    ) -> AsyncIterator[psycopg.AsyncConnection[Row]]:
+        try:
+            async with super().connection(timeout) as conn:
+                try:
+                    yield conn
+                except psycopg.errors.ReadOnlySqlTransaction:
+                    await conn.close()
+                    raise
+        except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction) as err:
+            raise Unavailable(f"metadata database unavailable: {err}") from err
