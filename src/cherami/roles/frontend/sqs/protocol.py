@@ -114,6 +114,10 @@ def _ordered(node: Any, name: str) -> list[Any]:
 def _normalize(node: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in node.items():
+        if value == "" and (
+            key in _MAPS or key in _LISTS or key.endswith(("RequestEntry", "Entries"))
+        ):
+            value = {}  # an empty list or map: ``Entries=``
         if key in _MAPS:
             out[_MAPS[key]] = _map(value, key)
         elif key in _LISTS:

@@ -132,7 +132,7 @@ class QueueActions:
         try:  # a queue made by the HTTP API becomes an SQS queue by getting the group
             queue = await self.backend.r.metadata.get_queue(name)
         except QueueNotFound:
-            config = QueueConfig(retention_seconds=SQS_DEFAULT_RETENTION, **wanted.queue)
+            config = QueueConfig(**{"retention_seconds": SQS_DEFAULT_RETENTION, **wanted.queue})
         else:
             if not _matches(queue.config, wanted.queue):
                 raise queue_exists(name)
