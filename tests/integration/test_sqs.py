@@ -15,6 +15,7 @@ import re
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -671,3 +672,41 @@ def test_sigv4_against_the_auth_files_keys(tmp_path: Path) -> None:
         assert error_code(err) == "AccessDenied"
     finally:
         assert proc.stop() == 0
+
+
+def test_celerys_own_sqs_broker_runs_a_task(endpoint: str, boto: Client) -> None:
+    """Celery with kombu's SQS transport, its endpoint taken from the broker URL. A
+    worker's event loop fetches through pycurl, which the dev dependencies lack: the
+    worker runs Celery's synchronous consumer loop (``use_eventloop=False``), in which
+    the transport receives, deletes and sends through boto3."""
+    from celery import Celery
+    from celery.contrib.testing.worker import start_worker
+
+    prefix = unique("celery") + "-"
+    app = Celery("sqs-test", broker=f"sqs://AKID:SECRET@{endpoint.split('//', 1)[1]}")
+    app.conf.broker_transport_options = {
+        "region": "us-east-1", "queue_name_prefix": prefix, "wait_time_seconds": 1,
+        "polling_interval": 0.1,
+    }  # fmt: skip
+    app.conf.worker_enable_remote_control = False
+    ran = threading.Event()
+    results: list[int] = []
+
+    @app.task(name="add")
+    def add(a: int, b: int) -> int:
+        results.append(a + b)
+        ran.set()
+        return a + b
+
+    with start_worker(app, pool="solo", perform_ping_check=False, use_eventloop=False):
+        add.delay(2, 3)
+        assert ran.wait(30), "the task did not run"
+    assert results == [5]
+    (url,) = boto.list_queues(QueueNamePrefix=prefix)["QueueUrls"]
+    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    settled = {"ApproximateNumberOfMessages": "0", "ApproximateNumberOfMessagesNotVisible": "0"}
+    wait_for(
+        lambda: boto.get_queue_attributes(QueueUrl=url, AttributeNames=names)["Attributes"]
+        == settled,
+        10, "the task's message deleted",
+    )  # fmt: skip
