@@ -20,6 +20,7 @@ import pytest
 from kombu import Connection
 
 from cherami import Client
+from cherami.celery.mapping import endpoint
 from cherami.errors import CheramiError, Unauthorized
 from tests.support.server import ServerProcess, unique
 
@@ -279,7 +280,10 @@ def test_bad_broker_urls_fail_clearly(tmp_path: Path) -> None:
             message.ack()
         with pytest.raises(Unauthorized, match=f"cherami broker http://{hostport}: .*key"):
             Connection(f"cherami://:wrong@{hostport}").connect()
-        with pytest.raises(CheramiError, match="cannot resolve the host"):
+        with pytest.raises(CheramiError, match="invalid:8080: cannot resolve the host"):
             Connection("cherami://no-such-host.invalid:8080").connect()
+        tls = {"ca_certs": "ca.pem"}
+        assert endpoint(Connection("cherami+https://:k@h:8443")) == ("https://h:8443", "k", None)
+        assert endpoint(Connection("cherami://h", ssl=tls)) == ("https://h:8080", None, "ca.pem")
     finally:
         node.stop()

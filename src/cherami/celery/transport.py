@@ -59,7 +59,9 @@ class Transport(virtual.Transport):
         try:
             self.cherami.list_queues(limit=1)
         except CheramiError as err:
-            raise type(err)(f"cherami broker {self.cherami.url}: {err}") from None
+            url = self.cherami.url
+            reason = str(err).removeprefix(f"{url}: ")
+            raise type(err)(f"cherami broker {url}: {reason}") from None
         return super().establish_connection()  # type: ignore[no-any-return]
 
     def close_connection(self, connection: Any) -> None:
