@@ -39,7 +39,7 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 30.0) -> Non
 
 def _one(url: str, query: str) -> object:
     with psycopg.connect(url, autocommit=True, connect_timeout=2) as conn:
-        row = conn.execute(query).fetchone()  # type: ignore[arg-type]
+        row = conn.execute(query).fetchone()
         return None if row is None else row[0]
 
 
