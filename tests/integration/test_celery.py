@@ -12,6 +12,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -148,9 +149,14 @@ def test_many_tasks_run_exactly_once_with_acks_late(server: ServerProcess, celer
     workers.start("w1")
     workers.start("w2")
     started = time.monotonic()
-    with appmod.app.producer_or_acquire() as producer:
-        for i in range(EXACTLY_ONCE_TASKS):
-            appmod.record.apply_async((path, f"t{i}"), producer=producer)
+
+    def publish(part: int) -> None:  # four producer threads, as in a web app
+        with appmod.app.producer_or_acquire() as producer:
+            for i in range(part, EXACTLY_ONCE_TASKS, 4):
+                appmod.record.apply_async((path, f"t{i}"), producer=producer)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(publish, range(4)))
     published = time.monotonic() - started
     wait_for(lambda: sum(lines.keys("ran").values()) >= EXACTLY_ONCE_TASKS, 40, "every task ran")
     wait_for(lambda: settled(server, queue), 10, "every task acked")
@@ -206,6 +212,22 @@ def test_worker_killed_mid_task_has_it_run_by_another(
     assert [(f[0], f[2]) for f in victim] == [("start", "w1"), ("start", "w2"), ("done", "w2")]
     assert float(victim[1][4]) >= killed_at
     assert set(lines.keys("ran")) == {f"t{i}" for i in range(200)}  # nothing lost
+
+
+def test_a_task_longer_than_the_visibility_timeout_runs_once(
+    server: ServerProcess, celery_env: Any
+) -> None:
+    appmod, workers, lines, queue, _ = celery_env
+    with Client(server.url) as c:  # 2 s of visibility; the task takes 7
+        c.create_queue(queue)
+        c.create_group(queue, "celery", visibility_timeout_seconds=2)
+    workers.start("w1")
+    workers.start("w2")  # a second worker, to take the task if its visibility ran out
+    appmod.slow_once.delay(str(lines.path), "long", 7)
+    wait_for(lambda: lines.keys("done")["long"] == 1, 30, "the long task finished")
+    wait_for(lambda: settled(server, queue), 10, "acked")
+    assert lines.keys("start") == Counter({"long": 1})
+    assert group_stats(server, queue)["redelivered"] == 0
 
 
 def test_eta_runs_once_at_its_time_across_a_worker_restart(

@@ -9,6 +9,7 @@ import os
 import queue as stdqueue
 import threading
 import time
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from kombu.transport import virtual
@@ -190,7 +191,7 @@ class Channel(virtual.Channel):
         if self.confirm:
             publisher.publish([outgoing])
         else:
-            publisher.send([outgoing])
+            publisher.send([outgoing]).add_done_callback(_report_failure)
 
     def _publisher(self, name: str) -> SyncPublisher:
         with self._publishing:
@@ -356,3 +357,10 @@ def _ignore_missing(call: Any) -> None:
         call()
     except NotFound:
         pass
+
+
+def _report_failure(sent: Future[list[str]]) -> None:
+    """A publish sent without waiting (``confirm_publish: False``) that failed: logged,
+    as nobody waits for it."""
+    if not sent.cancelled() and sent.exception() is not None:
+        log.error("a message published without confirm was not stored: %s", sent.exception())

@@ -21,6 +21,8 @@ from cherami.errors import AlreadyExists, CheramiError, NotFound, Unavailable
 
 log = logging.getLogger("cherami.kombu")
 
+DRAIN_BATCH = 100  # deliveries one drain_events hands over at most
+
 
 class Transport(virtual.Transport):
     Channel = Channel
@@ -107,30 +109,41 @@ class Transport(virtual.Transport):
         return found
 
     def drain_events(self, connection: Any, timeout: float | None = None) -> None:  # type: ignore[override]
-        """Deliver one message, waiting up to ``timeout`` seconds for it."""
+        """Deliver the messages that are here, up to DRAIN_BATCH, waiting up to
+        ``timeout`` seconds for the first (TimeoutError when none came)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         for channel in self.channels:
             if channel._consumers:
                 channel.open_streams()
         self._start_extender()
-        while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        delivered = 0
+        while delivered < DRAIN_BATCH:
             try:
-                stream, item = self.inbox.get(timeout=left)
+                if delivered:
+                    stream, item = self.inbox.get_nowait()
+                else:
+                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    stream, item = self.inbox.get(timeout=left)
             except stdqueue.Empty:
+                if delivered:
+                    return
                 raise TimeoutError() from None
-            if stream.closed:
-                continue  # its stream ended: the server delivers its messages again
-            if isinstance(item, BaseException):
-                raise Unavailable(f"the stream of queue {stream.queue} ended: {item}") from item
-            channel = stream.channel
-            if stream.queue not in self._callbacks:  # cancelled meanwhile
-                stream.consumer.nack(item)
-                continue
-            payload = channel.delivered(stream, item)
-            if payload is not None:
-                self._deliver(payload, stream.queue)
-                return
+            delivered += self._take(stream, item)
+
+    def _take(self, stream: Stream, item: Received | BaseException) -> int:
+        """Hand one delivery to its consumer's callback: 1 if it was, else 0."""
+        if stream.closed:
+            return 0  # its stream ended: the server delivers its messages again
+        if isinstance(item, BaseException):
+            raise Unavailable(f"the stream of queue {stream.queue} ended: {item}") from item
+        if stream.queue not in self._callbacks:  # cancelled meanwhile
+            stream.consumer.nack(item)
+            return 0
+        payload = stream.channel.delivered(stream, item)
+        if payload is None:
+            return 0
+        self._deliver(payload, stream.queue)
+        return 1
 
     def _start_extender(self) -> None:
         if self._extender is None:
