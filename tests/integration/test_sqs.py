@@ -28,6 +28,7 @@ import botocore.session
 import pytest
 from botocore.exceptions import ClientError
 
+from cherami.devcluster.local import LocalCluster
 from cherami.roles.frontend.sqs import credentials
 from tests.support.server import ServerProcess, unique
 
@@ -710,3 +711,56 @@ def test_celerys_own_sqs_broker_runs_a_task(endpoint: str, boto: Client) -> None
         == settled,
         10, "the task's message deleted",
     )  # fmt: skip
+
+
+def test_a_clusters_frontend_serves_it(tmp_path: Path) -> None:
+    """A frontend process holds no input or output host: it publishes through the
+    cluster's input host and receives, deletes and changes visibility at the output
+    hosts that hold the group, each receipt at the host that issued it."""
+    counts = {"storehost": 2, "controller": 1, "inputhost": 1, "outputhost": 2, "frontend": 1}
+    cluster = LocalCluster(tmp_path, f"sqlite:///{tmp_path}/metadata.db", counts,
+                           extra_args=["--sqs-port", "0"])  # fmt: skip
+    cluster.up()
+    try:
+        log = cluster.procs["frontend-0"].log.read_text()
+        match = SQS_LINE.search(log)
+        assert match, log
+        sqs = sqs_client(match.group(1), "json", tmp_path)
+        url = sqs.create_queue(QueueName=unique("cluster"), Attributes={"VisibilityTimeout": "30"})[
+            "QueueUrl"
+        ]
+        sent = {sqs.send_message(QueueUrl=url, MessageBody=f"m{i}")["MessageId"] for i in range(20)}
+        got: dict[str, dict[str, Any]] = {}
+
+        def receive() -> bool:
+            for m in sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
+                                         WaitTimeSeconds=1).get("Messages", []):  # fmt: skip
+                got[m["MessageId"]] = m
+            return len(got) >= 20
+
+        wait_for(receive, 30, "every message received")
+        assert set(got) == sent
+        first, *rest = got.values()
+        entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(rest)]
+        for part in range(0, len(entries), 10):
+            answer = sqs.delete_message_batch(QueueUrl=url, Entries=entries[part : part + 10])
+            assert not answer.get("Failed"), answer
+        sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"],
+                                      VisibilityTimeout=0)  # fmt: skip
+        again = wait_for(
+            lambda: sqs.receive_message(
+                QueueUrl=url, WaitTimeSeconds=1, AttributeNames=["All"]
+            ).get("Messages"),
+            20, "the message again",
+        )  # fmt: skip
+        assert again[0]["MessageId"] == first["MessageId"]
+        assert again[0]["Attributes"]["ApproximateReceiveCount"] == "2"
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=again[0]["ReceiptHandle"])
+        names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+        wait_for(
+            lambda: set(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=names)[
+                "Attributes"].values()) == {"0"},
+            10, "the counts at 0",
+        )  # fmt: skip
+    finally:
+        cluster.down()
