@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import queue as stdqueue
+import sys
 import threading
 import time
 from typing import Any
@@ -22,6 +23,7 @@ from cherami.errors import AlreadyExists, CheramiError, NotFound, Unavailable
 log = logging.getLogger("cherami.kombu")
 
 DRAIN_BATCH = 100  # deliveries one drain_events hands over at most
+WAIT_SLICE = 0.2  # seconds drain_events waits before it looks for a stopping worker
 
 
 class Transport(virtual.Transport):
@@ -122,13 +124,24 @@ class Transport(virtual.Transport):
                 if delivered:
                     stream, item = self.inbox.get_nowait()
                 else:
-                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                    stream, item = self.inbox.get(timeout=left)
+                    stream, item = self._wait(deadline)
             except stdqueue.Empty:
                 if delivered:
                     return
                 raise TimeoutError() from None
             delivered += self._take(stream, item)
+
+    def _wait(self, deadline: float | None) -> tuple[Stream, Received | BaseException]:
+        """The next item of the inbox, waiting until ``deadline``; a Celery worker told to
+        stop (SIGTERM, SIGINT) is let go at once rather than at the end of its wait (its
+        loop waits 2 s at a time here, and checks for a stop only between waits)."""
+        while True:
+            left = WAIT_SLICE if deadline is None else deadline - time.monotonic()
+            try:
+                return self.inbox.get(timeout=max(0.0, min(left, WAIT_SLICE)))
+            except stdqueue.Empty:
+                if left <= WAIT_SLICE or _worker_stopping():
+                    raise
 
     def _take(self, stream: Stream, item: Received | BaseException) -> int:
         """Hand one delivery to its consumer's callback: 1 if it was, else 0."""
@@ -180,3 +193,11 @@ def _create(get: Any, create: Any) -> None:
             create()
         except AlreadyExists:  # made meanwhile by another process (with another config)
             pass
+
+
+def _worker_stopping() -> bool:
+    """Whether this process is a Celery worker that was told to stop."""
+    state = sys.modules.get("celery.worker.state")
+    return state is not None and (
+        state.should_stop is not None or state.should_terminate is not None
+    )
