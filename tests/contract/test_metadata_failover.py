@@ -12,10 +12,12 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from cherami.errors import ConfigError, Fenced, Unavailable
 from cherami.metadata.models import AckLevel, Fence, Queue, QueueConfig
 from cherami.metadata.postgres import PostgresMetadataStore
+from cherami.metadata.postgres_failover import failover_conninfo
 from tests.support.pg import PrivatePostgres, private_postgres
 from tests.support.pgpair import PrimaryStandby, wait_for
 
@@ -62,6 +64,15 @@ async def test_a_url_that_allows_a_standby_is_refused(attrs: str) -> None:
     url = f"postgresql://postgres@127.0.0.1:1,127.0.0.1:2/db?target_session_attrs={attrs}"
     with pytest.raises(ConfigError, match="standby"):
         await PostgresMetadataStore.connect(url)
+
+
+def test_a_url_gets_tcp_timeouts_unless_it_sets_them() -> None:
+    url = "postgresql://postgres@h1:5432,h2:5432/db?keepalives_idle=30"
+    conninfo = conninfo_to_dict(failover_conninfo(url))
+    assert conninfo["target_session_attrs"] == "read-write"
+    assert conninfo["keepalives_idle"] == "30"  # the URL's
+    assert conninfo["tcp_user_timeout"] == "10000"
+    assert (conninfo["host"], conninfo["port"]) == ("h1,h2", "5432,5432")
 
 
 async def test_a_server_turned_read_only_is_unavailable_until_it_takes_writes(

@@ -35,7 +35,7 @@ from cherami.metadata.models import (
     QueueConfig,
     Redelivery,
 )
-from cherami.metadata.postgres_failover import EPOCH_FLOOR, FailoverPool, writable
+from cherami.metadata.postgres_failover import EPOCH_FLOOR, FailoverPool, failover_conninfo
 from cherami.metadata.postgres_schema import NOW, check_schema, migrate, with_search_path
 
 Row = tuple[Any, ...]
@@ -123,7 +123,7 @@ class PostgresMetadataStore:
         """Migrate ``schema`` (creating it if missing), then open a pool of connections,
         each to a server that takes writes (the primary of a multi-host ``url``)."""
         check_schema(schema)
-        url = writable(url)
+        url = failover_conninfo(url)
         await migrate(url, schema)
         pool: Pool = FailoverPool(
             with_search_path(url, schema),

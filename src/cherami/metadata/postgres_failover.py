@@ -4,6 +4,9 @@
   (``postgresql://h1:5432,h2:5432/db``, or ``?host=h1,h2&port=...``) is tried host by
   host, and libpq refuses a standby (``target_session_attrs=read-write``, added when the
   URL does not say; a URL that allows a standby is a ConfigError).
+- A server that vanishes without closing its connections (a lost machine, a partition)
+  breaks them within seconds rather than when TCP gives up (minutes): TCP keepalives and
+  ``tcp_user_timeout`` are on unless the URL sets them.
 - Its pool drops a connection that broke (the primary died, restarted or was demoted)
   instead of lending it again, and closes one whose server has turned read-only; both
   answer ``Unavailable``, and the next connection goes to whichever host is the primary.
@@ -26,11 +29,17 @@ from psycopg_pool import AsyncConnectionPool
 
 from cherami.errors import ConfigError, Unavailable
 
-__all__ = ["EPOCH_FLOOR", "FailoverPool", "writable"]
+__all__ = ["EPOCH_FLOOR", "FailoverPool", "failover_conninfo"]
 
 Row = tuple[Any, ...]
 
 _WRITABLE = ("read-write", "primary")
+# what a URL gets unless it says otherwise: an idle connection probed after 5 s, every 2 s,
+# given up after 3 unanswered probes; a request unacknowledged for 10 s breaks it
+_TCP = {
+    "keepalives": "1", "keepalives_idle": "5", "keepalives_interval": "2",
+    "keepalives_count": "3", "tcp_user_timeout": "10000",
+}  # fmt: skip
 
 # The lowest epoch a lease may be granted at on this server: (timeline - 1) << 32. The
 # timeline is the first 8 hex digits of the current WAL file's name (on a primary).
@@ -39,20 +48,21 @@ EPOCH_FLOOR = (
 )
 
 
-def writable(url: str) -> str:
-    """``url`` as a conninfo that only a server accepting writes answers."""
+def failover_conninfo(url: str) -> str:
+    """``url`` as a conninfo that only a server accepting writes answers, with the TCP
+    settings it does not give."""
     try:
-        attrs = conninfo_to_dict(url).get("target_session_attrs")
+        given = conninfo_to_dict(url)
     except psycopg.ProgrammingError as err:
         raise ConfigError(f"metadata URL: {err}") from None
-    if attrs is None:
-        return make_conninfo(url, target_session_attrs="read-write")
+    attrs = given.get("target_session_attrs", "read-write")
     if attrs not in _WRITABLE:
         raise ConfigError(
             f"metadata URL: target_session_attrs={attrs} may reach a standby; "
             "the store writes: use read-write or primary"
         )
-    return url
+    added = {k: v for k, v in _TCP.items() if k not in given}
+    return make_conninfo(url, target_session_attrs=attrs, **added)
 
 
 class FailoverPool(AsyncConnectionPool[psycopg.AsyncConnection[Row]]):
