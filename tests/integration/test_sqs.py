@@ -584,42 +584,44 @@ def test_the_aws_cli(endpoint: str, boto: Client, tmp_path: Path) -> None:
 
 
 async def test_bad_requests_get_sqs_errors_never_a_500(endpoint: str) -> None:
-    json_headers = {"Content-Type": "application/x-amz-json-1.0"}
-    cases = [
-        (
-            {**json_headers, "X-Amz-Target": "AmazonSQS.SendMessage"},
-            b"{not json",
-            "SerializationException",
-        ),
-        ({**json_headers, "X-Amz-Target": "AmazonSQS.NoSuchAction"}, b"{}", "InvalidAction"),
-        (
-            {**json_headers, "X-Amz-Target": "AmazonSQS.SendMessage"},
-            b'{"QueueUrl": 5}',
-            "MissingParameter",
-        ),
-        (
-            {**json_headers, "X-Amz-Target": "AmazonSQS.ReceiveMessage"},
-            b'{"QueueUrl": "http://x/0/nope", "MaxNumberOfMessages": "lots"}',
-            "QueueDoesNotExist",
-        ),
-        (
-            {**json_headers, "X-Amz-Target": "AmazonSQS.CreateQueue"},
-            b'{"QueueName": ["x"]}',
-            "MissingParameter",
-        ),
-        (
-            {"Content-Type": "application/x-www-form-urlencoded"},
-            b"Version=2012-11-05",
-            "MissingAction",
-        ),
-        (
-            {"Content-Type": "application/x-www-form-urlencoded"},
-            b"Action=SendMessage&QueueUrl=http://x/0/q&MessageAttribute.x.Name=a",
-            "InvalidParameterValue",
-        ),
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    queue = unique("bad")
+    url = f"{endpoint}/000000000000/{queue}"
+    invalid = "InvalidParameterValue"
+    json_cases = [  # (action, body, the error named in the answer); %s: the queue's URL
+        ("SendMessage", b"{not json", "SerializationException"),
+        ("NoSuchAction", b"{}", "InvalidAction"),
+        ("SendMessage", b'{"QueueUrl": 5}', "MissingParameter"),
+        ("CreateQueue", b'{"QueueName": ["x"]}', "MissingParameter"),
+        ("ReceiveMessage", b'{"QueueUrl": "http://x/0/nope"}', "QueueDoesNotExist"),
+        ("ReceiveMessage", b'{"QueueUrl": "%s", "MaxNumberOfMessages": "lots"}', invalid),
+        ("ReceiveMessage", b'{"QueueUrl": "%s", "MessageAttributeNames": 5}', invalid),
+        ("UntagQueue", b'{"QueueUrl": "%s", "TagKeys": [1]}', invalid),
+        ("SendMessageBatch", b'{"QueueUrl": "%s", "Entries": "x"}', invalid),
+        ("SendMessageBatch", b'{"QueueUrl": "%s", "Entries": [{"Id": 1}]}', "InvalidBatchEntryId"),
+        ("SetQueueAttributes", b'{"QueueUrl": "%s", "Attributes": {"DelaySeconds": {"a": 1}}}',
+         "InvalidAttributeValue"),
+        ("SendMessage", b'{"QueueUrl": "%s", "MessageBody": "x", "MessageAttributes": [1]}',
+         invalid),
+    ]  # fmt: skip
+    form_cases = [
+        (b"Version=2012-11-05", "MissingAction"),
+        (b"Action=SendMessage&QueueUrl=%s&MessageAttribute.x.Name=a", invalid),
+        (b"Action=SendMessage&QueueUrl=%s&MessageBody=x&MessageBody.1=y", invalid),
     ]
     async with aiohttp.ClientSession() as session:
-        for headers, body, code in cases:
+        json_type = {"Content-Type": "application/x-amz-json-1.0"}
+        created = await session.post(
+            endpoint + "/", data=f'{{"QueueName": "{queue}"}}',
+            headers={**json_type, "X-Amz-Target": "AmazonSQS.CreateQueue"},
+        )  # fmt: skip
+        assert created.status == 200, await created.text()
+        at = url.encode()
+        requests = [
+            ({**json_type, "X-Amz-Target": f"AmazonSQS.{action}"}, body.replace(b"%s", at), code)
+            for action, body, code in json_cases
+        ] + [(form, body.replace(b"%s", at), code) for body, code in form_cases]
+        for headers, body, code in requests:
             async with session.post(endpoint + "/", data=body, headers=headers) as resp:
                 text = await resp.text()
                 assert resp.status == 400, (body, resp.status, text)

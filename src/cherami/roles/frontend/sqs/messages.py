@@ -27,7 +27,7 @@ from cherami.roles.frontend.sqs.errors import (
     no_queue,
 )
 from cherami.roles.frontend.sqs.md5 import md5_of_attributes, md5_of_body
-from cherami.roles.frontend.sqs.queues import Caller, integer, queue_name
+from cherami.roles.frontend.sqs.queues import Caller, integer, queue_name, strings
 from cherami.roles.frontend.sqs.settings import SettingsStore
 from cherami.roles.outputhost.client import Settlement
 from cherami.wire.records import Message
@@ -160,13 +160,13 @@ class MessageActions:
         if visibility is not None:
             seconds = float(integer("VisibilityTimeout", visibility, 0, 43200)) or MIN_VISIBILITY
         system_names = [
-            *(p.get("AttributeNames") or []),
-            *(p.get("MessageSystemAttributeNames") or []),
+            *strings(p, "AttributeNames"),
+            *strings(p, "MessageSystemAttributeNames"),
         ]
         for name in system_names:
             if name not in _SYSTEM_NAMES:
                 raise SqsError("InvalidAttributeName", f"Unknown Attribute {name}.")
-        wanted = p.get("MessageAttributeNames") or []
+        wanted = strings(p, "MessageAttributeNames")
         deliveries = await self.backend.receive(group, most, float(wait), seconds)
         now_ms = int(time.time() * 1000)
         messages = [self._message(d, system_names, wanted, c, now_ms) for d in deliveries]

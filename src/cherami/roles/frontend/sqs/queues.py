@@ -194,9 +194,7 @@ class QueueActions:
         name = queue_name(p)
         c.allow(None, name)
         queue, group = await self.find(name)
-        names = p.get("AttributeNames") or []
-        if not isinstance(names, list):
-            raise invalid("AttributeNames must be a list")
+        names = strings(p, "AttributeNames")
         counts = None
         if a.needs_counts(names):
             got = await self.backend.counts(group)
@@ -236,7 +234,7 @@ class QueueActions:
         name = queue_name(p)
         c.allow("admin", name)
         await self.find(name)
-        keys = p.get("TagKeys") or []
+        keys = strings(p, "TagKeys")
         settings = self.settings.get(name)
         settings.tags = {k: v for k, v in settings.tags.items() if k not in keys}
         await self.settings.put(name, settings)
@@ -315,6 +313,14 @@ def _tags(raw: Any) -> dict[str, str]:
     if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
         raise invalid("Tags must be a map of key to value.")
     return dict(raw)
+
+
+def strings(params: dict[str, Any], name: str) -> list[str]:
+    """A parameter that is a list of strings (none given: empty)."""
+    value = params.get(name) or []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise invalid(f"{name} must be a list of strings.")
+    return value
 
 
 def integer(name: str, value: Any, low: int, high: int) -> int:
