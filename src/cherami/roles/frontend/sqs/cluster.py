@@ -18,6 +18,7 @@ from cherami.metadata.models import Group
 from cherami.roles.frontend import schemas as s
 from cherami.roles.frontend.context import Roles
 from cherami.roles.frontend.proxy import Router
+from cherami.roles.frontend.sqs.errors import SqsError, unsupported
 from cherami.roles.frontend.sqs.model import Delivery
 from cherami.roles.outputhost.client import Settlement, host_tag, tag_of
 
@@ -48,6 +49,21 @@ class RemoteGroups:
     def _is_self(self, address: str) -> bool:
         return self.r.outputs is not None and address == self.router.address
 
+    async def _send(self, method: str, address: str, path: str, body: bytes) -> bytes:
+        """A direct call to another output host's HTTP API; its answer's body. Those
+        calls carry no API key (SigV4 gives the endpoint none to pass on), so with keys
+        on they are refused, and said so, rather than answered as the client's fault."""
+        if self.r.keys.enabled:
+            raise unsupported(
+                f"the group's messages at output host {address} are not reachable through "
+                "the SQS endpoint of a cluster with API keys (docs/sqs.md)"
+            )
+        reply = await self.router.send(method, address, path, body, _HEADERS)
+        raw = reply.body if isinstance(reply.body, bytes) else b""
+        if reply.status != 200:
+            raise error_from_response(reply.status, raw)
+        return raw
+
     async def receive(
         self, group: Group, max_messages: int, wait: float, visibility: float | None
     ) -> list[Delivery]:
@@ -66,12 +82,9 @@ class RemoteGroups:
                 max_messages=max_messages, wait_seconds=slice_,
                 visibility_timeout_seconds=visibility,
             )  # fmt: skip
-            reply = await self.router.send(
-                "POST", address, self._path(group, "/receive"), _json.encode(body), _HEADERS
+            raw = await self._send(
+                "POST", address, self._path(group, "/receive"), _json.encode(body)
             )
-            raw = reply.body if isinstance(reply.body, bytes) else b""
-            if reply.status != 200:
-                raise error_from_response(reply.status, raw)
             answer = msgspec.json.decode(raw, type=s.ReceiveResponse)
             return [
                 Delivery(m.id, m.receipt, _body(m), m.attributes, m.delivery_count,
@@ -128,12 +141,7 @@ class RemoteGroups:
         else:
             action = "/visibility"
             body = s.VisibilityRequest(receipts=receipts, visibility_timeout_seconds=how.seconds)
-        reply = await self.router.send(
-            "POST", address, self._path(group, action), _json.encode(body), _HEADERS
-        )
-        raw = reply.body if isinstance(reply.body, bytes) else b""
-        if reply.status != 200:
-            raise error_from_response(reply.status, raw)
+        raw = await self._send("POST", address, self._path(group, action), _json.encode(body))
         answer = msgspec.json.decode(raw, type=_Settled)
         return answer.acked + answer.nacked + answer.extended, answer.stale
 
@@ -151,12 +159,9 @@ class RemoteGroups:
                     if state is not None:
                         backlog, in_flight = backlog + state.backlog, in_flight + state.in_flight
                     continue
-                reply = await self.router.send("GET", address, self._path(group), b"", _HEADERS)
-                raw = reply.body if isinstance(reply.body, bytes) else b""
-                if reply.status != 200:
-                    raise error_from_response(reply.status, raw)
+                raw = await self._send("GET", address, self._path(group), b"")
                 stats = msgspec.json.decode(raw, type=_Stats).stats
-            except CheramiError:
+            except (CheramiError, SqsError):
                 continue  # approximate, as SQS's counts are
             backlog, in_flight = backlog + stats.backlog, in_flight + stats.in_flight
         return backlog, in_flight
