@@ -7,7 +7,10 @@ For each broker it measures, with one worker process running:
 - **latency**: one task at a time on an idle queue, from the ``apply_async`` call to the
   moment the task body runs (the time it writes), ``--latency-tasks`` times: p50 and max;
 - **tasks/s**: ``--tasks`` tasks published by one thread, one ``apply_async`` after the
-  other, from the first call to the last task's run; and the publish rate alone.
+  other, from the first call to the last task's run; and the publish rate alone;
+- **backlog drain**: the worker stops consuming (``cancel_consumer``), ``--tasks`` tasks
+  are published, it consumes again (``add_consumer``): tasks/s from then to the last run,
+  what the worker does when publishing is not the limit.
 
 Every task appends one line to a file, the count the runs wait for (and check: every task
 ran, none twice). Cherami runs twice: as the transport ships (each publish returns once
@@ -140,6 +143,25 @@ class Run:
         assert len(counts) == n and max(counts.values()) == 1, f"{self.key}: lost or repeated"
         return {"publish_per_s": n / (published - start), "tasks_per_s": n / (last - start)}
 
+    def drain(self, n: int) -> float:
+        """Tasks/s of the worker alone: it stops consuming (remote control), ``n`` tasks
+        are published, it consumes again; from then to the last task's run."""
+        control, node = self.mod.app.control, [f"bench-{self.key}@{os.uname().nodename}"]
+        assert control.cancel_consumer(self.queue, destination=node, reply=True), "no reply"
+        path, before = str(self.lines), len(self.ran())
+        with self.mod.app.producer_or_acquire() as producer:
+            for i in range(n):
+                self.mod.record.apply_async((path, f"d{i}"), producer=producer)
+        if self.key.startswith("cherami"):  # sent without confirm: wait until all are stored
+            with self.mod.app.connection_for_write() as conn:
+                while conn.default_channel._size(self.queue) < n:
+                    time.sleep(0.05)
+        start = time.time()
+        assert control.add_consumer(self.queue, destination=node, reply=True), "no reply"
+        lines = self.wait_lines(before + n, 600)
+        assert len({f[1] for f in lines[before:]}) == n, f"{self.key}: lost tasks"
+        return n / (max(float(f[4]) for f in lines[before:]) - start)
+
     def close(self) -> None:
         if self.worker is not None:
             self.worker.send_signal(signal.SIGTERM)
@@ -190,6 +212,7 @@ def main() -> None:
                     run.start_worker()
                     lat = run.latency(args.latency_tasks)
                     figures = run.throughput(args.tasks)
+                    figures["drain_per_s"] = run.drain(args.tasks)
                 finally:
                     run.close()
                 results[key] = {
@@ -204,10 +227,11 @@ def main() -> None:
                 node.stop()
     print(f"\n{args.tasks} tasks, one producer thread, one worker (-c 2 prefork, prefetch x4, "
           f"acks_late); latency over {args.latency_tasks} single tasks\n")  # fmt: skip
-    print("| broker | tasks/s | publish/s | one task p50 ms | max ms | durability |")
-    print("|---|---|---|---|---|---|")
+    print("| broker | tasks/s | publish/s | backlog drain tasks/s | one task p50 ms | max ms "
+          "| durability |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for key, r in results.items():
-        rates = f"{r['tasks_per_s']:,.0f} | {r['publish_per_s']:,.0f}"
+        rates = f"{r['tasks_per_s']:,.0f} | {r['publish_per_s']:,.0f} | {r['drain_per_s']:,.0f}"
         latency = f"{r['latency_p50_ms']:.1f} | {r['latency_max_ms']:.1f}"
         print(f"| {key} | {rates} | {latency} | {r['durability']} |")
     if args.json:
