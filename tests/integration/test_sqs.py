@@ -511,76 +511,32 @@ def _aws(endpoint: str, tmp: Path, *args: str) -> Any:
 
 
 def test_the_aws_cli(endpoint: str, boto: Client, tmp_path: Path) -> None:
-    dlq = _aws(endpoint, tmp_path, "create-queue", "--queue-name", unique("clidlq"))["QueueUrl"]
-    dlq_arn = _aws(
-        endpoint,
-        tmp_path,
-        "get-queue-attributes",
-        "--queue-url",
-        dlq,
-        "--attribute-names",
-        "QueueArn",
-    )["Attributes"]["QueueArn"]
-    url = _aws(
-        endpoint,
-        tmp_path,
-        "create-queue",
-        "--queue-name",
-        unique("cli"),
-        "--attributes",
-        json.dumps(
-            {
-                "VisibilityTimeout": "1",
-                "RedrivePolicy": json.dumps(
-                    {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "1"}
-                ),
-            }
-        ),
-    )["QueueUrl"]
-    sent = _aws(
-        endpoint,
-        tmp_path,
-        "send-message",
-        "--queue-url",
-        url,
-        "--message-body",
-        "from the cli",
-        "--message-attributes",
-        '{"k":{"DataType":"String","StringValue":"v"}}',
-    )
+    def cli(*args: str) -> Any:
+        return _aws(endpoint, tmp_path, *args)
+
+    dlq = cli("create-queue", "--queue-name", unique("clidlq"))["QueueUrl"]
+    dlq_arn = boto.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])[
+        "Attributes"]["QueueArn"]  # fmt: skip
+    redrive = json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "1"})
+    attributes = json.dumps({"VisibilityTimeout": "1", "RedrivePolicy": redrive})
+    url = cli("create-queue", "--queue-name", unique("cli"), "--attributes", attributes)[
+        "QueueUrl"]  # fmt: skip
+    sent = cli("send-message", "--queue-url", url, "--message-body", "from the cli",
+               "--message-attributes", '{"k":{"DataType":"String","StringValue":"v"}}')  # fmt: skip
     assert sent["MD5OfMessageBody"] == md5("from the cli")
-    (got,) = _aws(
-        endpoint,
-        tmp_path,
-        "receive-message",
-        "--queue-url",
-        url,
-        "--wait-time-seconds",
-        "5",
-        "--message-attribute-names",
-        "All",
-    )["Messages"]
+    (got,) = cli("receive-message", "--queue-url", url, "--wait-time-seconds", "5",
+                 "--message-attribute-names", "All")["Messages"]  # fmt: skip
     assert (got["Body"], got["MessageAttributes"]["k"]["StringValue"]) == ("from the cli", "v")
     wait_for(lambda: _dead_lettered(boto, dlq, 1), 15, "the message in the DLQ")  # not deleted
-    _aws(endpoint, tmp_path, "start-message-move-task", "--source-arn", dlq_arn)
+    cli("start-message-move-task", "--source-arn", dlq_arn)
     (back,) = wait_for(
-        lambda: _aws(
-            endpoint, tmp_path, "receive-message", "--queue-url", url, "--wait-time-seconds", "2"
-        ).get("Messages"),
-        20,
-        "the message back",
-    )
+        lambda: cli("receive-message", "--queue-url", url, "--wait-time-seconds", "5").get(
+            "Messages"),
+        20, "the message back",
+    )  # fmt: skip
     assert back["MessageId"] == got["MessageId"]
-    _aws(
-        endpoint,
-        tmp_path,
-        "delete-message",
-        "--queue-url",
-        url,
-        "--receipt-handle",
-        back["ReceiptHandle"],
-    )
-    assert _aws(endpoint, tmp_path, "receive-message", "--queue-url", url).get("Messages") is None
+    cli("delete-message", "--queue-url", url, "--receipt-handle", back["ReceiptHandle"])
+    assert "Messages" not in boto.receive_message(QueueUrl=url, WaitTimeSeconds=2)
 
 
 async def test_bad_requests_get_sqs_errors_never_a_500(endpoint: str) -> None:
@@ -764,5 +720,31 @@ def test_a_clusters_frontend_serves_it(tmp_path: Path) -> None:
                 "Attributes"].values()) == {"0"},
             10, "the counts at 0",
         )  # fmt: skip
+    finally:
+        cluster.down()
+
+
+def test_a_cluster_with_keys_sends_and_says_why_it_cannot_receive(tmp_path: Path) -> None:
+    admin = "chk_sqs-cluster-admin"
+    (tmp_path / "keys.json").write_text(
+        json.dumps(
+            [{"key_sha256": hashlib.sha256(admin.encode()).hexdigest(), "scopes": ["admin"]}]
+        )
+    )
+    counts = {"storehost": 1, "controller": 1, "inputhost": 1, "outputhost": 1, "frontend": 1}
+    extra = ["--sqs-port", "0", "--auth-file", str(tmp_path / "keys.json")]
+    cluster = LocalCluster(tmp_path, f"sqlite:///{tmp_path}/metadata.db", counts, extra_args=extra)
+    cluster.up()
+    try:
+        match = SQS_LINE.search(cluster.procs["frontend-0"].log.read_text())
+        assert match
+        sqs = sqs_client(match.group(1), "json", tmp_path, *credentials(admin))
+        url = sqs.create_queue(QueueName=unique("keyed"))["QueueUrl"]
+        sqs.send_message(QueueUrl=url, MessageBody="through the input host")
+        with pytest.raises(sqs.exceptions.UnsupportedOperation) as err:  # once a host holds it
+            sqs.receive_message(QueueUrl=url, WaitTimeSeconds=15)
+        assert "API keys" in str(err.value)
+        attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        assert attributes["ApproximateNumberOfMessages"] == "1"  # the persisted backlog
     finally:
         cluster.down()

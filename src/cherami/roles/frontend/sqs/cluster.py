@@ -146,7 +146,8 @@ class RemoteGroups:
         return answer.acked + answer.nacked + answer.extended, answer.stale
 
     async def counts(self, group: Group) -> tuple[int | None, int]:
-        """(backlog, in flight) summed over the group's holders; None with none."""
+        """(backlog, in flight) summed over the group's holders; None when none holds
+        it or one of them cannot be asked."""
         hosts = await self.router.output_hosts(group.queue, group.name)
         if not hosts:
             return None, 0
@@ -162,7 +163,7 @@ class RemoteGroups:
                 raw = await self._send("GET", address, self._path(group), b"")
                 stats = msgspec.json.decode(raw, type=_Stats).stats
             except (CheramiError, SqsError):
-                continue  # approximate, as SQS's counts are
+                return None, 0  # a holder that does not answer: the persisted backlog
             backlog, in_flight = backlog + stats.backlog, in_flight + stats.in_flight
         return backlog, in_flight
 
