@@ -136,7 +136,8 @@ class Backend:
         if inputs is not None and await inputs.serves(queue.name):
             await self.throttle.admit(queue, key, len(messages), size, fresh=True)
             ids = await inputs.publish(queue, messages)
-        elif self._remote_inputs is not None:
+        elif self._remote_inputs is not None:  # the internal route applies no limits
+            await self.throttle.admit(queue, key, len(messages), size, fresh=True)
             ids = await self._remote_inputs.publish(queue, messages)
         else:
             raise QueueNotFound(f"no input host serves queue {queue.name}")
