@@ -12,7 +12,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from cherami.roles.frontend.sqs import sigv4
+from cherami.roles.frontend.sqs import credentials, sigv4
 from cherami.roles.frontend.sqs.errors import SqsError
 
 SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
@@ -111,3 +111,11 @@ def test_an_unknown_key_a_missing_or_malformed_header_or_an_old_date_is_refused(
     with pytest.raises(SqsError) as caught:  # 20 minutes later
         _verify_headers(list(request.headers.items()), time.time() + 1200)
     assert "expired" in caught.value.message
+
+
+def test_a_keys_credentials() -> None:
+    """The secret is the key's SHA-256 as the auth file keeps it; the id, which travels
+    in clear, is derived from the secret one way."""
+    secret = hashlib.sha256(b"chk_example").hexdigest()
+    key_id = hashlib.sha256(secret.encode()).hexdigest()[:20].upper()
+    assert credentials("chk_example") == (key_id, secret)

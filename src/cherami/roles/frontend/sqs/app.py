@@ -35,25 +35,31 @@ from cherami.roles.frontend.sqs.settings import SettingsStore
 log = logging.getLogger("cherami.frontend.sqs")
 
 DEFAULT_REGION = "us-east-1"
-ACCESS_KEY_DIGITS = 20  # an access key id: the first 20 hex digits of the key's SHA-256
+ACCESS_KEY_DIGITS = 20  # an access key id's length, as AWS's
 Action = Callable[[Caller, dict[str, Any]], Awaitable[dict[str, Any]]]
 _NOT_BUILT = ("AddPermission", "RemovePermission")
 
 
-def access_key_id(key: ApiKey) -> str:
-    """The access key id of an API key: the start of its SHA-256, in upper case."""
-    return key.digest().hex()[:ACCESS_KEY_DIGITS].upper()
+def _access_key_id(secret: str) -> str:
+    """An access key id: the start of the SHA-256 of the secret access key, in upper
+    case (it travels in clear, so it tells nothing of the secret)."""
+    return hashlib.sha256(secret.encode()).hexdigest()[:ACCESS_KEY_DIGITS].upper()
 
 
 def secret_access_key(key: ApiKey) -> str:
-    """Its secret access key: the whole SHA-256, as the auth file's ``key_sha256``."""
+    """An API key's secret access key: its SHA-256 in hex, the auth file's
+    ``key_sha256``."""
     return key.digest().hex()
+
+
+def access_key_id(key: ApiKey) -> str:
+    return _access_key_id(secret_access_key(key))
 
 
 def credentials(api_key: str) -> tuple[str, str]:
     """(access key id, secret access key) of a key in clear, for a client."""
-    digest = hashlib.sha256(api_key.encode()).hexdigest()
-    return digest[:ACCESS_KEY_DIGITS].upper(), digest
+    secret = hashlib.sha256(api_key.encode()).hexdigest()
+    return _access_key_id(secret), secret
 
 
 class SqsEndpoint:
