@@ -264,6 +264,12 @@ def test_two_queues_with_routing_and_remote_control(server: ServerProcess, celer
     assert where == {("ran", "wa"), ("routed", "wb")}
     replies = wait_for(lambda: appmod.app.control.ping(timeout=2.0), 10, "workers answer ping")
     assert {name.split("@")[0] for reply in replies for name in reply} == {"wa", "wb"}
+    with Client(server.url) as c:  # each ping's reply queue and its binding are gone
+        assert [q["name"] for q in c.list_queues() if "reply" in q["name"]] == []
+    workers.stop("wa")  # its remote-control queue is auto-delete: gone with it
+    with Client(server.url) as c:
+        assert [q["name"] for q in c.list_queues(prefix="wa_40")] == []
+        assert [g["name"] for g in c.list_groups("celery.pidbox", prefix="wa_40")] == []
 
 
 def test_celery_purge(server: ServerProcess, celery_env: Any) -> None:

@@ -108,6 +108,7 @@ class Channel(virtual.Channel):
         self._publishing = threading.Lock()
         self._fanout_of: dict[str, str] = {}  # a queue bound to a fanout exchange -> it
         self._pid = os.getpid()
+        self._auto_delete: set[str] = set()
 
     @property
     def client(self) -> Client:
@@ -115,6 +116,8 @@ class Channel(virtual.Channel):
 
     # queues and bindings
     def _new_queue(self, queue: str, **kwargs: Any) -> None:
+        if kwargs.get("auto_delete"):  # deleted when this channel closes, as in AMQP
+            self._auto_delete.add(queue)
         self.connection.ensure(
             cherami_name(queue), self.group, self.queue_config, self.group_config
         )
@@ -138,8 +141,13 @@ class Channel(virtual.Channel):
         if exchange and self.typeof(exchange).type == "direct":
             route = route_queue(exchange, args[1] if len(args) > 1 else "")
             _ignore_missing(lambda: self.client.delete_group(route, name))
+            _ignore_missing(lambda: self._drop_if_unbound(route))
         _ignore_missing(lambda: self.client.delete_queue(name))
         self.connection.forget(name)
+
+    def _drop_if_unbound(self, route: str) -> None:
+        if not self.client.list_groups(route, limit=1):
+            self.client.delete_queue(route)
 
     def _queue_bind(self, exchange: str, routing_key: str, pattern: Any, queue: str) -> None:
         kind = self.typeof(exchange).type
@@ -325,6 +333,18 @@ class Channel(virtual.Channel):
             return 0
         return count
 
+    def _drop_auto_deleted(self, client: Client, queue: str) -> None:
+        """An auto-delete queue (a worker's remote-control queue, a reply queue), and its
+        group on the fanout exchange it was bound to."""
+        name = cherami_name(queue)
+        try:
+            exchange = self._fanout_of.get(queue)
+            if exchange is not None:
+                _ignore_missing(lambda: client.delete_group(cherami_name(exchange), name))
+            _ignore_missing(lambda: client.delete_queue(name))
+        except CheramiError as err:
+            log.warning("could not delete the auto-delete queue %s: %s", name, err)
+
     @property
     def forked(self) -> bool:
         """A copy of the channel in a forked child (a prefork pool's process, whose
@@ -340,10 +360,14 @@ class Channel(virtual.Channel):
             self._streams.clear()
             self._publishers.clear()
             return
+        client = self.client if self._auto_delete else None  # kombu's close takes it away
         super().close()  # restores (nacks) what is held
         for stream in self._streams.values():
             stream.close()
         self._streams.clear()
+        if client is not None:
+            for queue in self._auto_delete:
+                self._drop_auto_deleted(client, queue)
         for publisher in self._publishers.values():
             try:
                 publisher.close()
