@@ -51,12 +51,6 @@ class Backend:
         self._remote_groups = None if router is None else RemoteGroups(roles, router)
 
     # queues
-    async def queue(self, name: str) -> Queue:
-        """The queue, when it is an SQS queue (it has the ``sqs`` group)."""
-        queue = await self.r.metadata.get_queue(name)
-        await self.group(name)
-        return queue
-
     async def group(self, name: str) -> Group:
         try:
             return await self.r.metadata.get_group(name, SQS_GROUP)
@@ -64,6 +58,7 @@ class Backend:
             raise QueueNotFound(f"no SQS queue {name}") from None
 
     async def find(self, name: str) -> tuple[Queue, Group] | None:
+        """The queue and its ``sqs`` group; None when it is not an SQS queue."""
         try:
             queue = await self.r.metadata.get_queue(name)
             return queue, await self.group(name)

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from cherami.errors import CheramiError
+from cherami.errors import CheramiError, QueueNotFound
 from cherami.metadata.models import Group, Queue
 from cherami.roles.frontend.auth import Scope
 from cherami.roles.frontend.sqs import model
@@ -120,6 +120,15 @@ class MessageActions:
             raise no_queue(name)
         return found
 
+    async def _group(self, c: Caller, p: dict[str, Any]) -> Group:
+        """The queue's ``sqs`` group, for the consuming actions (one metadata read)."""
+        name = queue_name(p)
+        c.allow("consume", name)
+        try:
+            return await self.backend.group(name)
+        except QueueNotFound:
+            raise no_queue(name) from None
+
     async def SendMessage(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
         queue, _ = await self._target(c, p, "produce")
         built = build(p, queue)
@@ -149,11 +158,11 @@ class MessageActions:
         return {"Successful": done, "Failed": bad}
 
     async def ReceiveMessage(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
-        queue, group = await self._target(c, p, "consume")
+        group = await self._group(c, p)
         most = integer("MaxNumberOfMessages", p.get("MaxNumberOfMessages", 1), 1, 10)
         wait = p.get("WaitTimeSeconds")
         if wait is None:
-            wait = self.settings.get(queue.name).wait_seconds
+            wait = self.settings.get(group.queue).wait_seconds
         wait = integer("WaitTimeSeconds", wait, 0, 20)
         visibility = p.get("VisibilityTimeout")
         seconds = None
@@ -206,7 +215,7 @@ class MessageActions:
         return stale
 
     async def DeleteMessage(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
-        _, group = await self._target(c, p, "consume")
+        group = await self._group(c, p)
         receipt = p.get("ReceiptHandle")
         if not receipt:
             raise missing("ReceiptHandle")
@@ -216,7 +225,7 @@ class MessageActions:
         return {}
 
     async def DeleteMessageBatch(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
-        _, group = await self._target(c, p, "consume")
+        group = await self._group(c, p)
         entries = check_entries(p.get("Entries"))
         bad = [failed(e["Id"], bad_receipt(str(e.get("ReceiptHandle"))))
                for e in entries if not _looks_like_receipt(e.get("ReceiptHandle"))]  # fmt: skip
@@ -227,7 +236,7 @@ class MessageActions:
         return {"Successful": [{"Id": e["Id"]} for e in good], "Failed": bad}
 
     async def ChangeMessageVisibility(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
-        _, group = await self._target(c, p, "consume")
+        group = await self._group(c, p)
         receipt = p.get("ReceiptHandle")
         if not receipt:
             raise missing("ReceiptHandle")
@@ -241,7 +250,7 @@ class MessageActions:
         return {}
 
     async def ChangeMessageVisibilityBatch(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
-        _, group = await self._target(c, p, "consume")
+        group = await self._group(c, p)
         entries = check_entries(p.get("Entries"))
         done: list[dict[str, Any]] = []
         bad: list[dict[str, Any]] = []
