@@ -5,9 +5,9 @@ request's protocol. No action's error is a 500 unless it is a bug."""
 from __future__ import annotations
 
 import hashlib
-import hmac
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -70,21 +70,18 @@ class SqsEndpoint:
         self.queues = QueueActions(backend, settings)
         self.messages = MessageActions(backend, settings)
         self.actions: dict[str, Action] = {}
+        self._ids: tuple[object, dict[str, ApiKey]] = (None, {})  # (the ring's list, by id)
         for group in (self.queues, self.messages):
             for name in dir(group):
                 if name[:1].isupper():
                     self.actions[name] = getattr(group, name)
 
     def _key_of(self, access_key: str) -> ApiKey | None:
-        wanted = access_key.upper()
-        found = None
-        for key in self._all_keys():  # every key compared, none skipped
-            if hmac.compare_digest(access_key_id(key), wanted):
-                found = key
-        return found
-
-    def _all_keys(self) -> list[ApiKey]:
-        return [key for _, key in self.keys._entries]  # the ring's list (auth.py has no getter)
+        """The key of an access key id (ids travel in clear: a lookup, not a compare)."""
+        entries = self.keys._entries  # the ring's list, replaced on each reload (SIGHUP)
+        if self._ids[0] is not entries:
+            self._ids = (entries, {access_key_id(key): key for _, key in entries})
+        return self._ids[1].get(access_key.upper())
 
     def _caller(self, request: web.Request, body: bytes) -> Caller:
         base = f"{request.scheme}://{request.host}"
@@ -115,11 +112,10 @@ class SqsEndpoint:
         body = await request.read()
         query = "X-Amz-Target" not in request.headers
         req: SqsRequest | None = None
-        request_id = ""
+        request_id = str(uuid.uuid4())
         try:
-            req = parse(request, body)
-            request_id = req.request_id
-            caller = self._caller(request, body)
+            caller = self._caller(request, body)  # before reading anything of the request
+            req = parse(request, body, request_id)
             if req.action in _NOT_BUILT:
                 raise unsupported(
                     f"{req.action} is not supported: access is by the auth file's keys."

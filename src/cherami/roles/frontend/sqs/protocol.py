@@ -13,8 +13,7 @@ Either way an action gets its input as the JSON protocol's dict."""
 
 from __future__ import annotations
 
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 from xml.sax.saxutils import escape
@@ -54,10 +53,10 @@ class SqsRequest:
     action: str
     params: dict[str, Any]
     query: bool  # the query protocol (XML answers)
-    request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    request_id: str
 
 
-def parse(request: web.Request, body: bytes) -> SqsRequest:
+def parse(request: web.Request, body: bytes, request_id: str) -> SqsRequest:
     target = request.headers.get("X-Amz-Target", "")
     if target:
         if not target.startswith(TARGET_PREFIX):
@@ -68,7 +67,7 @@ def parse(request: web.Request, body: bytes) -> SqsRequest:
             raise SqsError("SerializationException", "the body is not valid JSON") from None
         if not isinstance(params, dict):
             raise SqsError("SerializationException", "the body must be a JSON object")
-        return SqsRequest(target[len(TARGET_PREFIX) :], params, query=False)
+        return SqsRequest(target[len(TARGET_PREFIX) :], params, False, request_id)
     form: list[tuple[str, str]] = list(request.query.items())
     content_type = request.headers.get("Content-Type", "")
     if body and "x-www-form-urlencoded" in content_type:
@@ -84,7 +83,7 @@ def parse(request: web.Request, body: bytes) -> SqsRequest:
     params = _normalize(_tree(flat))
     if "QueueUrl" not in params and request.path.count("/") >= 2:
         params["QueueUrl"] = str(request.url.with_query(None))  # posted to the queue's URL
-    return SqsRequest(action, params, query=True)
+    return SqsRequest(action, params, True, request_id)
 
 
 def _tree(flat: dict[str, str]) -> dict[str, Any]:
