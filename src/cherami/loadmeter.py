@@ -27,12 +27,14 @@ def disk_floor(total_bytes: int) -> int:
 
 
 def has_room(host: Host) -> bool:
-    """Whether a store host's latest report shows free disk above its floor (True when
-    it reported none)."""
+    """Whether a store host's latest report shows free disk above 1.5 times its floor
+    (True when it reported none): below it the store host takes no new replica, and
+    below the floor no append (roles/storehost/server.py), so that a report up to 2 s
+    old still shows it full once it refuses."""
     report = host.load
     if report is None or report.disk_free_bytes is None or report.disk_total_bytes is None:
         return True
-    return report.disk_free_bytes >= disk_floor(report.disk_total_bytes)
+    return report.disk_free_bytes >= disk_floor(report.disk_total_bytes) * 3 // 2
 
 
 REPORT_INTERVAL = 2.0

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ import pytest
 from cherami.client.asyncclient import AsyncClient
 from cherami.errors import StorageFull
 from tests.support.server import ServerProcess
+from tests.support.smalldisk import small_disk as tmpfs
 
 DISK_MB = 192
 BODY = b"x" * 16_000
@@ -29,15 +29,8 @@ BODY = b"x" * 16_000
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs", str(mount)], check=True
-    )
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+    with tmpfs(tmp_path / "disk", DISK_MB) as disk:
+        yield disk
 
 
 def _health(url: str) -> dict[str, object]:

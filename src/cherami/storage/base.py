@@ -98,6 +98,14 @@ class ExtentStore(Protocol):
     def drop(self, extent: str) -> None:
         """Delete the extent and all its records."""
 
+    def unflushed_bytes(self) -> int:
+        """Bytes the store will write to disk again before it can free them (a journal
+        whose records are still only in memory elsewhere): room the disk must keep."""
+
+    def limit_unflushed(self, max_bytes: int) -> None:
+        """Keep ``unflushed_bytes`` to about ``max_bytes`` (at most the store's own
+        limit): past it, what it holds is flushed and the bytes freed."""
+
     def close(self) -> None: ...
 
 

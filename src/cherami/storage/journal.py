@@ -73,6 +73,14 @@ class Journal:
         self._number = (numbers[-1] + 1) if numbers else 1
         self._fd = self._open(self._number)
         self.size = os.fstat(self._fd).st_size
+        # the bytes of the older files, not removed yet (RocksDB has not flushed them)
+        self._older = {n: _size(self.path(n)) for n in numbers}
+
+    @property
+    def unflushed_bytes(self) -> int:
+        """What the journal holds that RocksDB keeps only in memory: a flush writes it
+        again (as table files) before the journal files are removed."""
+        return self.size + sum(list(self._older.values()))  # removals run in a thread
 
     def numbers(self) -> list[int]:
         return numbers(self.directory)
@@ -133,6 +141,7 @@ class Journal:
         older = [n for n in self.numbers() if n <= self._number]
         fd = self._open(self._number + 1)
         os.close(self._fd)
+        self._older[self._number] = self.size
         self._number, self._fd, self.size = self._number + 1, fd, 0
         return older
 
@@ -142,9 +151,17 @@ class Journal:
                 os.unlink(self.path(number))
             except FileNotFoundError:
                 pass
+            self._older.pop(number, None)
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def _size(file: str) -> int:
+    try:
+        return os.path.getsize(file)
+    except FileNotFoundError:
+        return 0
 
 
 def records(path: str) -> Iterator[bytes]:

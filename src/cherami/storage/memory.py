@@ -108,6 +108,12 @@ class MemoryExtentStore:
     def drop(self, extent: str) -> None:
         self._replicas.pop(extent, None)
 
+    def unflushed_bytes(self) -> int:
+        return 0
+
+    def limit_unflushed(self, max_bytes: int) -> None:
+        return None
+
     def _require(self, extent: str) -> _Replica:
         replica = self._replicas.get(extent)
         if replica is None:

@@ -123,6 +123,7 @@ class RocksExtentStore:
         journal_dir = os.path.join(path, "journal")
         self._replay(journal_dir)
         self._journal = journal.Journal(journal_dir, journal_bytes)
+        self._journal_bytes = journal_bytes
         self._retiring: threading.Thread | None = None
         # dropped extents' key ranges, compacted away in a thread (space comes back then)
         self._to_compact: list[tuple[bytes, bytes]] = []
@@ -423,6 +424,15 @@ class RocksExtentStore:
         if meta is None:
             raise StorageError("extent_not_found", f"no extent {extent}")
         return meta
+
+    def unflushed_bytes(self) -> int:
+        return self._journal.unflushed_bytes
+
+    def limit_unflushed(self, max_bytes: int) -> None:
+        """A journal file ends (and the older ones are flushed and removed) past this
+        size, between 1 MiB and the configured journal_bytes: on a small or nearly
+        full disk, what a flush writes again stays a small part of the free space."""
+        self._journal.max_bytes = max(1 << 20, min(self._journal_bytes, max_bytes))
 
     def close(self) -> None:
         """Flush every column family and remove the journal (a clean stop leaves no

@@ -188,8 +188,7 @@ class InputHostService:
                 writer = await self._pick(queue, kind)
                 continue
             except StorageFull:  # a replica's disk reached its floor before a report said
-                self._queues[queue.name].loaded = False
-                self.background.spawn(self._failed(writer.id), f"fail {writer.id}")
+                await self._storage_full(queue, writer)
                 raise
             made = message_ids(writer.id, first, len(indexes))
             if len(made) == len(ids):  # the whole batch (indexes are 0, 1, ...)
@@ -210,6 +209,24 @@ class InputHostService:
             self._full = {h.id for h in hosts if not has_room(h)}
             self._every_store_full = bool(hosts) and len(self._full) == len(hosts)
         return self._full
+
+    async def _storage_full(self, queue: Queue, writer: ExtentWriter) -> None:
+        """A replica refused an append for want of disk: its store hosts count as full
+        until the next look at the load reports (publishes are refused at once
+        meanwhile, not sent to be refused again), and the extent is given up (sealed,
+        a successor opened) only when enough other store hosts have room to hold a
+        successor; else it stays open, to take appends again once space is freed (on a
+        node every store host shares one disk: a successor could not be placed, and
+        publishes waited for it, 10 s each, instead of being refused)."""
+        full = await self._full_stores()
+        self._full = full | set(writer.extent.stores)
+        self._full_checked = time.monotonic()
+        hosts = await self.metadata.list_hosts(STOREHOST, timing.current.dead_after)
+        roomy = {h.id for h in hosts} - self._full
+        self._every_store_full = bool(hosts) and not roomy  # no successor could be placed
+        if len(roomy) >= len(writer.extent.stores):
+            self._queues[queue.name].loaded = False
+            self.background.spawn(self._failed(writer.id), f"fail {writer.id}")
 
     async def _with_room(self, writers: list[ExtentWriter]) -> list[ExtentWriter]:
         """The writers whose every replica has room; StorageFull when none has."""

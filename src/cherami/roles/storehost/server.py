@@ -35,6 +35,7 @@ MAX_READ_WAIT_MS = 600_000  # a read waits at most this long for records (10 min
 # of no commit of its extent (it restarted, see _read): the reader tries another replica
 UNKNOWN_COMMIT_WAIT = 1.0
 DISK_CHECK = 0.1  # seconds between looks at the free disk (one statvfs)
+DISK_STEP = 256 << 10  # bytes appended after which it is looked at again sooner
 T = TypeVar("T")
 
 
@@ -57,35 +58,51 @@ class _PendingAppend:
 
 
 class _DiskGuard:
-    """The store's free disk, looked at most every DISK_CHECK seconds: below the floor
-    no replica is created, below half of it nothing is appended."""
+    """The store's free disk: below one and a half times the floor no replica is
+    created, below the floor nothing is appended. It is looked at (one statvfs) every
+    DISK_CHECK seconds or once DISK_STEP bytes were appended since; in between, what was
+    appended since the last look counts as used, and so does what the store will write
+    again before it can free it (a RocksDB flush of what only its journal holds): a
+    fast writer filled a small disk between two looks, and the flush then failed for
+    want of room."""
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None, store: ExtentStore) -> None:
         self.path = path
+        self._store = store
         self._at = -DISK_CHECK
+        self._written = 0  # bytes appended since the last look
         self.free = self.total = 0
 
     def _look(self) -> None:
         now = time.monotonic()
-        if self.path is not None and now >= self._at + DISK_CHECK:
+        if self.path is not None and (now >= self._at + DISK_CHECK or self._written >= DISK_STEP):
             self._at = now
             try:
                 usage = shutil.disk_usage(self.path)
             except OSError:
                 return
-            self.free, self.total = usage.free, usage.total
+            self.free, self.total, self._written = usage.free, usage.total, 0
+            # each store host sharing the disk (a node's) may flush at once: a small share
+            self._store.limit_unflushed((self.free - disk_floor(self.total)) // 8)
 
-    def room(self, hard: bool) -> bool:
+    def wrote(self, size: int) -> None:
+        self._written += size
+
+    def room(self, hard: bool, incoming: int = 0) -> bool:
+        """Whether ``incoming`` more bytes leave the disk above its floor (``hard``, for
+        appends; else above 1.5 times it, for a new replica)."""
         self._look()
         if not self.total:
             return True
         floor = disk_floor(self.total)
-        return self.free >= (floor // 2 if hard else floor)
+        left = self.free - self._written - incoming - self._store.unflushed_bytes()
+        return left >= (floor if hard else floor * 3 // 2)
 
     def why(self) -> str:
         return (
-            f"store host disk: {self.free:,} bytes free of {self.total:,}, below its floor "
-            f"of {disk_floor(self.total):,}"
+            f"store host disk: {self.free - self._written:,} bytes free of {self.total:,} "
+            f"({self._store.unflushed_bytes():,} kept for flushing), below its floor of "
+            f"{disk_floor(self.total):,}"
         )
 
 
@@ -103,7 +120,7 @@ class StoreHostService:
         wire/handshake.py); ``tls``: serve over TLS with this context (wire/tls.py);
         ``data_dir``: where the store writes, whose free disk is guarded (loadmeter.py)."""
         self.store = store
-        self._disk = _DiskGuard(data_dir)
+        self._disk = _DiskGuard(data_dir, store)
         self._tls = tls
         self._hellos = h.HelloChecker(key if key is not None else h.cluster_key())
         self.refused = 0  # connections closed without a valid cluster hello
@@ -217,13 +234,15 @@ class StoreHostService:
         """One group commit, on the loop: write and fsync every pending append, then
         queue each one's reply (they leave together at the end of this loop turn)."""
         started = time.perf_counter()
-        if not self._disk.room(hard=True):  # never write the disk full
+        incoming = sum(p.op.size for p in pending)
+        if not self._disk.room(hard=True, incoming=incoming):  # never write the disk full
             full = StorageError("storage_full", self._disk.why())
             for item in pending:
                 self._replies.send(item.writer, w.encode(w.Failed(item.rid, full.code, str(full))))
             return
         try:
             results = self.store.append([p.op for p in pending])
+            self._disk.wrote(incoming)
             took = time.perf_counter() - started
             self.appends.add(took)
             self.round_seconds.observe(took)
