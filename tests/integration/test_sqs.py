@@ -614,8 +614,11 @@ def test_sigv4_against_the_auth_files_keys(tmp_path: Path) -> None:
                 unknown.list_queues()
             assert error_code(err) == "InvalidClientTokenId"
             consumer = sqs_client(url, protocol, models, *credentials(reader))
-            (got,) = consumer.receive_message(QueueUrl=queue, WaitTimeSeconds=5)["Messages"]
+            (got,) = consumer.receive_message(
+                QueueUrl=queue, WaitTimeSeconds=5, AttributeNames=["SenderId"]
+            )["Messages"]
             assert got["Body"] == "signed"
+            assert got["Attributes"] == {"SenderId": credentials(admin)[0]}  # not the reader
             consumer.delete_message(QueueUrl=queue, ReceiptHandle=got["ReceiptHandle"])
             refused = (
                 partial(consumer.send_message, QueueUrl=queue, MessageBody="x"),

@@ -33,6 +33,7 @@ from cherami.roles.outputhost.client import Settlement
 from cherami.wire.records import Message
 
 MAX_BATCH = 10
+ANONYMOUS = "anonymous"
 MAX_BATCH_BYTES = 1 << 20  # a batch's bodies and attributes together (SQS: 1 MiB)
 MAX_DELAY = 30 * 86400  # Cherami's (SQS's is 900 s)
 _ENTRY_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
@@ -49,7 +50,7 @@ class Built:
     size: int
 
 
-def build(entry: dict[str, Any], queue: Queue) -> Built:
+def build(entry: dict[str, Any], queue: Queue, sender: str) -> Built:
     """A send's message, checked as SQS checks it, and the MD5s its answer carries."""
     body = model.check_body(entry.get("MessageBody"))
     attributes = model.parse_attributes(entry.get("MessageAttributes"))
@@ -66,12 +67,13 @@ def build(entry: dict[str, Any], queue: Queue) -> Built:
         raise invalid(f"One or more parameters are invalid. Reason: Message must be shorter "
                       f"than {limit} bytes.")  # fmt: skip
     stored = model.to_cherami(attributes, system)
+    stored[model.SYSTEM_PREFIX + "SenderId"] = sender
     result: dict[str, Any] = {"MD5OfMessageBody": md5_of_body(body)}
     if (digest := md5_of_attributes(attributes)) is not None:
         result["MD5OfMessageAttributes"] = digest
     if (digest := md5_of_attributes(system)) is not None:
         result["MD5OfMessageSystemAttributes"] = digest
-    return Built(Message(data, stored or None, delay_ms, None, True, None), result, size)
+    return Built(Message(data, stored, delay_ms, None, True, None), result, size)
 
 
 def check_entries(entries: Any) -> list[dict[str, Any]]:
@@ -131,7 +133,7 @@ class MessageActions:
 
     async def SendMessage(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
         queue, _ = await self._target(c, p, "produce")
-        built = build(p, queue)
+        built = build(p, queue, c.sender)
         (msg_id,) = await self.backend.publish(queue, [built.message], c.key)
         return {"MessageId": msg_id, **built.result}
 
@@ -142,7 +144,7 @@ class MessageActions:
         bad: list[dict[str, Any]] = []
         for entry in entries:
             try:
-                good.append((entry["Id"], build(entry, queue)))
+                good.append((entry["Id"], build(entry, queue, c.sender)))
             except SqsError as err:
                 bad.append(failed(entry["Id"], err))
         total = sum(b.size for _, b in good)
@@ -190,7 +192,7 @@ class MessageActions:
             body = base64.b64encode(d.body).decode()
         attributes, stored_system = model.from_cherami(d.attributes)
         system: dict[str, str] = {
-            "SenderId": c.sender,
+            "SenderId": ANONYMOUS,  # published without one (the HTTP API)
             "SentTimestamp": str(d.enqueued_ms),
             "ApproximateReceiveCount": str(d.count),
             # not stored: the time of this receive, for a first one; else the sent time

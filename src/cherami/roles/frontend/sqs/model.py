@@ -4,7 +4,8 @@ string-to-string attributes, so that a native consumer sees them too:
 - a ``String`` attribute is kept as itself (``name -> value``);
 - any other type (``Number``, ``Binary``, ``String.custom``…) keeps its value (Binary
   in base64) and its type under ``sqs:type:<name>``;
-- a message system attribute (``AWSTraceHeader``) is kept under ``sqs:sys:<name>``.
+- a message system attribute (``AWSTraceHeader``) is kept under ``sqs:sys:<name>``, and
+  so is the sender's access key id (``sqs:sys:SenderId``).
 
 ``:`` never appears in an SQS attribute name, so these keys cannot collide with one.
 A native publish's attributes come back to SQS as ``String`` attributes."""
