@@ -80,10 +80,15 @@ def parse(request: web.Request, body: bytes, request_id: str) -> SqsRequest:
     action = flat.pop("Action", "")
     if not action:
         raise SqsError("MissingAction", "no action: give X-Amz-Target or Action")
-    params = _normalize(_tree(flat))
+    params = form_params(flat)
     if "QueueUrl" not in params and request.path.count("/") >= 2:
         params["QueueUrl"] = str(request.url.with_query(None))  # posted to the queue's URL
     return SqsRequest(action, params, True, request_id)
+
+
+def form_params(flat: dict[str, str]) -> dict[str, Any]:
+    """A query request's parameters as the JSON protocol's input."""
+    return _normalize(_tree(flat))
 
 
 def _tree(flat: dict[str, str]) -> dict[str, Any]:
