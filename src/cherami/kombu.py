@@ -15,7 +15,8 @@ is the user's guide; the code is in ``cherami.celery``. In short:
   an ack is a stream ack, a reject or a requeue a nack (delivered again until the
   group's ``max_delivery_count``, then moved to its DLQ), and every delivery the worker
   holds has its visibility extended until it is settled;
-- a fanout exchange is a Cherami queue whose groups are the queues bound to it, and a
+- a fanout exchange is the Cherami queue ``kombu.fanout.EXCHANGE``, whose groups are the
+  queues bound to it (Celery's remote control, ``Broadcast`` queues), and a
   direct binding is also written as a group of a ``kombu.bind.EXCHANGE.KEY`` queue, so
   that other processes route to it (Celery's remote control replies).
 """

@@ -64,6 +64,7 @@ class Workers:
             "CELERY_BROKER_URL": "cherami://" + server.url.removeprefix("http://"),
             "CELERY_QUEUE": queue,
             "CELERY_QUEUE_B": queue_b,
+            "CELERY_BROADCAST": queue + "-all",
         }
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -114,7 +115,7 @@ def celery_env(
     task lines, and the two queues."""
     queue, queue_b = unique("celery"), unique("celery-b")
     workers = Workers(server, queue, queue_b, tmp_path)
-    for name in ("CELERY_BROKER_URL", "CELERY_QUEUE", "CELERY_QUEUE_B"):
+    for name in ("CELERY_BROKER_URL", "CELERY_QUEUE", "CELERY_QUEUE_B", "CELERY_BROADCAST"):
         monkeypatch.setenv(name, workers.env[name])
     sys.modules.pop("tests.support.celeryapp", None)
     import tests.support.celeryapp as appmod
@@ -251,25 +252,33 @@ def test_eta_runs_once_at_its_time_across_a_worker_restart(
     assert lines.keys("ran")["later"] == 1
 
 
-def test_two_queues_with_routing_and_remote_control(server: ServerProcess, celery_env: Any) -> None:
+def test_two_queues_with_routing_broadcast_and_remote_control(
+    server: ServerProcess, celery_env: Any
+) -> None:
     appmod, workers, lines, queue, queue_b = celery_env
-    path = str(lines.path)
-    workers.start("wa", "-Q", queue)
-    workers.start("wb", "-Q", queue_b)
+    path, everyone = str(lines.path), queue + "-all"  # a Broadcast queue: each worker's own
+    workers.start("wa", "-Q", f"{queue},{everyone}")
+    workers.start("wb", "-Q", f"{queue_b},{everyone}")
+    ready(appmod, "wa")
+    ready(appmod, "wb")
     for i in range(20):
         appmod.record.delay(path, f"a{i}")
         appmod.routed.delay(path, f"b{i}")
-    wait_for(lambda: len(lines.read()) == 40, 20, "every task ran")
+    for i in range(3):
+        appmod.everyone.delay(path, f"e{i}")
+    wait_for(lambda: len(lines.read()) == 46, 20, "every task ran")
     where = {(f[0], f[2]) for f in lines.read()}
-    assert where == {("ran", "wa"), ("routed", "wb")}
-    replies = wait_for(lambda: appmod.app.control.ping(timeout=2.0), 10, "workers answer ping")
+    assert where == {("ran", "wa"), ("routed", "wb"), ("all", "wa"), ("all", "wb")}
+    assert lines.keys("all") == Counter({"e0": 2, "e1": 2, "e2": 2})
+    replies = appmod.app.control.ping(timeout=2.0)
     assert {name.split("@")[0] for reply in replies for name in reply} == {"wa", "wb"}
     with Client(server.url) as c:  # each ping's reply queue and its binding are gone
         assert [q["name"] for q in c.list_queues() if "reply" in q["name"]] == []
     workers.stop("wa")  # its remote-control queue is auto-delete: gone with it
     with Client(server.url) as c:
         assert [q["name"] for q in c.list_queues(prefix="wa_40")] == []
-        assert [g["name"] for g in c.list_groups("celery.pidbox", prefix="wa_40")] == []
+        pidbox = c.list_groups("kombu.fanout.celery.pidbox", prefix="wa_40")
+        assert [g["name"] for g in pidbox] == []
 
 
 def test_celery_purge(server: ServerProcess, celery_env: Any) -> None:

@@ -2,7 +2,8 @@
 run by real workers (``celery -A tests.support.celeryapp worker``).
 
 The broker is ``CELERY_BROKER_URL`` (``cherami://…``, ``redis://…`` or ``amqp://…``), the
-default queue ``CELERY_QUEUE`` and the queue of ``routed`` ``CELERY_QUEUE_B``. Each task
+default queue ``CELERY_QUEUE``, the queue of ``routed`` ``CELERY_QUEUE_B`` and the
+broadcast queue of ``everyone`` (every worker consuming it runs it) ``CELERY_BROADCAST``. Each task
 appends one line per event to the file its first argument names (O_APPEND: a line written
 by any process lands whole), so a test counts what ran, where and when."""
 
@@ -13,16 +14,23 @@ import time
 from typing import Any
 
 from celery import Celery
+from kombu import Queue
+from kombu.common import Broadcast
 
 import cherami.kombu  # noqa: F401  (registers the cherami:// scheme)
 
 QUEUE = os.environ.get("CELERY_QUEUE", "celery")
 QUEUE_B = os.environ.get("CELERY_QUEUE_B", "celery-b")
+BROADCAST = os.environ.get("CELERY_BROADCAST", "celery-all")
 
 app = Celery("celeryapp", broker=os.environ.get("CELERY_BROKER_URL", "cherami://127.0.0.1:8080"))
 app.conf.update(
     task_default_queue=QUEUE,
-    task_routes={"tests.support.celeryapp.routed": {"queue": QUEUE_B}},
+    task_queues=(Queue(QUEUE), Queue(QUEUE_B), Broadcast(BROADCAST)),
+    task_routes={
+        "tests.support.celeryapp.routed": {"queue": QUEUE_B},
+        "tests.support.celeryapp.everyone": {"queue": BROADCAST, "exchange": BROADCAST},
+    },
     task_acks_late=True,
     task_acks_on_failure_or_timeout=False,  # a task that fails is rejected: a nack here
     worker_prefetch_multiplier=int(os.environ.get("CELERY_PREFETCH_MULTIPLIER", "4")),
@@ -48,6 +56,12 @@ def record(path: str, key: str) -> str:
 @app.task
 def routed(path: str, key: str) -> str:
     note(path, "routed", key)
+    return key
+
+
+@app.task
+def everyone(path: str, key: str) -> str:
+    note(path, "all", key)
     return key
 
 

@@ -22,6 +22,7 @@ from cherami.celery.mapping import (
     MAX_DELAY,
     cherami_name,
     eta_delay,
+    fanout_queue,
     payload_of,
     route_queue,
 )
@@ -106,7 +107,9 @@ class Channel(virtual.Channel):
         self._held_lock = threading.Lock()
         self._publishers: dict[str, SyncPublisher] = {}
         self._publishing = threading.Lock()
-        self._fanout_of: dict[str, str] = {}  # a queue bound to a fanout exchange -> it
+        # a queue bound to a fanout exchange -> that exchange, for every channel of the
+        # connection (kombu declares on one channel and may consume on another)
+        self._fanout_of: dict[str, str] = self.connection.fanout_of
         self._pid = os.getpid()
         self._auto_delete: set[str] = set()
 
@@ -154,7 +157,7 @@ class Channel(virtual.Channel):
         if kind == "fanout":  # the queue is a group of the exchange's queue, from now on
             self._fanout_of[queue] = exchange
             group = {**self.group_config, "start_from": "latest"}
-            name = cherami_name(exchange)
+            name = fanout_queue(exchange)
             self.connection.ensure(name, cherami_name(queue), self.queue_config, group)
         elif kind == "direct":  # written down for the other processes' lookups
             group = {"start_from": "latest"}
@@ -172,6 +175,19 @@ class Channel(virtual.Channel):
         return routes
 
     # publishing
+    def basic_publish(self, message: Any, exchange: str, routing_key: str, **kwargs: Any) -> Any:
+        """As kombu's, but to an exchange this process did not declare that another
+        process made a fanout one (a Celery ``Broadcast`` queue's exchange, which a
+        producer does not declare): every queue bound to it gets the message."""
+        if (
+            exchange
+            and exchange not in self.state.exchanges
+            and self.connection.is_fanout(exchange)
+        ):
+            self._inplace_augment_message(message, exchange, routing_key)
+            return self._put_fanout(exchange, message, routing_key, **kwargs)
+        return super().basic_publish(message, exchange, routing_key, **kwargs)
+
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         name = cherami_name(queue)
         self.connection.ensure(name, self.group, self.queue_config, self.group_config)
@@ -180,7 +196,7 @@ class Channel(virtual.Channel):
     def _put_fanout(
         self, exchange: str, message: dict[str, Any], routing_key: str, **kwargs: Any
     ) -> None:
-        name = cherami_name(exchange)
+        name = fanout_queue(exchange)
         self.connection.ensure(name, None, self.queue_config, {})
         self._publish(name, message)
 
@@ -237,7 +253,7 @@ class Channel(virtual.Channel):
         if exchange is None:
             source, group = cherami_name(queue), self.group
         else:
-            source, group = cherami_name(exchange), cherami_name(queue)
+            source, group = fanout_queue(exchange), cherami_name(queue)
         visibility = float(self.client.get_group(source, group)["visibility_timeout_seconds"])
         credit = int(self.qos.prefetch_count or DEFAULT_CREDIT)
         consumer = self.client.consumer(source, group, credit).__enter__()
@@ -249,7 +265,8 @@ class Channel(virtual.Channel):
         payload = payload_of(message)
         delay = eta_delay(payload.get("headers"))
         if delay > 1.0:  # later than Cherami delays reach: wait again, durably
-            name = cherami_name(self._fanout_of.get(stream.queue, stream.queue))
+            exchange = self._fanout_of.get(stream.queue)
+            name = cherami_name(stream.queue) if exchange is None else fanout_queue(exchange)
             self._publish(name, payload, delay)
             stream.consumer.ack(message)
             return None
@@ -340,7 +357,7 @@ class Channel(virtual.Channel):
         try:
             exchange = self._fanout_of.get(queue)
             if exchange is not None:
-                _ignore_missing(lambda: client.delete_group(cherami_name(exchange), name))
+                _ignore_missing(lambda: client.delete_group(fanout_queue(exchange), name))
             _ignore_missing(lambda: client.delete_queue(name))
         except CheramiError as err:
             log.warning("could not delete the auto-delete queue %s: %s", name, err)

@@ -20,6 +20,7 @@ DEFAULT_CREDIT = 100  # a consumed queue's credit when the channel sets no prefe
 MAX_DELAY = 30 * 86400.0  # the longest Cherami delay; a later eta is published again
 ENVELOPE = "kombu"  # the attribute holding the kombu message without its body
 BIND_PREFIX = "kombu.bind."
+FANOUT_PREFIX = "kombu.fanout."
 ROUTE_TTL = 2.0  # seconds a routing-key lookup of another process's bindings is kept
 _INVALID = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -70,6 +71,11 @@ def endpoint(conninfo: Any) -> tuple[str, str | None, str | None]:
     ssl = conninfo.ssl if isinstance(conninfo.ssl, dict) else {}
     tls_ca = options.get("tls_ca") or ssl.get("ca_certs") or None
     return url, api_key, tls_ca
+
+
+def fanout_queue(exchange: str) -> str:
+    """The Cherami queue of a fanout exchange: each queue bound to it is a group of it."""
+    return cherami_name(f"{FANOUT_PREFIX}{exchange}")
 
 
 def route_queue(exchange: str, routing_key: str) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 from kombu.transport import virtual
 
 from cherami.celery.channel import Channel, Stream
-from cherami.celery.mapping import DEFAULT_PORT, ROUTE_TTL, endpoint
+from cherami.celery.mapping import DEFAULT_PORT, ROUTE_TTL, endpoint, fanout_queue
 from cherami.client.models import Received
 from cherami.client.sync import Client
 from cherami.errors import AlreadyExists, CheramiError, NotFound, Unavailable
@@ -46,6 +46,8 @@ class Transport(virtual.Transport):
         self._pid = os.getpid()
         self._declared: set[tuple[str, str | None]] = set()
         self._routes: dict[str, tuple[float, list[str]]] = {}
+        self.fanout_of: dict[str, str] = {}  # see Channel._fanout_of
+        self._fanouts: dict[str, tuple[float, bool]] = {}  # is_fanout's answers (and when)
         self._stop = threading.Event()
         self._extender: threading.Thread | None = None
 
@@ -109,6 +111,20 @@ class Transport(virtual.Transport):
             found = []
         self._routes[route_queue] = (now + ROUTE_TTL, found)
         return found
+
+    def is_fanout(self, exchange: str) -> bool:
+        """Whether some process made ``exchange`` a fanout exchange (its queue exists)."""
+        queue = fanout_queue(exchange)
+        now = time.monotonic()
+        cached = self._fanouts.get(queue)
+        if cached is None or (not cached[1] and cached[0] <= now):
+            try:
+                self.cherami.get_queue(queue)
+                cached = (now, True)
+            except NotFound:
+                cached = (now + ROUTE_TTL, False)
+            self._fanouts[queue] = cached
+        return cached[1]
 
     def drain_events(self, connection: Any, timeout: float | None = None) -> None:  # type: ignore[override]
         """Deliver the messages that are here, up to DRAIN_BATCH, waiting up to
