@@ -26,13 +26,14 @@ import aiohttp
 import boto3
 import botocore.session
 import pytest
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, SSLError
 
 from cherami.devcluster.local import LocalCluster
 from cherami.roles.frontend.sqs import credentials
 from tests.support.server import ServerProcess, unique
+from tests.support.tlscerts import make_certs
 
-SQS_LINE = re.compile(r"SQS endpoint at (http://[\d.]+:\d+)")
+SQS_LINE = re.compile(r"SQS endpoint at (https?://[\d.]+:\d+)")
 AWS = Path(sys.executable).with_name("aws")
 Client = Any  # a boto3 SQS client
 
@@ -751,3 +752,26 @@ def test_a_cluster_with_keys_sends_and_says_why_it_cannot_receive(tmp_path: Path
         assert attributes["ApproximateNumberOfMessages"] == "1"  # the persisted backlog
     finally:
         cluster.down()
+
+
+def test_the_endpoint_serves_tls_with_the_nodes_certificate(tmp_path: Path) -> None:
+    certs = make_certs(tmp_path / "certs")
+    extra = ["--sqs-port", "0", "--tls-cert", str(certs.cert), "--tls-key", str(certs.key)]
+    proc = ServerProcess(tmp_path / "node", stores=1, extra=extra, ca=certs.ca).start()
+    try:
+        url = sqs_url(proc)
+        assert url.startswith("https://")
+        sqs = boto3.client("sqs", endpoint_url=url, region_name="us-east-1", verify=str(certs.ca),
+                           aws_access_key_id="tls", aws_secret_access_key="tls")  # fmt: skip
+        queue = sqs.create_queue(QueueName=unique("tls"))["QueueUrl"]
+        assert queue.startswith("https://")
+        sqs.send_message(QueueUrl=queue, MessageBody="over tls")
+        (got,) = sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=5)["Messages"]
+        assert got["Body"] == "over tls"
+        untrusted = boto3.client("sqs", endpoint_url=url, region_name="us-east-1",
+                                 verify=str(certs.other_ca), aws_access_key_id="tls",
+                                 aws_secret_access_key="tls")  # fmt: skip
+        with pytest.raises(SSLError):
+            untrusted.list_queues()
+    finally:
+        assert proc.stop() == 0
