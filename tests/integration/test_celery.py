@@ -252,6 +252,31 @@ def test_eta_runs_once_at_its_time_across_a_worker_restart(
     assert lines.keys("ran")["later"] == 1
 
 
+def test_an_eta_beyond_the_longest_delay_waits_again(
+    server: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An eta later than Cherami's longest delay (30 days; 2 s here) is published for that
+    long, then, delivered early, published again for the rest (at 2 s, 4 s): it arrives at
+    its eta."""
+    import cherami.celery.channel
+    import cherami.kombu  # noqa: F401
+
+    monkeypatch.setattr(cherami.celery.channel, "MAX_DELAY", 2.0)
+    queue = unique("celery-eta")
+    hostport = server.url.removeprefix("http://")
+    due = time.time() + 5
+    headers = {"eta": datetime.fromtimestamp(due, UTC).isoformat()}
+    with Connection(f"cherami://{hostport}") as conn:
+        conn.SimpleQueue(queue).put({"task": "later"}, headers=headers)
+        message = conn.SimpleQueue(queue).get(timeout=20)
+        arrived = time.time()
+        message.ack()
+    assert message.payload == {"task": "later"}
+    assert due - 0.15 <= arrived <= due + 2
+    with Client(server.url) as c:
+        assert c.get_queue(queue)["stats"]["messages_published"] == 3
+
+
 def test_two_queues_with_routing_broadcast_and_remote_control(
     server: ServerProcess, celery_env: Any
 ) -> None:

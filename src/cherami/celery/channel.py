@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cherami.kombu")
 
+EARLY = 0.1  # seconds ahead of its eta a delivery is still handed over (else it waits again)
+
 
 class Stream:
     """One queue a channel consumes: a streaming consumer and the thread that moves its
@@ -264,7 +266,7 @@ class Channel(virtual.Channel):
         it was handled here (an eta still ahead: published again for its time)."""
         payload = payload_of(message)
         delay = eta_delay(payload.get("headers"))
-        if delay > 1.0:  # later than Cherami delays reach: wait again, durably
+        if delay > EARLY:  # later than Cherami delays reach: wait again, durably
             exchange = self._fanout_of.get(stream.queue)
             name = cherami_name(stream.queue) if exchange is None else fanout_queue(exchange)
             self._publish(name, payload, delay)
