@@ -17,8 +17,9 @@ is the user's guide; the code is in ``cherami.celery``. In short:
   holds has its visibility extended until it is settled;
 - a fanout exchange is the Cherami queue ``kombu.fanout.EXCHANGE``, whose groups are the
   queues bound to it (Celery's remote control, ``Broadcast`` queues), and a
-  direct binding is also written as a group of a ``kombu.bind.EXCHANGE.KEY`` queue, so
-  that other processes route to it (Celery's remote control replies).
+  direct binding is also written as a group of a ``kombu.bind.EXCHANGE.KEY`` queue and a
+  topic binding as a group of ``kombu.topic.EXCHANGE``, so that other processes route to
+  them (Celery's remote-control replies, task events).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -139,6 +140,15 @@ def ready(appmod: Any, node: str) -> None:
              30, f"{node} answers ping")  # fmt: skip
 
 
+def has_groups(server: ServerProcess, queue: str) -> bool:
+    """Whether the queue exists and has a group (a binding every process sees)."""
+    with Client(server.url) as c:
+        try:
+            return bool(c.list_groups(queue, limit=1))
+        except CheramiError:
+            return False
+
+
 def settled(server: ServerProcess, queue: str) -> bool:
     stats = group_stats(server, queue)
     return stats["backlog"] == 0 and stats["in_flight"] == 0
@@ -219,12 +229,12 @@ def test_a_task_longer_than_the_visibility_timeout_runs_once(
     server: ServerProcess, celery_env: Any
 ) -> None:
     appmod, workers, lines, queue, _ = celery_env
-    with Client(server.url) as c:  # 2 s of visibility; the task takes 5
+    with Client(server.url) as c:  # 2 s of visibility; the task takes 4
         c.create_queue(queue)
         c.create_group(queue, "celery", visibility_timeout_seconds=2)
     workers.start("w1")
     workers.start("w2")  # a second worker, to take the task if its visibility ran out
-    appmod.slow_once.delay(str(lines.path), "long", 5)
+    appmod.slow_once.delay(str(lines.path), "long", 4)
     wait_for(lambda: lines.keys("done")["long"] == 1, 30, "the long task finished")
     wait_for(lambda: settled(server, queue), 10, "acked")
     assert lines.keys("start") == Counter({"long": 1})
@@ -237,7 +247,7 @@ def test_eta_runs_once_at_its_time_across_a_worker_restart(
     appmod, workers, lines, queue, _ = celery_env
     workers.start("w1")
     ready(appmod, "w1")
-    due = time.time() + 7  # "an hour ahead", shortened
+    due = time.time() + 5  # "an hour ahead", shortened
     appmod.record.apply_async((str(lines.path), "later"), eta=datetime.fromtimestamp(due, UTC))
     stats = group_stats(server, queue)  # a Cherami delayed message, not in a worker's memory
     assert (stats["backlog"], stats["in_flight"]) == (1, 0)
@@ -255,16 +265,16 @@ def test_eta_runs_once_at_its_time_across_a_worker_restart(
 def test_an_eta_beyond_the_longest_delay_waits_again(
     server: ServerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An eta later than Cherami's longest delay (30 days; 2 s here) is published for that
-    long, then, delivered early, published again for the rest (at 2 s, 4 s): it arrives at
+    """An eta later than Cherami's longest delay (30 days; 1 s here) is published for that
+    long, then, delivered early, published again for the rest (at 1 s, 2 s): it arrives at
     its eta."""
     import cherami.celery.channel
     import cherami.kombu  # noqa: F401
 
-    monkeypatch.setattr(cherami.celery.channel, "MAX_DELAY", 2.0)
+    monkeypatch.setattr(cherami.celery.channel, "MAX_DELAY", 1.0)
     queue = unique("celery-eta")
     hostport = server.url.removeprefix("http://")
-    due = time.time() + 5
+    due = time.time() + 3
     headers = {"eta": datetime.fromtimestamp(due, UTC).isoformat()}
     with Connection(f"cherami://{hostport}") as conn:
         conn.SimpleQueue(queue).put({"task": "later"}, headers=headers)
@@ -304,6 +314,39 @@ def test_two_queues_with_routing_broadcast_and_remote_control(
         assert [q["name"] for q in c.list_queues(prefix="wa_40")] == []
         pidbox = c.list_groups("kombu.fanout.celery.pidbox", prefix="wa_40")
         assert [g["name"] for g in pidbox] == []
+
+
+def test_task_events_reach_a_monitor_in_another_process(
+    server: ServerProcess, celery_env: Any
+) -> None:
+    """``celery events`` and Flower read a worker's events (``-E``) through a topic
+    exchange their own process binds to."""
+    appmod, workers, lines, _, _ = celery_env
+    workers.start("w1", "-E")
+    ready(appmod, "w1")
+    events: list[dict[str, Any]] = []
+    with appmod.app.connection_for_read() as conn:
+        receiver = appmod.app.events.Receiver(conn, handlers={"*": events.append})
+        monitor = threading.Thread(target=receiver.capture, kwargs={"wakeup": False})
+        monitor.start()
+        try:
+            wait_for(lambda: has_groups(server, "kombu.topic.celeryev"), 10, "monitor bound")
+            sent: set[str] = set()
+
+            def succeeded() -> bool:  # a task sent now and then until the worker sees the
+                if not any(e.get("uuid") in sent for e in events):  # binding (2 s at most)
+                    sent.add(appmod.record.delay(str(lines.path), f"e{len(sent)}").id)
+                    time.sleep(0.2)
+                return any(e["type"] == "task-succeeded" and e["uuid"] in sent for e in events)
+
+            wait_for(succeeded, 20, "a task-succeeded event")
+        finally:
+            receiver.should_stop = True
+            monitor.join(10)
+    assert not has_groups(server, "kombu.topic.celeryev")  # its queue was auto-delete
+    kinds = {e["type"] for e in events if e.get("uuid") in sent}
+    assert {"task-received", "task-started", "task-succeeded"} <= kinds
+    assert any(e["type"] == "worker-heartbeat" for e in events)
 
 
 def test_celery_purge(server: ServerProcess, celery_env: Any) -> None:

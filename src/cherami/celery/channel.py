@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from kombu.transport import virtual
 from kombu.utils.json import dumps
 
+from cherami.celery.bindings import Bindings
 from cherami.celery.mapping import (
     DEFAULT_CREDIT,
     DEFAULT_GROUP,
@@ -24,7 +25,6 @@ from cherami.celery.mapping import (
     eta_delay,
     fanout_queue,
     payload_of,
-    route_queue,
 )
 from cherami.client.models import OutgoingMessage, Received
 from cherami.client.sync import Client, SyncConsumer, SyncPublisher
@@ -109,9 +109,9 @@ class Channel(virtual.Channel):
         self._held_lock = threading.Lock()
         self._publishers: dict[str, SyncPublisher] = {}
         self._publishing = threading.Lock()
-        # a queue bound to a fanout exchange -> that exchange, for every channel of the
-        # connection (kombu declares on one channel and may consume on another)
-        self._fanout_of: dict[str, str] = self.connection.fanout_of
+        # the bindings of the connection, not the channel's: kombu declares on one channel
+        # and may consume on another
+        self.bindings: Bindings = self.connection.bindings
         self._pid = os.getpid()
         self._auto_delete: set[str] = set()
 
@@ -142,50 +142,36 @@ class Channel(virtual.Channel):
         publisher = self._publishers.pop(name, None)
         if publisher is not None:
             publisher.close()
-        exchange = args[0] if args else None
-        if exchange and self.typeof(exchange).type == "direct":
-            route = route_queue(exchange, args[1] if len(args) > 1 else "")
-            _ignore_missing(lambda: self.client.delete_group(route, name))
-            _ignore_missing(lambda: self._drop_if_unbound(route))
+        if args and args[0]:  # one of its bindings (kombu calls this once for each)
+            exchange, routing_key = args[0], args[1] if len(args) > 1 else ""
+            self.bindings.unbind(self.typeof(exchange).type, exchange, routing_key, queue)
         _ignore_missing(lambda: self.client.delete_queue(name))
         self.connection.forget(name)
 
-    def _drop_if_unbound(self, route: str) -> None:
-        if not self.client.list_groups(route, limit=1):
-            self.client.delete_queue(route)
-
     def _queue_bind(self, exchange: str, routing_key: str, pattern: Any, queue: str) -> None:
         kind = self.typeof(exchange).type
-        if kind == "fanout":  # the queue is a group of the exchange's queue, from now on
-            self._fanout_of[queue] = exchange
-            group = {**self.group_config, "start_from": "latest"}
-            name = fanout_queue(exchange)
-            self.connection.ensure(name, cherami_name(queue), self.queue_config, group)
-        elif kind == "direct":  # written down for the other processes' lookups
-            group = {"start_from": "latest"}
-            self.connection.ensure(
-                route_queue(exchange, routing_key), cherami_name(queue), {}, group
-            )
+        self.bindings.bind(kind, exchange, routing_key, queue, self.queue_config, self.group_config)
 
     def _lookup(self, exchange: str, routing_key: str, default: Any = None) -> list[str]:
-        """The queues a message goes to: by the bindings this process declared, else (a
-        direct exchange) by the bindings other processes wrote down."""
+        """The queues a message goes to: by the bindings this process declared and, for a
+        topic exchange, those of every process; for a direct exchange, those of every
+        process when this one has none for the key."""
         found: list[str] = list(super()._lookup(exchange, routing_key, default))
-        if found or not exchange or self.typeof(exchange).type != "direct":
-            return found
-        routes: list[str] = self.connection.routes(route_queue(exchange, routing_key))
-        return routes
+        kind = self.typeof(exchange).type if exchange else ""
+        if kind == "topic":
+            return sorted(
+                {cherami_name(q) for q in found} | set(self.bindings.topic(exchange, routing_key))
+            )
+        if kind == "direct" and not found:
+            return self.bindings.direct(exchange, routing_key)
+        return found
 
     # publishing
     def basic_publish(self, message: Any, exchange: str, routing_key: str, **kwargs: Any) -> Any:
         """As kombu's, but to an exchange this process did not declare that another
         process made a fanout one (a Celery ``Broadcast`` queue's exchange, which a
         producer does not declare): every queue bound to it gets the message."""
-        if (
-            exchange
-            and exchange not in self.state.exchanges
-            and self.connection.is_fanout(exchange)
-        ):
+        if exchange and exchange not in self.state.exchanges and self.bindings.is_fanout(exchange):
             self._inplace_augment_message(message, exchange, routing_key)
             return self._put_fanout(exchange, message, routing_key, **kwargs)
         return super().basic_publish(message, exchange, routing_key, **kwargs)
@@ -251,11 +237,7 @@ class Channel(virtual.Channel):
                 self._streams[queue] = self._open_stream(queue)
 
     def _open_stream(self, queue: str) -> Stream:
-        exchange = self._fanout_of.get(queue)
-        if exchange is None:
-            source, group = cherami_name(queue), self.group
-        else:
-            source, group = fanout_queue(exchange), cherami_name(queue)
+        source, group = self.bindings.source(queue, self.group)
         visibility = float(self.client.get_group(source, group)["visibility_timeout_seconds"])
         credit = int(self.qos.prefetch_count or DEFAULT_CREDIT)
         consumer = self.client.consumer(source, group, credit).__enter__()
@@ -266,10 +248,10 @@ class Channel(virtual.Channel):
         it was handled here (an eta still ahead: published again for its time)."""
         payload = payload_of(message)
         delay = eta_delay(payload.get("headers"))
-        if delay > EARLY:  # later than Cherami delays reach: wait again, durably
-            exchange = self._fanout_of.get(stream.queue)
-            name = cherami_name(stream.queue) if exchange is None else fanout_queue(exchange)
-            self._publish(name, payload, delay)
+        # later than Cherami delays reach: wait again, durably (a fanout queue's copy is
+        # handed over: published again, it would reach every queue bound to the exchange)
+        if delay > EARLY and stream.queue not in self.bindings.fanout_of:
+            self._publish(cherami_name(stream.queue), payload, delay)
             stream.consumer.ack(message)
             return None
         tag = f"{message.id}/{message.handle}"
@@ -352,17 +334,21 @@ class Channel(virtual.Channel):
             return 0
         return count
 
-    def _drop_auto_deleted(self, client: Client, queue: str) -> None:
-        """An auto-delete queue (a worker's remote-control queue, a reply queue), and its
-        group on the fanout exchange it was bound to."""
+    def _drop_auto_deleted(self, client: Client, queue: str, bound: list[Any]) -> None:
+        """An auto-delete queue (a worker's remote-control queue, a reply queue) and the
+        bindings other processes see of it."""
         name = cherami_name(queue)
         try:
-            exchange = self._fanout_of.get(queue)
-            if exchange is not None:
-                _ignore_missing(lambda: client.delete_group(fanout_queue(exchange), name))
+            for exchange, routing_key, kind in bound:
+                self.bindings.unbind(kind, exchange, routing_key, queue)
             _ignore_missing(lambda: client.delete_queue(name))
         except CheramiError as err:
             log.warning("could not delete the auto-delete queue %s: %s", name, err)
+
+    def _bound(self, queue: str) -> list[tuple[str, str, str]]:
+        """A queue's bindings: (exchange, routing key, exchange type) each."""
+        return [(b.exchange, b.routing_key, self.typeof(b.exchange).type)
+                for b in self.state.queue_bindings(queue)]  # fmt: skip
 
     @property
     def forked(self) -> bool:
@@ -380,13 +366,14 @@ class Channel(virtual.Channel):
             self._publishers.clear()
             return
         client = self.client if self._auto_delete else None  # kombu's close takes it away
+        bound = {q: self._bound(q) for q in self._auto_delete}
         super().close()  # restores (nacks) what is held
         for stream in self._streams.values():
             stream.close()
         self._streams.clear()
         if client is not None:
             for queue in self._auto_delete:
-                self._drop_auto_deleted(client, queue)
+                self._drop_auto_deleted(client, queue, bound[queue])
         for publisher in self._publishers.values():
             try:
                 publisher.close()

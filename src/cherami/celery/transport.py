@@ -14,8 +14,9 @@ from typing import Any
 
 from kombu.transport import virtual
 
+from cherami.celery.bindings import Bindings
 from cherami.celery.channel import Channel, Stream
-from cherami.celery.mapping import DEFAULT_PORT, ROUTE_TTL, endpoint, fanout_queue
+from cherami.celery.mapping import DEFAULT_PORT, endpoint
 from cherami.client.models import Received
 from cherami.client.sync import Client
 from cherami.errors import AlreadyExists, CheramiError, NotFound, Unavailable
@@ -45,9 +46,7 @@ class Transport(virtual.Transport):
         self._cherami: Client | None = None
         self._pid = os.getpid()
         self._declared: set[tuple[str, str | None]] = set()
-        self._routes: dict[str, tuple[float, list[str]]] = {}
-        self.fanout_of: dict[str, str] = {}  # see Channel._fanout_of
-        self._fanouts: dict[str, tuple[float, bool]] = {}  # is_fanout's answers (and when)
+        self.bindings = Bindings(self)
         self._stop = threading.Event()
         self._extender: threading.Thread | None = None
 
@@ -96,35 +95,9 @@ class Transport(virtual.Transport):
                     lambda: self.cherami.create_group(name, group, **group_config))  # fmt: skip
         self._declared.add((name, group))
 
-    def forget(self, name: str) -> None:
-        self._declared = {d for d in self._declared if d[0] != name}
-
-    def routes(self, route_queue: str) -> list[str]:
-        """The queues other processes bound to a direct exchange's routing key."""
-        now = time.monotonic()
-        cached = self._routes.get(route_queue)
-        if cached is not None and cached[0] > now and cached[1]:
-            return cached[1]
-        try:
-            found = [g["name"] for g in self.cherami.list_groups(route_queue)]
-        except NotFound:
-            found = []
-        self._routes[route_queue] = (now + ROUTE_TTL, found)
-        return found
-
-    def is_fanout(self, exchange: str) -> bool:
-        """Whether some process made ``exchange`` a fanout exchange (its queue exists)."""
-        queue = fanout_queue(exchange)
-        now = time.monotonic()
-        cached = self._fanouts.get(queue)
-        if cached is None or (not cached[1] and cached[0] <= now):
-            try:
-                self.cherami.get_queue(queue)
-                cached = (now, True)
-            except NotFound:
-                cached = (now + ROUTE_TTL, False)
-            self._fanouts[queue] = cached
-        return cached[1]
+    def forget(self, name: str, group: str | None = None) -> None:
+        """A queue (or only a group of it) deleted: ``ensure`` creates it again."""
+        self._declared = {d for d in self._declared if d[0] != name or group not in (None, d[1])}
 
     def drain_events(self, connection: Any, timeout: float | None = None) -> None:  # type: ignore[override]
         """Deliver the messages that are here, up to DRAIN_BATCH, waiting up to
