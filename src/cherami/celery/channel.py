@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cherami.kombu")
 
+TRANSIENT = 1  # kombu's delivery_mode of a message that need not outlive a restart
 EARLY = 0.1  # seconds ahead of its eta a delivery is still handed over (else it waits again)
 
 
@@ -200,7 +201,8 @@ class Channel(virtual.Channel):
             min(delay, MAX_DELAY) if delay > 0 else None,
         )
         publisher = self._publisher(name)
-        if self.confirm:
+        transient = (message.get("properties") or {}).get("delivery_mode") == TRANSIENT
+        if self.confirm and not transient:  # events and remote control are transient
             publisher.publish([outgoing])
         else:
             publisher.send([outgoing]).add_done_callback(_report_failure)
