@@ -4,7 +4,12 @@ extent count follows it (spread over the input hosts), no publish fails and no a
 message is lost. GET /v1/cluster and ``cherami cluster status --json`` show it.
 
 The windows are shortened here (up 3 s, down 8 s, reports every 1 s; the defaults are
-10 s, 60 s and 2 s)."""
+10 s, 60 s and 2 s).
+
+The second test rolls the extents over by size every second or two (as a queue at full
+speed does with the default 1,000,000 messages an extent): each roll-over started the
+up window again and its successor read 0 msgs/s, so a saturated queue stayed at 1 or 2
+extents (issue 33, part 1)."""
 
 from __future__ import annotations
 
@@ -36,6 +41,15 @@ def cluster(tmp_path: Path) -> Iterator[tuple[LocalCluster, str]]:
     counts = {"storehost": 3, "controller": 1, "inputhost": 2, "outputhost": 1, "frontend": 1}
     args = ["--scale-up-window", "3", "--scale-down-window", "8",
             "--load-report-interval", "1", "--zone", "z1"]  # fmt: skip
+    with cluster_on_postgres(tmp_path / "cluster", counts, args) as up:
+        yield up
+
+
+@pytest.fixture
+def rolling_cluster(tmp_path: Path) -> Iterator[tuple[LocalCluster, str]]:
+    counts = {"storehost": 3, "controller": 1, "inputhost": 3, "outputhost": 1, "frontend": 1}
+    args = ["--scale-up-window", "3", "--scale-down-window", "8",
+            "--load-report-interval", "1", "--extent-max-messages", "1500"]  # fmt: skip
     with cluster_on_postgres(tmp_path / "cluster", counts, args) as up:
         yield up
 
@@ -143,3 +157,29 @@ async def test_extent_count_follows_the_rate(cluster: tuple[LocalCluster, str]) 
         lost = producer.acked - delivered
         print(f"published {len(producer.acked)}, delivered {len(delivered)}, lost {len(lost)}")
         assert lost == set()
+
+
+async def test_extents_scale_while_they_roll_over(
+    rolling_cluster: tuple[LocalCluster, str],
+) -> None:
+    local, schema = rolling_cluster
+    async with AsyncClient(local.url, timeout=30) as client:
+        await client.create_queue(
+            QUEUE, replicas=2, min_extents=1, max_extents=4, extent_target_rate=TARGET
+        )
+        await client.create_group(QUEUE, GROUP)
+        producer = Producer(client)
+        producer.rate = HIGH
+        task = asyncio.create_task(producer.run())
+        up = await _until(lambda: len(_open_plain(schema)) >= 3, "3 extents while rolling")
+        hosts = {h for _, h in _open_plain(schema)}
+        print(f"1 -> 3 extents in {up:.1f}s rolling over, on {len(hosts)} input hosts")
+        assert len(hosts) == 3, hosts
+        producer.rate = LOW
+        down = await _until(lambda: len(_open_plain(schema)) == 1, "back to 1 extent", 40)
+        print(f"3 -> 1 extents in {down:.1f}s")
+        producer.stop.set()
+        await task
+        assert producer.errors == []
+        delivered = set(await drain(client, QUEUE, GROUP, wait_seconds=2))
+        assert producer.acked - delivered == set()

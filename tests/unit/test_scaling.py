@@ -14,6 +14,7 @@ from cherami.roles.controller.scaling import (
     ScalingPolicy,
     extent_rates,
     extent_to_seal,
+    queue_rates,
 )
 
 GIB = 1 << 30
@@ -95,14 +96,54 @@ def test_max_extents_caps_and_a_lowered_max_seals() -> None:
     assert policy.decide("q", _load(1, 100_000.0, lo=2)) == KEEP  # under min: ensure opens
 
 
-def test_a_count_changed_elsewhere_restarts_the_windows() -> None:
+def test_a_count_changed_elsewhere_keeps_the_windows() -> None:
+    """A count moved by something else (a failover opened one more) keeps the windows:
+    the queue carried 800 msgs/s an extent before and after, so the up window's 10 s
+    end 10 s after the first sample, not 10 s after the change."""
     clock = Clock()
     policy = ScalingPolicy(10, 60, clock)
     _run(policy, clock, 1, 800.0, 9)
-    assert _run(policy, clock, 2, 1600.0, 9.5) == []  # failover made it 2: wait again
-    assert [d for _, d in _run(policy, clock, 2, 1600.0, 1)] == [OPEN_ONE]
+    assert [d for _, d in _run(policy, clock, 2, 1600.0, 1.5)] == [OPEN_ONE]
     policy.forget(set())
     assert policy.decide("q", _load(3, 1600.0)) == KEEP
+
+
+def test_rolling_over_under_load_does_not_hold_scaling_back() -> None:
+    """A queue at 1,400 msgs/s on 1 extent (target 500) whose extent rolls over by size
+    every 2 s (sealed, its successor open a tick later: the count reads one less for a
+    tick). Each roll-over started the up window again, so it never scaled: now it opens
+    one after the up window, and the next 10 s after that one showed (and no fourth:
+    the ticks a roll-over leaves one extent short do not count 1,400 over 2)."""
+    clock = Clock()
+    policy = ScalingPolicy(10, 60, clock)
+    extents, changes = 1, []
+    for tick in range(80):  # 40 s
+        rolling = tick % 4 == 3  # one tick in four, one extent short
+        decision = policy.decide("q", _load(extents - rolling, 1400.0))
+        if decision == OPEN_ONE:
+            changes.append(clock.now - 1000.0)
+            extents += 1
+        clock.now += 0.5
+    assert changes == [10.0, 20.5], changes  # then 467 msgs/s an extent: it stays at 3
+
+
+def test_a_change_that_did_not_happen_is_tried_again() -> None:
+    clock = Clock()
+    policy = ScalingPolicy(10, 60, clock)
+    opened = [t for t, d in _run_stuck(policy, clock, 1, 1400.0, 25) if d == OPEN_ONE]
+    assert opened == [1010.0, 1020.0]  # the first open failed: asked again 10 s later
+
+
+def _run_stuck(
+    policy: ScalingPolicy, clock: Clock, extents: int, rate: float, seconds: float
+) -> list[tuple[float, int]]:
+    """Tick every 0.5 s without applying any decision (the opens fail)."""
+    out = []
+    end = clock.now + seconds
+    while clock.now < end:
+        out.append((clock.now, policy.decide("q", _load(extents, rate))))
+        clock.now += 0.5
+    return out
 
 
 def _extent(id_: str, host: str, created: float = 0.0) -> Extent:
@@ -198,3 +239,13 @@ def test_latency_ring_p99() -> None:
     assert ring.p99_ms() == 200.0  # the last 100: 101..200 ms
     ring.add(0.0)
     assert ring.p99_ms() == 200.0
+
+
+def test_a_queue_rate_counts_an_extent_sealed_since_its_report() -> None:
+    """The latest reports show "a" (rolled over and sealed since) and not yet "b", its
+    successor: the queue still carries a's 900 msgs/s, not 0."""
+    queue_of = {"a": "q", "b": "q", "x": "other"}
+    assert queue_rates({"a": 900.0}, queue_of) == {"q": 900.0}
+    assert queue_rates({"a": 300.0, "b": 600.0, "x": 5.0, "t": 9.0}, queue_of) == {
+        "q": 900.0, "other": 5.0,
+    }  # fmt: skip

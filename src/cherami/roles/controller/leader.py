@@ -35,6 +35,7 @@ from cherami.roles.controller.scaling import (
     ScalingPolicy,
     extent_rates,
     extent_to_seal,
+    queue_rates,
 )
 from cherami.roles.controller.service import ControllerService
 from cherami.roles.storehost.directory import StoreWatcher
@@ -85,6 +86,10 @@ class Leader:
         self._to_seal: list[Extent] = []
         self._busy: set[str] = set()  # extents the input hosts' load reports show written
         self._rolled_all_at = -ROLL_CHECK_ALL  # the first pass looks at every open extent
+        # the queue of each plain extent open now or in the latest load reports, and the
+        # rate of each queue's plain extents there (scaling.queue_rates)
+        self._plain_of: dict[str, str] = {}
+        self._queue_rates: dict[str, float] = {}
         self._periodic = Periodic("controller tick", timing.current.leader_tick, self._lead)
 
     def start(self) -> None:
@@ -147,6 +152,7 @@ class Leader:
             {e: load.msgs_in for e, load in h.load.extents.items()} for h in inputs if h.load
         ])  # fmt: skip
         self._busy = {e for e, rate in rates.items() if rate > 0}
+
         back = live_stores - self._seen_stores
         self._seen_stores = live_stores
         for store_id in back:
@@ -155,6 +161,7 @@ class Leader:
         await self.controller.restore_replication(rescan=bool(back))
         self._run_behind("sealing straggling replicas", self.controller.seal_stragglers)
         queues, extents, changed = await self._catalog()
+        self._note_plain(extents, rates)
         if self.scaling is not None:
             self.scaling.forget({q.name for q in queues})
         look = self._look_at(queues, extents, changed, live_inputs, live_stores, rates)
@@ -168,6 +175,14 @@ class Leader:
                 self._again.update(look[i:])
                 return
             await self._tend(name, healthy[name], bool(live_inputs), rates)
+
+    def _note_plain(self, extents: dict[str, list[Extent]], rates: dict[str, float]) -> None:
+        """Follow which queue each plain extent belongs to while it is open or in the
+        load reports, and sum each queue's rate from them."""
+        open_now = {e.id: q for q, es in extents.items() for e in es if e.kind == PLAIN}
+        kept = {e: q for e, q in self._plain_of.items() if e in rates}
+        self._plain_of = kept | open_now
+        self._queue_rates = queue_rates(rates, self._plain_of)
 
     def _look_at(
         self,
@@ -301,7 +316,7 @@ class Leader:
             return
         plain = [e for e in extents if e.kind == PLAIN and e.status == OPEN]
         load = QueueLoad(
-            extents=len(plain), rate=sum(rates.get(e.id, 0.0) for e in plain),
+            extents=len(plain), rate=self._queue_rates.get(queue.name, 0.0),
             target=queue.config.extent_target_rate, min_extents=min_plain(queue),
             max_extents=queue.config.max_extents,
         )  # fmt: skip

@@ -253,7 +253,7 @@ class ControllerService:
             pass
 
     # extents
-    async def _ensure_extents(self, queue: Queue) -> list[Extent]:
+    async def _ensure_extents(self, queue: Queue, at_least: int = 0) -> list[Extent]:
         """Open plain extents up to the queue's minimum, and a timer extent beside them on
         every input host that has a plain one, so one input host takes a whole batch."""
         if not self.manage_extents:
@@ -262,7 +262,7 @@ class ControllerService:
         plain = [e for e in open_extents if e.kind == PLAIN]
         created: list[Extent] = []
         heads = await self._unsucceeded(queue) if queue.config.type == "cp" else []
-        for i in range(min_plain(queue) - len(plain)):
+        for i in range(max(min_plain(queue), at_least) - len(plain)):
             predecessor = heads[i].id if i < len(heads) else None
             created.append(
                 await self._create_extent(
@@ -399,24 +399,36 @@ class ControllerService:
         return await self.sealer.seal_extent(extent)
 
     async def replace_extent(self, extent_id: str) -> None:
-        """Seal a failed extent and open what the queue needs, so publishing goes on."""
+        """Seal an extent that rolls over (by size or age) and open its successor, so
+        the queue keeps as many open plain extents as before: one scaled beyond the
+        queue's minimum is replaced too (it was not, and a queue at full speed, rolling
+        over every few seconds, lost the extents it had scaled to as fast as it gained
+        them)."""
         extent = await self.metadata.get_extent(extent_id)
         if extent is None:
             return
+        keep = 0
         async with self._lock(extent.queue):
             current = await self.metadata.get_extent(extent_id)
             if current is not None and current.status in (OPEN, FAILING):
+                if current.kind == PLAIN:
+                    opened = await self.metadata.list_extents(extent.queue, (OPEN, FAILING))
+                    keep = sum(e.kind == PLAIN for e in opened)
                 await self.seal_extent(current)
-        await self.ensure_extents(extent.queue)
+        await self.ensure_extents(extent.queue, at_least=keep)
 
-    async def ensure_extents(self, queue_name: str, patience: float = 10.0) -> None:
-        """Open extents up to the queue's minimum, waiting for store hosts to come back
-        (a restarted store host is back within a second) for up to ``patience`` seconds."""
+    async def ensure_extents(
+        self, queue_name: str, patience: float = 10.0, at_least: int = 0
+    ) -> None:
+        """Open plain extents up to the queue's minimum (or ``at_least``, up to its
+        maximum), waiting for store hosts to come back (a restarted store host is back
+        within a second) for up to ``patience`` seconds."""
         deadline = asyncio.get_running_loop().time() + patience
         while True:
             try:
                 async with self._lock(queue_name):
-                    await self._ensure_extents(await self.metadata.get_queue(queue_name))
+                    queue = await self.metadata.get_queue(queue_name)
+                    await self._ensure_extents(queue, min(at_least, queue.config.max_extents))
                 return
             except Unavailable as err:
                 if asyncio.get_running_loop().time() >= deadline:
