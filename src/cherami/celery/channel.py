@@ -135,7 +135,15 @@ class Channel(virtual.Channel):
             return False
         return True
 
-    def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
+    def queue_delete(
+        self, queue: str, if_unused: bool = False, if_empty: bool = False, **kwargs: Any
+    ) -> None:
+        """Delete the queue, its bindings and its Cherami queue (kombu's deletes only the
+        bindings this process declared, one ``_delete`` each, so a queue this process
+        never bound was left)."""
+        if if_empty and self._size(queue):
+            return
+        super().queue_delete(queue, if_unused, if_empty, **kwargs)
         name = cherami_name(queue)
         stream = self._streams.pop(queue, None)
         if stream is not None:
@@ -143,11 +151,14 @@ class Channel(virtual.Channel):
         publisher = self._publishers.pop(name, None)
         if publisher is not None:
             publisher.close()
-        if args and args[0]:  # one of its bindings (kombu calls this once for each)
-            exchange, routing_key = args[0], args[1] if len(args) > 1 else ""
-            self.bindings.unbind(self.typeof(exchange).type, exchange, routing_key, queue)
         _ignore_missing(lambda: self.client.delete_queue(name))
         self.connection.forget(name)
+
+    def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
+        """One of a deleted queue's bindings: taken back where every process sees it."""
+        if args and args[0]:
+            exchange, routing_key = args[0], args[1] if len(args) > 1 else ""
+            self.bindings.unbind(self.typeof(exchange).type, exchange, routing_key, queue)
 
     def _queue_bind(self, exchange: str, routing_key: str, pattern: Any, queue: str) -> None:
         kind = self.typeof(exchange).type
