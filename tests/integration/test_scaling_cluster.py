@@ -36,22 +36,23 @@ HANG_GUARD = 30.0
 pytestmark = pytest.mark.postgres
 
 
+def _cluster(path: Path, inputs: int, *extra: str) -> Iterator[tuple[LocalCluster, str]]:
+    counts = {"storehost": 3, "controller": 1, "inputhost": inputs, "outputhost": 1,
+              "frontend": 1}  # fmt: skip
+    args = ["--scale-up-window", "3", "--scale-down-window", "8",
+            "--load-report-interval", "1", *extra]  # fmt: skip
+    with cluster_on_postgres(path, counts, args) as up:
+        yield up
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[LocalCluster, str]]:
-    counts = {"storehost": 3, "controller": 1, "inputhost": 2, "outputhost": 1, "frontend": 1}
-    args = ["--scale-up-window", "3", "--scale-down-window", "8",
-            "--load-report-interval", "1", "--zone", "z1"]  # fmt: skip
-    with cluster_on_postgres(tmp_path / "cluster", counts, args) as up:
-        yield up
+    yield from _cluster(tmp_path / "cluster", 2, "--zone", "z1")
 
 
 @pytest.fixture
 def rolling_cluster(tmp_path: Path) -> Iterator[tuple[LocalCluster, str]]:
-    counts = {"storehost": 3, "controller": 1, "inputhost": 3, "outputhost": 1, "frontend": 1}
-    args = ["--scale-up-window", "3", "--scale-down-window", "8",
-            "--load-report-interval", "1", "--extent-max-messages", "1500"]  # fmt: skip
-    with cluster_on_postgres(tmp_path / "cluster", counts, args) as up:
-        yield up
+    yield from _cluster(tmp_path / "cluster", 3, "--extent-max-messages", "1500")
 
 
 def _open_plain(schema: str) -> list[tuple[str, str]]:
