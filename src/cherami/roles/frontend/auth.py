@@ -91,6 +91,7 @@ class KeyRing:
     def __init__(self, keys: list[ApiKey], path: str | None = None) -> None:
         self.path = path
         self._entries: list[tuple[bytes, ApiKey]] = []
+        self._keys: tuple[object, tuple[ApiKey, ...]] = (None, ())  # (of which list, keys)
         self._set(keys)
 
     def _set(self, keys: list[ApiKey]) -> None:
@@ -105,6 +106,14 @@ class KeyRing:
     @property
     def enabled(self) -> bool:
         return bool(self._entries)
+
+    @property
+    def keys(self) -> tuple[ApiKey, ...]:
+        """The keys in use: a new tuple after each reload (the same one until then, so a
+        caller may keep an index of it and build it again when it changes)."""
+        if self._keys[0] is not self._entries:
+            self._keys = (self._entries, tuple(k for _, k in self._entries))
+        return self._keys[1]
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -78,9 +78,9 @@ class SqsEndpoint:
 
     def _key_of(self, access_key: str) -> ApiKey | None:
         """The key of an access key id (ids travel in clear: a lookup, not a compare)."""
-        entries = self.keys._entries  # the ring's list, replaced on each reload (SIGHUP)
-        if self._ids[0] is not entries:
-            self._ids = (entries, {access_key_id(key): key for _, key in entries})
+        keys = self.keys.keys  # a new tuple after each reload (SIGHUP)
+        if self._ids[0] is not keys:
+            self._ids = (keys, {access_key_id(key): key for key in keys})
         return self._ids[1].get(access_key.upper())
 
     def _caller(self, request: web.Request, body: bytes) -> Caller:
