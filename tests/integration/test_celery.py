@@ -161,6 +161,8 @@ def test_many_tasks_run_exactly_once_with_acks_late(server: ServerProcess, celer
     path = str(lines.path)
     workers.start("w1")
     workers.start("w2")
+    ready(appmod, "w1")
+    ready(appmod, "w2")  # both consuming before the first task
     started = time.monotonic()
 
     def publish(part: int) -> None:  # four producer threads, as in a web app
