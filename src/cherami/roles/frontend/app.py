@@ -29,6 +29,7 @@ from cherami.roles.frontend.handlers.dlq import DlqHandlers
 from cherami.roles.frontend.handlers.groups import GroupHandlers
 from cherami.roles.frontend.handlers.messages import MessageHandlers
 from cherami.roles.frontend.handlers.ops import OpsHandlers
+from cherami.roles.frontend.handlers.peek import PeekHandlers
 from cherami.roles.frontend.handlers.queues import QueueHandlers
 from cherami.roles.frontend.proxy import Forward, Router, forward
 from cherami.roles.frontend.routing import add_routing_routes
@@ -108,6 +109,7 @@ def build_app(roles: Roles) -> web.Application:
     )
     messages = MessageHandlers(f, roles.keys, throttle, roles.metrics, roles.outputs, routing)
     dlq = DlqHandlers(f, roles.controller, roles.stores)
+    peek = PeekHandlers(f, roles.metadata, roles.stores)
     streams = StreamHandlers(f, roles.metadata, roles.keys, throttle, roles.metrics, roles.outputs)
     app[STREAMS] = streams
     roles.metrics.connections = streams.count
@@ -125,6 +127,7 @@ def build_app(roles: Roles) -> web.Application:
         web.patch(q, queues.patch_queue),
         web.delete(q, queues.delete_queue),
         web.post(q + "/messages", messages.publish),
+        web.get(q + "/messages", peek.peek),
         web.get(q + "/publish", streams.publish),
         web.get(q + "/groups", groups.list_groups),
         web.put(g, groups.put_group),

@@ -15,6 +15,7 @@ from cherami.metadata.models import (
     QueuePatch,
 )
 from cherami.roles.frontend import schemas as s
+from cherami.roles.frontend.handlers import peek
 from cherami.roles.frontend.paging import (
     CURSOR_PATTERN,
     DEFAULT_LIMIT,
@@ -51,6 +52,21 @@ PAGE = (
      "schema": {"type": "string", "pattern": PREFIX_PATTERN, "maxLength": 128}},
 )  # fmt: skip
 
+# a peek's page (docs/api.md "Peek"; handlers/peek.py)
+TIME = {"anyOf": [{"type": "string", "pattern": peek.MS_PATTERN},
+                  {"type": "string", "format": "date-time"}]}  # fmt: skip
+PEEK = (
+    PAGE[0],
+    {"name": "cursor", "in": "query", "description": "the cursor of the page before (opaque)",
+     "schema": {"type": "string", "pattern": peek.CURSOR_PATTERN}},
+    {"name": "order", "in": "query", "description": "asc (oldest first, default) or desc",
+     "schema": {"type": "string", "enum": ["asc", "desc"]}},
+    {"name": "since", "in": "query", "description": "enqueued at or after (RFC 3339 or ms)",
+     "schema": TIME},
+    {"name": "until", "in": "query", "description": "enqueued before (RFC 3339 or ms)",
+     "schema": TIME},
+)  # fmt: skip
+
 
 class Op(msgspec.Struct, frozen=True):
     path: str
@@ -77,6 +93,8 @@ _OPERATIONS: list[Op] = [
        ok=("204",)),
     Op(Q + "/messages", "post", "publish", "Publish 1 to 1000 messages durably",
        s.PublishRequest, s.PublishResponse, errors=(*_NAMED, "413", "429")),
+    Op(Q + "/messages", "get", "peek", "Read retained messages without consuming them",
+       None, peek.PeekResponse, query=PEEK),
     Op(Q + "/publishers", "get", "publishers", "The input hosts to publish a stream to"),
     Op(Q + "/groups", "get", "listGroups", "List consumer groups by name, a page at a time",
        None, s.GroupPage, query=PAGE),

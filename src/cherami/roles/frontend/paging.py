@@ -38,12 +38,7 @@ def page_asked(request: web.Request) -> Page:
     is not an integer from 1 to MAX_LIMIT, a ``prefix`` no name can start with, or a
     malformed ``cursor``. An empty ``cursor`` asks for the first page."""
     query = request.query
-    limit = DEFAULT_LIMIT
-    if "limit" in query:
-        text = query["limit"]
-        if not _DIGITS.fullmatch(text) or not 1 <= int(text) <= MAX_LIMIT:
-            raise InvalidRequest(f"limit must be an integer from 1 to {MAX_LIMIT}, not {text!r}")
-        limit = int(text)
+    limit = limit_asked(request)
     prefix = query.get("prefix", "")
     if not _PREFIX.fullmatch(prefix):
         raise InvalidRequest(
@@ -51,6 +46,17 @@ def page_asked(request: web.Request) -> Page:
         )
     cursor = query.get("cursor", "")
     return Page(prefix, decode_cursor(cursor) if cursor else None, limit)
+
+
+def limit_asked(request: web.Request) -> int:
+    """The ``limit`` query parameter: DEFAULT_LIMIT without one; InvalidRequest (400) for
+    one that is not an integer from 1 to MAX_LIMIT."""
+    text = request.query.get("limit")
+    if text is None:
+        return DEFAULT_LIMIT
+    if not _DIGITS.fullmatch(text) or not 1 <= int(text) <= MAX_LIMIT:
+        raise InvalidRequest(f"limit must be an integer from 1 to {MAX_LIMIT}, not {text!r}")
+    return int(text)
 
 
 def encode_cursor(name: str) -> str:
