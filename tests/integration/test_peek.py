@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -19,6 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
+from cherami.client.asyncclient import AsyncClient
+from cherami.client.sync import Client
+from cherami.errors import Forbidden
 from tests.support.server import ServerProcess, unique
 
 EXTENT_MAX = 30  # an extent this large rolls over
@@ -248,3 +252,48 @@ def test_refusals(node: ServerProcess, http: httpx.Client) -> None:
         assert answer.status_code == 400, (params, answer.text)
         assert answer.json()["error"]["code"] == "invalid_request"
         assert list(params)[0] in answer.json()["error"]["message"]
+
+
+async def test_the_async_client_peeks_a_page_and_every_page(
+    node: ServerProcess, http: httpx.Client, filled: tuple[str, list[str]]
+) -> None:
+    queue, ids = filled
+    every = page(http, queue, limit=1000)["messages"]
+    async with AsyncClient(node.url, READER) as client:
+        first = await client.peek(queue, limit=4, order="desc")
+        assert first["messages"] == every[::-1][:4] and first["cursor"]
+        since = datetime.fromisoformat(every[-1]["enqueued_at"].replace("Z", "+00:00"))
+        assert (await client.peek(queue, since=since))["messages"] == [
+            m for m in every if m["enqueued_at"] >= every[-1]["enqueued_at"]
+        ]
+        assert [m async for m in client.iter_peek(queue, page_size=9)] == every
+        assert [m async for m in client.iter_peek(queue, order="desc", limit=12,
+                                                  page_size=5)] == every[::-1][:12]  # fmt: skip
+    async with AsyncClient(node.url, PRODUCER) as client:
+        with pytest.raises(Forbidden):
+            await client.peek(queue)
+
+
+def test_the_sync_client_and_the_cli_peek(
+    node: ServerProcess, http: httpx.Client, filled: tuple[str, list[str]]
+) -> None:
+    queue, ids = filled
+    every = page(http, queue, limit=1000)["messages"]
+    with Client(node.url, READER) as client:
+        assert client.peek(queue, until=ms(every[5]["enqueued_at"]))["messages"] == [
+            m for m in every if m["enqueued_at"] < every[5]["enqueued_at"]
+        ]
+        assert list(client.iter_peek(queue, page_size=50)) == every
+    cli = [sys.executable, "-m", "cherami.cli.main", "peek", queue, "--url", node.url,
+           "--api-key", READER]  # fmt: skip
+    done = subprocess.run(cli + ["--limit", "7", "--desc", "--page-size", "3"],
+                          capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == every[::-1][:7]
+    t = every[-1]["enqueued_at"]
+    done = subprocess.run(cli + ["--since", t, "--limit", "1000"],
+                          capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    assert json.loads(done.stdout) == [m for m in every if m["enqueued_at"] >= t]
+    done = subprocess.run(cli + ["--since", "yesterday"],
+                          capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    assert done.returncode != 0 and "since must be" in done.stderr, done.stderr

@@ -8,6 +8,7 @@ import os
 import random
 import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -334,6 +335,47 @@ class AsyncClient:
 
     async def dlq_purge(self, queue: str, group: str) -> int:
         return (await self.request("POST", self._g(queue, group) + "/dlq/purge"))["purged"]  # type: ignore[no-any-return]
+
+    # message-store reads (docs/api.md "Peek")
+    async def peek(
+        self, queue: str, since: datetime | int | str | None = None,
+        until: datetime | int | str | None = None, limit: int = 100, order: str = "asc",
+        cursor: str | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """One page of the queue's retained messages, read without consuming them:
+        ``{"messages": [...], "cursor": ...}``, oldest first (``order="desc"``: newest
+        first). Pass ``cursor`` back for the next page; None is the last. ``since`` and
+        ``until`` bound the enqueue time: a datetime (a naive one is local time), ms
+        since the epoch, or RFC 3339 text."""
+        params = {"limit": str(limit), "order": order}
+        for name, when in (("since", since), ("until", until)):
+            if isinstance(when, datetime):
+                params[name] = str(int(when.timestamp() * 1000))
+            elif when is not None:
+                params[name] = str(when)
+        if cursor:
+            params["cursor"] = cursor
+        return await self.request("GET", self._q(queue) + "/messages", params=params)  # type: ignore[no-any-return]
+
+    async def iter_peek(
+        self, queue: str, since: datetime | int | str | None = None,
+        until: datetime | int | str | None = None, order: str = "asc", *,
+        limit: int | None = None, page_size: int = PAGE_SIZE,
+    ) -> AsyncGenerator[dict[str, Any], None]:  # fmt: skip
+        """The queue's retained messages as ``peek`` reads them, each page asked for
+        when the one before is used up (``page_size`` at a time, 1 to 1000); every one,
+        or the first ``limit``."""
+        left, cursor = limit, None
+        while left is None or left > 0:
+            size = page_size if left is None else min(page_size, left)
+            page = await self.peek(queue, since, until, size, order, cursor)
+            for message in page["messages"]:
+                yield message
+            if left is not None:
+                left -= len(page["messages"])
+            cursor = page["cursor"]
+            if cursor is None:
+                return
 
     # streams
     def ws_url(self, path: str) -> str:

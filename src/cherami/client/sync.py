@@ -15,6 +15,7 @@ import signal
 import threading
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
+from datetime import datetime
 from typing import Any, TypeVar, cast
 
 from cherami.client.asyncclient import (
@@ -269,6 +270,25 @@ class Client:
 
     def dlq_purge(self, queue: str, group: str) -> int:
         return self._run(self.aio.dlq_purge(queue, group))
+
+    # message-store reads (docs/api.md "Peek")
+    def peek(
+        self, queue: str, since: datetime | int | str | None = None,
+        until: datetime | int | str | None = None, limit: int = 100, order: str = "asc",
+        cursor: str | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """One page of retained messages, read without consuming them (AsyncClient.peek)."""
+        return self._run(self.aio.peek(queue, since, until, limit, order, cursor))
+
+    def iter_peek(
+        self, queue: str, since: datetime | int | str | None = None,
+        until: datetime | int | str | None = None, order: str = "asc", *,
+        limit: int | None = None, page_size: int = PAGE_SIZE,
+    ) -> Iterator[dict[str, Any]]:  # fmt: skip
+        """The retained messages, each page read when the one before is used up."""
+        return self._iterate(
+            self.aio.iter_peek(queue, since, until, order, limit=limit, page_size=page_size)
+        )
 
     # streams
     def publisher(self, queue: str, max_in_flight: int = 16) -> SyncPublisher:
