@@ -283,3 +283,31 @@ def test_queues_a_page_at_a_time_with_a_filter(
     wait(d, lambda d: len(texts(d, groups)) == 3)
     fill(d, "#groups-filter", "a")
     wait(d, lambda d: [g.split("\t")[0] for g in texts(d, groups)] == ["a1", "a2"])
+
+
+def test_a_queues_page_shows_its_newest_messages_without_consuming_them(
+    browser: WebDriver, node: ServerProcess, tmp_path: Path
+) -> None:
+    """The messages panel (GET …/messages, newest first): 20 at a time, 20 older on a
+    click, and the group's backlog unchanged by it."""
+    d, q = browser, unique("peek")
+    with httpx.Client(base_url=node.url, timeout=30) as http:
+        assert http.put(f"/v1/queues/{q}").status_code == 201
+        assert http.put(f"/v1/queues/{q}/groups/g").status_code == 201
+        bodies = [f"message {i:02d}" for i in range(25)]
+        messages = [{"body": b, "attributes": {"n": str(i)}} for i, b in enumerate(bodies)]
+        assert http.post(f"/v1/queues/{q}/messages", json={"messages": messages}).status_code == 200
+        d.get(node.url + f"/ui/#/queue/{q}")
+        rows = "tr[data-peeked]"
+
+        def shown(d: WebDriver) -> list[str]:
+            return [row.split("\t")[3].strip() for row in texts(d, rows)]
+
+        wait(d, lambda d: shown(d) == bodies[::-1][:20])
+        assert "n=24" in texts(d, rows)[0]
+        click(d, By.ID, "messages-more")
+        wait(d, lambda d: shown(d) == bodies[::-1] and not d.find_elements(By.ID, "messages-more"))
+        shot(d, tmp_path, "queue-messages")
+        stats = lambda _: http.get(f"/v1/queues/{q}/groups/g").json()["stats"]  # noqa: E731
+        wait(d, lambda d: stats(d)["backlog"] == 25)
+        assert stats(d)["delivered"] == 0 and stats(d)["in_flight"] == 0

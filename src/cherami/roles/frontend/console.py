@@ -13,6 +13,7 @@ UI_DIR = Path(__file__).with_name("ui")
 TYPES = {
     "index.html": "text/html",
     "console.js": "text/javascript",
+    "messages.js": "text/javascript",  # the queue page's messages panel
     "console.css": "text/css",
 }
 # everything from this origin only: the page works offline and loads no third-party code

@@ -278,6 +278,7 @@ const pages = {
   queue: {
     mount(q) {
       groupList = new Listing("groups", `${qpath(q)}/groups`, "groups", "group");
+      peekWanted = PEEK;
       const groupForm = h("form", { class: "inline", id: "new-group", async onsubmit(ev) {
         ev.preventDefault();
         const { name, ...config } = values(groupForm);
@@ -321,6 +322,7 @@ const pages = {
           h("div", { class: "card" }, h("canvas", { class: "chart", id: "chart-rate" })),
           h("div", { class: "card" }, h("canvas", { class: "chart", id: "chart-backlog" }))),
         h("h2", {}, "Consumer groups"), h("div", { class: "filter" }, groupList.filter()), h("div", { id: "groups" }),
+        h("h2", {}, "Messages"), h("div", { id: "messages" }),
         h("h2", {}, "Publish a test message"), h("div", { class: "card" }, publishForm),
         h("h2", {}, "New consumer group"), h("div", { class: "card" }, groupForm),
         h("h2", {}, "Extents"), h("div", { id: "extents" }),
@@ -328,8 +330,8 @@ const pages = {
     },
     async refresh(q) {
       const listing = groupList;
-      const [queue, read, extents] = await Promise.all([
-        api("GET", qpath(q)), listing.read(), covered(api("GET", `${qpath(q)}/extents`))]);
+      const [queue, read, extents, peeked] = await Promise.all([
+        api("GET", qpath(q)), listing.read(), covered(api("GET", `${qpath(q)}/extents`)), covered(newest(q))]);
       const full = await Promise.all(read.items.map((g) => api("GET", gpath(q, g.name))));
       if (listing.stale(read)) return; // a newer read shows its own
       replace("queue-config", h("div", { id: "queue-config", class: "kv muted" },
@@ -370,6 +372,7 @@ const pages = {
       const points = remember(q, { rate: rateOf(`pub:${q}`, queue.stats.messages_published), backlog });
       chart(document.getElementById("chart-rate"), points, "rate", "publish rate (msgs/s)", fmt.rate);
       chart(document.getElementById("chart-backlog"), points, "backlog", "backlog (messages, all groups)", fmt.int);
+      replace("messages", messagesPanel(peeked));
       const ext = (extents ? extents.extents : []).map((e) => h("tr", { "data-extent": e.id },
         h("td", {}, h("code", {}, e.id.slice(0, 12))), h("td", {}, e.kind),
         h("td", {}, h("span", { class: e.status === "open" ? "badge ok" : e.status === "failing" ? "badge warn" : "badge" }, e.status)),
@@ -406,10 +409,7 @@ const pages = {
           .map(([k, v]) => h("span", {}, `${k} `, h("b", { "data-stat": k }, v)))));
       const rows = dlq.messages.map((m) => h("tr", { "data-message": m.id },
         h("td", {}, h("code", {}, m.id)), h("td", {}, fmt.time(m.enqueued_at)),
-        num(group.max_delivery_count, "deliveries"),
-        h("td", {}, Object.entries(m.attributes || {}).map(([k, v]) => h("div", {}, h("b", {}, k), `=${v}`))),
-        h("td", {}, m.body !== undefined ? h("pre", { class: "body" }, m.body.slice(0, 300))
-          : h("span", { class: "muted" }, `(binary, ${Math.floor((m.body_b64.length * 3) / 4)} bytes)`))));
+        num(group.max_delivery_count, "deliveries"), ...messageCells(m)));
       replace("dlq", h("div", { id: "dlq" }, table("dlq-table", ["Message", "Dead-lettered at", "Deliveries ", "Attributes", "Body"],
         rows, "The DLQ is empty."), h("p", { class: "muted" }, dlq.depth > rows.length
         ? `showing ${rows.length} of ${fmt.int(dlq.depth)}; ` : "", "a message is dead-lettered after the group's ",
