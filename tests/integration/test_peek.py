@@ -218,6 +218,7 @@ def test_paging_goes_on_across_a_store_hosts_restart(
     pids = _store_pids(node)
     assert len(pids) == 3, pids
     first = page(http, queue, limit=20)
+    newest = page(http, queue, limit=20, order="desc")
     os.kill(pids[0], signal.SIGKILL)
     # read from the other replicas while it is down, then after it came back
     rest = every_page(http, queue, limit=20, cursor=first["cursor"])
@@ -225,10 +226,25 @@ def test_paging_goes_on_across_a_store_hosts_restart(
     assert sorted(shown) == sorted(ids)
     wait_for("the store host restarted", lambda: len(_store_pids(node)) == 3
              and pids[0] not in _store_pids(node), 30)  # fmt: skip
+    older = every_page(http, queue, cursor=newest["cursor"], limit=20)  # after the restart
+    assert sorted(ids_of(newest["messages"] + older)) == sorted(ids)
     ids += publish(http, queue, [f"{queue} after m{i}" for i in range(10)])
     asc = ids_of(every_page(http, queue, limit=13))
     assert sorted(asc) == sorted(ids) and len(set(asc)) == len(asc)
     assert ids_of(every_page(http, queue, limit=13, order="desc")) == asc[::-1]
+
+
+def test_extents_deleted_between_pages_vanish_from_the_listing(http: httpx.Client) -> None:
+    queue = unique("peek")
+    assert http.put(f"/v1/queues/{queue}").status_code == 201
+    old = fill(http, queue, rounds=1)
+    first = page(http, queue, limit=10)
+    assert ids_of(first["messages"]) == old[:10] and first["cursor"]
+    assert http.delete(f"/v1/queues/{queue}", params={"contents_only": "true"}).status_code == 204
+    new = publish(http, queue, [f"{queue} new m{i}" for i in range(5)])
+    rest = ids_of(every_page(http, queue, cursor=first["cursor"], limit=4))
+    assert rest == new  # nothing of the deleted extents, nothing twice
+    assert ids_of(every_page(http, queue, limit=4, order="desc")) == new[::-1]
 
 
 def test_refusals(node: ServerProcess, http: httpx.Client) -> None:

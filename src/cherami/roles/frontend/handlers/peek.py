@@ -229,22 +229,26 @@ async def read_any(stores: StoreDirectory, extent: Extent, after: bytes, count: 
     answer empty for a while); an extent gone from every replica reads as ended."""
     answer: ReadResult | None = None
     error: CheramiError = Unavailable(f"extent {extent.id} has no replicas")
+    gone = 0
     for store_id in extent.stores:
         try:
             batch = await stores.get(store_id).read(extent.id, after, count)
         except StoreError as err:
             if err.code != "extent_not_found":
                 raise
-            batch = ReadResult(0, [], [], True)
+            gone += 1
+            continue
         except CheramiError as err:
             error = err
             continue
         if batch.records or batch.end:
             return batch
         answer = batch
-    if answer is None:
-        raise error
-    return answer
+    if answer is not None:
+        return answer
+    if extent.stores and gone == len(extent.stores):  # deleted since it was listed
+        return ReadResult(0, [], [], True)
+    raise error
 
 
 async def _record_at(stores: StoreDirectory, extent: Extent, seq: int) -> Record | None:
