@@ -247,6 +247,15 @@ def test_extents_deleted_between_pages_vanish_from_the_listing(http: httpx.Clien
     assert ids_of(every_page(http, queue, limit=4, order="desc")) == new[::-1]
 
 
+def test_large_messages_page_whole(http: httpx.Client) -> None:
+    """A store read stops at 1 MiB: a page of larger messages takes several."""
+    queue = unique("peek")
+    assert http.put(f"/v1/queues/{queue}").status_code == 201
+    ids = publish(http, queue, [f"{i:03d}" + "x" * 200_000 for i in range(12)])
+    assert ids_of(every_page(http, queue, limit=10, order="desc")) == ids[::-1]
+    assert ids_of(every_page(http, queue, limit=10)) == ids
+
+
 def test_refusals(node: ServerProcess, http: httpx.Client) -> None:
     queue = unique("peek")
     assert http.put(f"/v1/queues/{queue}").status_code == 201

@@ -184,6 +184,9 @@ class ExtentReader:
 
     async def _read_up(self) -> None:
         batch = await read_any(self.stores, self.extent, plain_key(self.read_to), self.chunk)
+        if batch is None:  # deleted since it was listed
+            self.done = True
+            return
         until = self.c.until
         for key, raw in zip(batch.keys, batch.records, strict=True):
             seq, record = seq_of(key), decode_record(raw)
@@ -201,21 +204,18 @@ class ExtentReader:
             self.done = True
             return
         low = max(1, self.read_to - self.chunk)
-        count = self.read_to - low
-        batch = await read_any(self.stores, self.extent, plain_key(low - 1), count)
-        if not batch.records:
+        read, gone = await self._range(low, self.read_to - 1)
+        if gone:  # deleted since it was listed
+            self.done = True
+            return
+        if not read:
             # the top of an open extent may not be readable yet (replicas are read up to
             # what all of them hold); what lies below it must be
             self.misses += 1
             if self.misses > 3 or self.extent.status not in (OPEN, FAILING):
                 raise Unavailable(f"extent {self.extent.id}: no replica could be read; retry")
-            self.read_to = low
-            return
-        since = self.c.since
-        read = []
-        for key, raw in zip(batch.keys, batch.records, strict=True):
-            read.append((seq_of(key), decode_record(raw)))
         self.read_to = low
+        since = self.c.since
         for seq, record in reversed(read):
             if since is not None and record.enqueued_ms < since - SLACK_MS:
                 self.done = True
@@ -223,10 +223,27 @@ class ExtentReader:
             if self._wanted(record):
                 self.buffer.append((seq, record))
 
+    async def _range(self, low: int, high: int) -> tuple[list[tuple[int, Record]], bool]:
+        """The messages from ``low`` to ``high`` that can be read (one read stops at
+        1 MiB, so as many as it takes), and whether the extent is gone."""
+        read: list[tuple[int, Record]] = []
+        after = low - 1
+        while after < high:
+            batch = await read_any(self.stores, self.extent, plain_key(after), high - after)
+            if batch is None:
+                return read, True
+            if not batch.records:
+                return read, False
+            read += zip(map(seq_of, batch.keys), map(decode_record, batch.records), strict=True)
+            after = read[-1][0]
+        return read, False
 
-async def read_any(stores: StoreDirectory, extent: Extent, after: bytes, count: int) -> ReadResult:
+
+async def read_any(
+    stores: StoreDirectory, extent: Extent, after: bytes, count: int
+) -> ReadResult | None:
     """Read from the first replica that has something (a replica that restarted may
-    answer empty for a while); an extent gone from every replica reads as ended."""
+    answer empty for a while); None when the extent is gone from every replica."""
     answer: ReadResult | None = None
     error: CheramiError = Unavailable(f"extent {extent.id} has no replicas")
     gone = 0
@@ -247,13 +264,13 @@ async def read_any(stores: StoreDirectory, extent: Extent, after: bytes, count: 
     if answer is not None:
         return answer
     if extent.stores and gone == len(extent.stores):  # deleted since it was listed
-        return ReadResult(0, [], [], True)
+        return None
     raise error
 
 
 async def _record_at(stores: StoreDirectory, extent: Extent, seq: int) -> Record | None:
     batch = await read_any(stores, extent, plain_key(seq - 1), 1)
-    return decode_record(batch.records[0]) if batch.records else None
+    return decode_record(batch.records[0]) if batch is not None and batch.records else None
 
 
 async def first_since(stores: StoreDirectory, extent: Extent, last: int, ms: int) -> int:
