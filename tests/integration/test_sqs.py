@@ -25,11 +25,13 @@ from typing import Any
 import aiohttp
 import boto3
 import botocore.session
+import httpx
 import pytest
 from botocore.exceptions import ClientError, SSLError
 
 from cherami.devcluster.local import LocalCluster
 from cherami.roles.frontend.sqs import credentials
+from cherami.wire import handshake as h
 from tests.support.server import ServerProcess, unique
 from tests.support.tlscerts import make_certs
 
@@ -728,7 +730,10 @@ def test_a_clusters_frontend_serves_it(tmp_path: Path) -> None:
         cluster.down()
 
 
-def test_a_cluster_with_keys_sends_and_says_why_it_cannot_receive(tmp_path: Path) -> None:
+def test_a_cluster_with_keys_serves_receives_at_its_output_hosts(tmp_path: Path) -> None:
+    """A SigV4 request carries no API key for the frontend to pass on to the output host
+    that holds the group: the direct call carries the cluster's internal token (refused
+    as UnsupportedOperation before)."""
     admin = "chk_sqs-cluster-admin"
     (tmp_path / "keys.json").write_text(
         json.dumps(
@@ -745,11 +750,20 @@ def test_a_cluster_with_keys_sends_and_says_why_it_cannot_receive(tmp_path: Path
         sqs = sqs_client(match.group(1), "json", tmp_path, *credentials(admin))
         url = sqs.create_queue(QueueName=unique("keyed"))["QueueUrl"]
         sqs.send_message(QueueUrl=url, MessageBody="through the input host")
-        with pytest.raises(sqs.exceptions.UnsupportedOperation) as err:  # once a host holds it
-            sqs.receive_message(QueueUrl=url, WaitTimeSeconds=15)
-        assert "API keys" in str(err.value)
         attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
-        assert attributes["ApproximateNumberOfMessages"] == "1"  # the persisted backlog
+        assert attributes["ApproximateNumberOfMessages"] == "1"
+        (got,) = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=15)["Messages"]
+        assert got["Body"] == "through the input host"
+        sqs.change_message_visibility(
+            QueueUrl=url, ReceiptHandle=got["ReceiptHandle"], VisibilityTimeout=60
+        )
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=got["ReceiptHandle"])
+        assert sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1).get("Messages", []) == []
+        # the internal token is taken on direct calls only, never in place of a key
+        secret = (tmp_path / "cluster.secret").read_bytes().strip()
+        token = {h.INTERNAL_HEADER: h.internal_token(h.derive_key(secret))}
+        with httpx.Client() as http:
+            assert http.get(f"{cluster.url}/v1/queues", headers=token).status_code == 401
     finally:
         cluster.down()
 

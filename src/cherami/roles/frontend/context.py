@@ -19,6 +19,7 @@ from cherami.roles.frontend.proxy import Forward, Router
 from cherami.roles.inputhost.client import InputHostClient
 from cherami.roles.outputhost.client import OutputHostClient
 from cherami.roles.storehost.directory import StoreDirectory
+from cherami.wire import handshake as h
 
 
 @dataclass
@@ -55,6 +56,8 @@ class Lookup:
         self._router = router
 
     def auth(self, request: web.Request, scope: Scope | None, queue: str | None) -> ApiKey | None:
+        if self.keys.enabled and _internal_direct(request):
+            return None  # another process of the cluster, which checked its own caller
         return self.keys.check(request.headers.get("Authorization"), scope, queue)
 
     async def queue(self, request: web.Request, scope: Scope | None) -> Queue:
@@ -97,3 +100,17 @@ class Frontend(Lookup):
     def __init__(self, roles: Roles) -> None:
         super().__init__(roles.keys, roles.metadata, roles.inputs, roles.outputs, roles.router)
         self.r = roles
+
+
+def _internal_direct(request: web.Request) -> bool:
+    """Whether the request is a direct call (``?direct=1``, answered here, never
+    forwarded) that carries the cluster's internal token instead of an API key: the SQS
+    endpoint of another frontend reaching this output host for a client it has
+    authenticated by its SigV4 signature, which carries no API key to pass on."""
+    header = request.headers.get(h.INTERNAL_HEADER)
+    if header is None or request.query.get("direct") != "1":
+        return False
+    try:
+        return h.internal_ok(h.cluster_key(), header)
+    except h.NoSecret:
+        return False

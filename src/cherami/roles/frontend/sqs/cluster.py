@@ -18,9 +18,10 @@ from cherami.metadata.models import Group
 from cherami.roles.frontend import schemas as s
 from cherami.roles.frontend.context import Roles
 from cherami.roles.frontend.proxy import Router
-from cherami.roles.frontend.sqs.errors import SqsError, unsupported
+from cherami.roles.frontend.sqs.errors import SqsError
 from cherami.roles.frontend.sqs.model import Delivery
 from cherami.roles.outputhost.client import Settlement, host_tag, tag_of
+from cherami.wire import handshake as h
 
 POLL_SLICE = 0.5  # a long poll waits on one host this long, then asks them all again
 _HEADERS = {"Content-Type": "application/json"}
@@ -50,15 +51,12 @@ class RemoteGroups:
         return self.r.outputs is not None and address == self.router.address
 
     async def _send(self, method: str, address: str, path: str, body: bytes) -> bytes:
-        """A direct call to another output host's HTTP API; its answer's body. Those
-        calls carry no API key (SigV4 gives the endpoint none to pass on), so with keys
-        on they are refused, and said so, rather than answered as the client's fault."""
-        if self.r.keys.enabled:
-            raise unsupported(
-                f"the group's messages at output host {address} are not reachable through "
-                "the SQS endpoint of a cluster with API keys (docs/sqs.md)"
-            )
-        reply = await self.router.send(method, address, path, body, _HEADERS)
+        """A direct call to another output host's HTTP API; its answer's body. A SigV4
+        request carries no API key to pass on: the call carries the cluster's internal
+        token instead (taken on direct calls only), this endpoint having checked the
+        caller's key and scope itself."""
+        headers = {**_HEADERS, h.INTERNAL_HEADER: h.internal_token(h.cluster_key())}
+        reply = await self.router.send(method, address, path, body, headers)
         raw = reply.body if isinstance(reply.body, bytes) else b""
         if reply.status != 200:
             raise error_from_response(reply.status, raw)
