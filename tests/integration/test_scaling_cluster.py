@@ -165,8 +165,10 @@ async def test_extents_scale_while_they_roll_over(
 ) -> None:
     local, schema = rolling_cluster
     async with AsyncClient(local.url, timeout=30) as client:
+        # a lower target than above: 3 extents even if a loaded machine publishes only
+        # 900 of the 1,400 msgs/s asked (450 an extent on 2)
         await client.create_queue(
-            QUEUE, replicas=2, min_extents=1, max_extents=4, extent_target_rate=TARGET
+            QUEUE, replicas=2, min_extents=1, max_extents=3, extent_target_rate=300
         )
         await client.create_group(QUEUE, GROUP)
         producer = Producer(client)
@@ -176,7 +178,7 @@ async def test_extents_scale_while_they_roll_over(
         hosts = {h for _, h in _open_plain(schema)}
         print(f"1 -> 3 extents in {up:.1f}s rolling over, on {len(hosts)} input hosts")
         assert len(hosts) == 3, hosts
-        producer.rate = LOW
+        producer.rate = LOW  # 100 msgs/s: 33-50 an extent, below half the target
         down = await _until(lambda: len(_open_plain(schema)) == 1, "back to 1 extent", 40)
         print(f"3 -> 1 extents in {down:.1f}s")
         producer.stop.set()

@@ -33,6 +33,7 @@ log = logging.getLogger("cherami.inputhost.service")
 
 MAX_ATTEMPTS = 5
 ROOM_CHECK_INTERVAL = 1.0  # how often the store hosts' free disk is looked at
+RETIRED_KEPT = 10.0  # seconds an extent given up stays in the load reports' counts
 STORAGE_FULL_RETRY = 2.0  # seconds a publish refused storage_full is told to wait
 
 
@@ -68,6 +69,8 @@ class InputHostService:
         self._serves_every_queue = serves_every_queue
         self._queues: dict[str, _QueueWriters] = {}
         self._full: set[str] = set()  # store hosts below their free-disk floor
+        # extents given up lately: (when, messages and bytes appended, their store hosts)
+        self._retired: dict[str, tuple[float, int, int, tuple[str, ...]]] = {}
         self._full_checked = -ROOM_CHECK_INTERVAL
         self._every_store_full = False  # no new extent can be placed either
         self.background = Background("input host")
@@ -83,14 +86,25 @@ class InputHostService:
         return bool(writers.plain or writers.timer)
 
     def extent_counts(self, store: str | None = None) -> dict[str, tuple[int, int, int, int]]:
-        """Messages and bytes appended to each open extent here (for load reports); with
-        ``store``, to the extents with a replica on that store host."""
-        return {
+        """Messages and bytes appended to each open extent here (for load reports), and
+        to each given up in the last RETIRED_KEPT seconds (its last appends count in the
+        next report: an extent that rolled over dropped out of them, and a queue rolling
+        over every few seconds read slower than it was); with ``store``, to the extents
+        with a replica on that store host."""
+        now = time.monotonic()
+        self._retired = {i: r for i, r in self._retired.items() if r[0] > now - RETIRED_KEPT}
+        counts = {
+            i: (appended, size, 0, 0)
+            for i, (_, appended, size, stores) in self._retired.items()
+            if store is None or store in stores
+        }
+        counts.update({
             w.id: (w.appended, w.appended_bytes, 0, 0)
             for writers in self._queues.values()
             for w in [*writers.plain, writers.timer]
             if w is not None and (store is None or store in w.extent.stores)
-        }
+        })  # fmt: skip
+        return counts
 
     def _fresh(self, writers: _QueueWriters) -> bool:
         # the controller seals, opens and moves extents: look again often
@@ -123,8 +137,13 @@ class InputHostService:
                     timer = writer
                 else:
                     plain.append(writer)
-            if {w.id for w in [*plain, timer] if w is not None} != set(known):
+            kept = {w.id for w in [*plain, timer] if w is not None}
+            if kept != set(known):
                 self.dedup.stale(queue)  # one may hold records another input host took
+            for gone in set(known) - kept:
+                w = known[gone]
+                self._retired[gone] = (time.monotonic(), w.appended, w.appended_bytes,
+                                       tuple(w.extent.stores))  # fmt: skip
             writers.plain, writers.timer = plain, timer
             writers.created_at = (await self.metadata.get_queue(queue)).created_at
             writers.loaded = True
