@@ -43,11 +43,12 @@ sysdeps:
 	@command -v promtool >/dev/null || (apt-get update -qq && \
 		apt-get install -y -qq --no-install-recommends prometheus >/dev/null)
 
-## test: the whole suite (unit, contract, integration, Spark, faults), on two workers
-## (tests/conftest.py keeps the timing-sensitive tests together on one of them), then
-## the tests marked `alone`, with the machine to themselves
+## test: the whole suite (unit, contract, integration, Spark, faults), on three workers
+## (tests/conftest.py keeps the fault proofs together on one of them, and the other
+## timing-sensitive tests together on another), then the tests marked `alone`, with the
+## machine to themselves
 test: $(STAMP) sysdeps
-	$(PY) -m pytest -p no:cacheprovider -n 2 -m "not alone"
+	$(PY) -m pytest -p no:cacheprovider -n 3 -m "not alone"
 	$(PY) -m pytest -p no:cacheprovider -m alone
 
 test-spark: $(STAMP)

@@ -3,6 +3,7 @@ what the demo, the benchmarks and the integration tests start."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import ssl
@@ -55,9 +56,13 @@ class NodeProcess:
             sys.executable, "-m", "cherami.cli.main", "serve", "--data-dir", str(self.data_dir),
             "--host", "127.0.0.1", "--port", "0", "--stores", str(self.stores), *self.extra,
         ]  # fmt: skip
+        # a node of its own: its secret is the one in its data directory, never one a
+        # Spark session's environment names (CHERAMI_CLUSTER_SECRET[_FILE])
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CHERAMI_CLUSTER_SECRET")}
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-        )
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            env=env,
+        )  # fmt: skip
         deadline = time.monotonic() + timeout
         assert self.proc.stdout is not None
         while time.monotonic() < deadline:
