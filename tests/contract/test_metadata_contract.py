@@ -389,6 +389,7 @@ def test_parse_metadata_url_strips_the_schema(url: str, location: str, schema: s
         "sqlite:///m.db?mode=ro",
         "postgresql://h/db?schema=a&schema=b",
         "postgresql://h/db?schema=Bad-Name",
+        "host=a,b port=5432 dbname=test",  # libpq's keyword form: a URL is asked for
     ],
 )
 def test_parse_metadata_url_rejects(url: str) -> None:

@@ -27,6 +27,9 @@ class MetadataTarget(msgspec.Struct, frozen=True, kw_only=True):
     schema: str = "cherami"
 
 
+_CONNINFO = re.compile(r"^\s*(host|hostaddr|port|dbname|user|service)\s*=")
+
+
 def parse_metadata_url(url: str) -> MetadataTarget:
     """Raises ConfigError for anything but a sqlite or postgres URL or a plain path."""
     if not url.strip():
@@ -43,6 +46,11 @@ def parse_metadata_url(url: str) -> MetadataTarget:
         raise ConfigError(f"metadata URL {url!r} must start with {scheme}://")
     if match and has_authority:
         raise ConfigError(f"metadata URL {url!r}: expected sqlite://, postgresql:// or postgres://")
+    if _CONNINFO.match(url):  # it was opened as a SQLite file of that name
+        raise ConfigError(
+            f"metadata {url!r} looks like libpq's key=value form: give it as a URL, "
+            "e.g. postgresql://h1:5432,h2:5432/db?target_session_attrs=read-write"
+        )
     return MetadataTarget(kind="sqlite", location=url)
 
 
