@@ -183,6 +183,10 @@ async def test_group_is_consumed_from_both_output_hosts(
         deadline = time.monotonic() + 30
         while len({tag_of(m.receipt or "") for m in held}) < 2 and time.monotonic() < deadline:
             held += await client.receive(queue, "mixed", max_messages=100, wait_seconds=1)
+            if len(held) > 5_000:  # one host's came first: ack those apart (an ack takes
+                first = [m.receipt or "" for m in held[:-100]]  # at most 10,000 receipts)
+                assert (await client.ack(queue, "mixed", first))["acked"] == len(first)
+                held = held[-100:]
         held_tags = {tag_of(m.receipt or "") for m in held}
         reply = await client.ack(queue, "mixed", [m.receipt or "" for m in held])
         print(f"mixed ack: {len(held)} receipts of hosts {sorted(held_tags)}: {reply['acked']} "
