@@ -90,6 +90,8 @@ class Leader:
         # rate of each queue's plain extents there (scaling.queue_rates)
         self._plain_of: dict[str, str] = {}
         self._queue_rates: dict[str, float] = {}
+        self._open_plain: dict[str, str] = {}  # open and failing plain extent -> queue
+        self._sorted: list[Queue] | None = None  # the queues by name, as last changed
         self._periodic = Periodic("controller tick", timing.current.leader_tick, self._lead)
 
     def start(self) -> None:
@@ -161,9 +163,9 @@ class Leader:
         await self.controller.restore_replication(rescan=bool(back))
         self._run_behind("sealing straggling replicas", self.controller.seal_stragglers)
         queues, extents, changed = await self._catalog()
-        self._note_plain(extents, rates)
-        if self.scaling is not None:
-            self.scaling.forget({q.name for q in queues})
+        self._note_plain(rates)
+        if self.scaling is not None and (changed is None or changed):
+            self.scaling.forget(set(self._queues))  # a deleted queue is a change
         look = self._look_at(queues, extents, changed, live_inputs, live_stores, rates)
         healthy = {name: self._healthy(name, extents.get(name, []), live_inputs, live_stores)
                    for name in look}  # fmt: skip
@@ -176,13 +178,20 @@ class Leader:
                 return
             await self._tend(name, healthy[name], bool(live_inputs), rates)
 
-    def _note_plain(self, extents: dict[str, list[Extent]], rates: dict[str, float]) -> None:
-        """Follow which queue each plain extent belongs to while it is open or in the
-        load reports, and sum each queue's rate from them."""
-        open_now = {e.id: q for q, es in extents.items() for e in es if e.kind == PLAIN}
-        kept = {e: q for e, q in self._plain_of.items() if e in rates}
-        self._plain_of = kept | open_now
+    def _note_plain(self, rates: dict[str, float]) -> None:
+        """The queue of each plain extent in the load reports (open, or sealed since: its
+        queue is remembered while the reports show it), and each queue's rate from them.
+        O(extents reported), not O(extents): an idle extent is in no report."""
+        self._plain_of = {
+            e: q for e in rates if (q := self._open_plain.get(e) or self._plain_of.get(e))
+        }
         self._queue_rates = queue_rates(rates, self._plain_of)
+
+    def _index_plain(self, name: str, before: list[Extent], now: list[Extent]) -> None:
+        """Keep the open plain extents' queues (``_open_plain``) as a queue's are read."""
+        for extent in before:
+            self._open_plain.pop(extent.id, None)
+        self._open_plain.update((e.id, name) for e in now if e.kind == PLAIN)
 
     def _look_at(
         self,
@@ -262,19 +271,26 @@ class Leader:
                 if extent.queue in extents:
                     extents[extent.queue].append(extent)
             self._queues, self._extents = queues, extents
+            self._open_plain = {}
+            for name, now in extents.items():
+                self._index_plain(name, [], now)
         else:
             for name in sorted(changed):
+                before = self._extents.get(name, [])
                 try:
                     queue = await self.metadata.get_queue(name)
                 except QueueNotFound:
                     self._queues.pop(name, None)
                     self._extents.pop(name, None)
+                    self._index_plain(name, before, [])
                     continue
                 self._extents[name] = await self.metadata.list_extents(name, (OPEN, FAILING))
                 self._queues[name] = queue
+                self._index_plain(name, before, self._extents[name])
         self._seen = latest
-        queues_now = [self._queues[name] for name in sorted(self._queues)]
-        return queues_now, self._extents, changed
+        if changed is None or changed or self._sorted is None:  # an idle tick sorts nothing
+            self._sorted = [self._queues[name] for name in sorted(self._queues)]
+        return self._sorted, self._extents, changed
 
     async def _seal_all(self, extents: list[Extent]) -> None:
         """Seal the extents at once, each in a task of its own, and wait up to timing.seal_wait
