@@ -264,6 +264,9 @@ class OutputHostService:
             return
         latest, changed = await self.metadata.changes_since(self._seen)
         again, self._again = self._again, set()
+        if changed is not None and not changed and not again:
+            self._seen = latest
+            return  # nothing written since: no group to look at (not a walk over them all)
         for key, consumer in list(self.groups.items()):
             group = consumer.group
             stale = changed is None or group.queue in changed or group.dlq in changed
