@@ -95,6 +95,20 @@ class Producer:
             next_at = max(next_at, time.monotonic() - 1)
 
 
+async def _stop_and_drain(
+    client: AsyncClient, producer: Producer, task: asyncio.Task[None]
+) -> None:
+    """Stop the producer (no publish may have failed), then every acked message must be
+    delivered: lost 0."""
+    producer.stop.set()
+    await task
+    assert producer.errors == []
+    delivered = set(await drain(client, QUEUE, GROUP, wait_seconds=2))
+    lost = producer.acked - delivered
+    print(f"published {len(producer.acked)}, delivered {len(delivered)}, lost {len(lost)}")
+    assert lost == set()
+
+
 async def _until(check: object, what: str, limit: float = HANG_GUARD) -> float:
     start = time.monotonic()
     while not check():  # type: ignore[operator]
@@ -150,14 +164,7 @@ async def test_extent_count_follows_the_rate(cluster: tuple[LocalCluster, str]) 
         producer.rate = LOW
         down = await _until(lambda: len(_open_plain(schema)) == 1, "back to 1 extent", 40)
         print(f"3 -> 1 extents in {down:.1f}s")
-        producer.stop.set()
-        await task
-        assert producer.errors == []
-
-        delivered = set(await drain(client, QUEUE, GROUP, wait_seconds=2))
-        lost = producer.acked - delivered
-        print(f"published {len(producer.acked)}, delivered {len(delivered)}, lost {len(lost)}")
-        assert lost == set()
+        await _stop_and_drain(client, producer, task)
 
 
 async def test_extents_scale_while_they_roll_over(
@@ -181,8 +188,4 @@ async def test_extents_scale_while_they_roll_over(
         producer.rate = LOW  # 100 msgs/s: 33-50 an extent, below half the target
         down = await _until(lambda: len(_open_plain(schema)) == 1, "back to 1 extent", 40)
         print(f"3 -> 1 extents in {down:.1f}s")
-        producer.stop.set()
-        await task
-        assert producer.errors == []
-        delivered = set(await drain(client, QUEUE, GROUP, wait_seconds=2))
-        assert producer.acked - delivered == set()
+        await _stop_and_drain(client, producer, task)

@@ -71,6 +71,7 @@ class InputHostService:
         self._full: set[str] = set()  # store hosts below their free-disk floor
         # extents given up lately: (when, messages and bytes appended, their store hosts)
         self._retired: dict[str, tuple[float, int, int, tuple[str, ...]]] = {}
+        self._live_stores: set[str] = set()  # as the last look at the reports saw them
         self._full_checked = -ROOM_CHECK_INTERVAL
         self._every_store_full = False  # no new extent can be placed either
         self.background = Background("input host")
@@ -226,6 +227,7 @@ class InputHostService:
             self._full_checked = now
             hosts = await self.metadata.list_hosts(STOREHOST, timing.current.dead_after)
             self._full = {h.id for h in hosts if not has_room(h)}
+            self._live_stores = {h.id for h in hosts}
             self._every_store_full = bool(hosts) and len(self._full) == len(hosts)
         return self._full
 
@@ -237,12 +239,10 @@ class InputHostService:
         successor; else it stays open, to take appends again once space is freed (on a
         node every store host shares one disk: a successor could not be placed, and
         publishes waited for it, 10 s each, instead of being refused)."""
-        full = await self._full_stores()
-        self._full = full | set(writer.extent.stores)
+        self._full = await self._full_stores() | set(writer.extent.stores)
         self._full_checked = time.monotonic()
-        hosts = await self.metadata.list_hosts(STOREHOST, timing.current.dead_after)
-        roomy = {h.id for h in hosts} - self._full
-        self._every_store_full = bool(hosts) and not roomy  # no successor could be placed
+        roomy = self._live_stores - self._full
+        self._every_store_full = bool(self._live_stores) and not roomy  # no successor fits
         if len(roomy) >= len(writer.extent.stores):
             self._queues[queue.name].loaded = False
             self.background.spawn(self._failed(writer.id), f"fail {writer.id}")
