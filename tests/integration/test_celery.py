@@ -195,6 +195,9 @@ def test_failing_task_is_retried_with_countdown_then_lands_in_the_dlq(
     result = appmod.failing.delay(str(lines.path), "f")
     with Client(server.url) as c:
         wait_for(lambda: c.get_group(queue, "celery")["stats"]["dlq_depth"] == 1, 20, "in the DLQ")
+        # the depth counts the stored record; a browse shows it once the replica read
+        # knows it is on every replica (the commit point follows the append's ack)
+        wait_for(lambda: len(c.dlq(queue, "celery")["messages"]) == 1, 10, "browsable")
         (dead,) = c.dlq(queue, "celery")["messages"]
     attempts = [f for f in lines.read() if f[0] == "attempt"]
     # the first run; the retry, a new message due 1 s later; then that message rejected
