@@ -117,6 +117,21 @@ async def test_ack_levels_upsert(meta: MetadataStore) -> None:
     levels = {a.extent: a for a in await meta.get_ack_levels("q1", "g")}
     assert (levels["e1"].level, levels["e1"].acked) == (b"\x05", 5)
     assert levels["e2"].limit == b"\x09"
+    # a merge that read the level before the group acked further: its limit lands, its
+    # level does not move the stored one back
+    await meta.put_ack_levels(
+        [AckLevel(queue="q1", group="g", extent="e2", level=b"\x04", acked=4)]
+    )
+    await meta.put_ack_levels(
+        [AckLevel(queue="q1", group="g", extent="e2", level=b"", acked=0, limit=b"\x0c")]
+    )
+    levels = {a.extent: a for a in await meta.get_ack_levels("q1", "g")}
+    assert (levels["e2"].level, levels["e2"].acked, levels["e2"].limit) == (b"\x04", 4, b"\x0c")
+    await meta.put_ack_levels(  # a stale level with a stale limit changes nothing
+        [AckLevel(queue="q1", group="g", extent="e2", level=b"\x02", acked=2, limit=b"\x09")]
+    )
+    levels = {a.extent: a for a in await meta.get_ack_levels("q1", "g")}
+    assert (levels["e2"].level, levels["e2"].acked, levels["e2"].limit) == (b"\x04", 4, b"\x0c")
     await meta.delete_ack_levels("q1", "g", ["e2"])
     assert [a.extent for a in await meta.get_ack_levels("q1", "g")] == ["e1"]
     assert await meta.get_ack_levels("q1", "other") == []
@@ -679,3 +694,35 @@ async def test_groups_list_by_prefix_a_page_at_a_time(meta: MetadataStore) -> No
     assert await names("g", "g_3", 2) == []
     assert await names("", "g_3", 2) == ["h"]
     assert await meta.list_groups("q3") == [] and await meta.list_groups("q3", "g", None, 1) == []
+
+
+async def test_queue_properties(metadata_backend: MetadataBackend) -> None:
+    """Kept with a queue, seen through every store on the database, found by name and
+    value, written only while the queue exists and deleted with it."""
+    meta, other = await metadata_backend.open(), await metadata_backend.open()
+    with pytest.raises(QueueNotFound):
+        await meta.put_queue_properties("q1", {"sqs.q.wait": "5"})
+    await meta.insert_queue(_queue("q1"))
+    await meta.insert_queue(_queue("q2"))
+    await meta.put_queue_properties("q1", {"sqs.q.wait": "5", "sqs.q.tag.a": "1",
+                                           "sqs.q.tag.b": "2", "sqs.q.dlq": "d"})  # fmt: skip
+    await meta.put_queue_properties("q2", {"sqs.q.dlq": "d", "sqs.task.1": "{}"})
+    assert await other.get_queue_properties("q1", "sqs.q.tag.") == {"sqs.q.tag.a": "1",
+                                                                    "sqs.q.tag.b": "2"}  # fmt: skip
+    await other.put_queue_properties("q1", {"sqs.q.tag.a": "3"}, delete=["sqs.q.tag.b", "none"])
+    assert await meta.get_queue_properties("q1") == {
+        "sqs.q.dlq": "d",
+        "sqs.q.tag.a": "3",
+        "sqs.q.wait": "5",
+    }
+    assert await meta.get_queue_properties("nope") == {}
+    assert await meta.find_queue_properties("sqs.q.dlq", "d") == {"q1": "d", "q2": "d"}
+    assert await meta.find_queue_properties("sqs.q.dlq", "e") == {}
+    assert await meta.find_queue_properties("sqs.task.1") == {"q2": "{}"}
+    await meta.delete_queue("q1")
+    assert await other.get_queue_properties("q1") == {}
+    assert await other.find_queue_properties("sqs.q.dlq") == {"q2": "d"}
+    with pytest.raises(QueueNotFound):
+        await other.put_queue_properties("q1", {"sqs.q.wait": "1"})
+    await meta.insert_queue(_queue("q1"))  # a new queue of the name starts with none
+    assert await other.get_queue_properties("q1") == {}

@@ -148,6 +148,22 @@ class MetadataStore(Protocol):
         """Upsert and delete rows (by queue, group, extent, key) in one transaction.
         With a ``fence``, raises Fenced (and writes nothing) when its epoch is stale."""
 
+    # queue properties (properties.py)
+    async def get_queue_properties(self, queue: str, prefix: str = "") -> dict[str, str]:
+        """The queue's properties whose names start with ``prefix`` (all for ""); none
+        for a queue that does not exist."""
+
+    async def put_queue_properties(
+        self, queue: str, values: dict[str, str], delete: list[str] | None = None
+    ) -> None:
+        """Set ``values`` and delete the properties named in ``delete``, in one
+        transaction. Raises QueueNotFound (and writes nothing) when the queue does not
+        exist; ``delete_queue`` deletes its properties."""
+
+    async def find_queue_properties(self, name: str, value: str | None = None) -> dict[str, str]:
+        """Queue -> value, for every queue that has the property ``name`` (with that
+        ``value``, when given): one index read."""
+
     # membership and leadership
     async def heartbeat(self, host: Host) -> None: ...
 

@@ -37,6 +37,7 @@ from cherami.metadata.models import (
 )
 from cherami.metadata.postgres_failover import EPOCH_FLOOR, FailoverPool, failover_conninfo
 from cherami.metadata.postgres_schema import NOW, check_schema, migrate, with_search_path
+from cherami.metadata.properties import find_properties, select_properties, write_properties
 
 Row = tuple[Any, ...]
 Pool = AsyncConnectionPool[psycopg.AsyncConnection[Row]]
@@ -209,6 +210,7 @@ class PostgresMetadataStore:
                 ("DELETE FROM groups WHERE queue = %s", (name,)),
                 ("DELETE FROM ack_levels WHERE queue = %s", (name,)),
                 ("DELETE FROM redeliveries WHERE queue = %s", (name,)),
+                ("DELETE FROM queue_properties WHERE queue = %s", (name,)),
                 ("UPDATE extents SET status = %s WHERE queue = %s", (DELETED, name)),
             ]
         )
@@ -345,10 +347,15 @@ class PostgresMetadataStore:
         query = (
             "INSERT INTO ack_levels VALUES (%s, %s, %s, %s, %s, %s) "
             "ON CONFLICT (queue, grp, extent) DO UPDATE SET "
-            "level = excluded.level, acked = excluded.acked, lim = CASE "
-            "WHEN ack_levels.lim IS NULL OR excluded.lim > ack_levels.lim THEN excluded.lim "
-            "ELSE ack_levels.lim END "  # a merged DLQ range only grows
-            "WHERE excluded.acked >= ack_levels.acked"  # ack levels never move backward
+            # a level never moves backward; a merged DLQ range only grows, and lands
+            # even when the level it came with is behind the stored one (a merge
+            # reads the group's levels while its consumers go on acking)
+            "level = CASE WHEN excluded.acked >= ack_levels.acked THEN excluded.level "
+            "ELSE ack_levels.level END, acked = GREATEST(excluded.acked, ack_levels.acked), "
+            "lim = CASE WHEN ack_levels.lim IS NULL OR excluded.lim > ack_levels.lim "
+            "THEN excluded.lim ELSE ack_levels.lim END "
+            "WHERE excluded.acked >= ack_levels.acked OR excluded.lim > ack_levels.lim "
+            "OR (ack_levels.lim IS NULL AND excluded.lim IS NOT NULL)"
         )
         rows = [(a.queue, a.group, a.extent, a.level, a.acked, a.limit) for a in levels]
         async with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
@@ -393,6 +400,24 @@ class PostgresMetadataStore:
                 await cur.executemany(delete, gone)
             if rows:
                 await cur.executemany(upsert, rows)
+
+    # queue properties
+    async def get_queue_properties(self, queue: str, prefix: str = "") -> dict[str, str]:
+        return dict(await self._fetchall(*select_properties(queue, prefix, "%s")))
+
+    async def put_queue_properties(
+        self, queue: str, values: dict[str, str], delete: list[str] | None = None
+    ) -> None:
+        async with self._pool.connection() as conn, conn.transaction():
+            # the row lock holds a delete_queue back until these writes are in
+            cur = await conn.execute("SELECT 1 FROM queues WHERE name = %s FOR SHARE", (queue,))
+            if await cur.fetchone() is None:
+                raise QueueNotFound(f"no queue {queue}")
+            for sql, args in write_properties(queue, values, delete or [], "%s"):
+                await conn.execute(sql, args)
+
+    async def find_queue_properties(self, name: str, value: str | None = None) -> dict[str, str]:
+        return dict(await self._fetchall(*find_properties(name, value, "%s")))
 
     # membership and leadership
     async def heartbeat(self, host: Host) -> None:

@@ -99,6 +99,14 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     """,
     # a page of the queues a listing shows (not the groups' DLQs), in name order
     "CREATE INDEX queues_public ON queues (name) WHERE dlq_of IS NULL;",
+    # queue properties (properties.py): what is kept with a queue that Cherami never reads
+    """
+    CREATE TABLE queue_properties (
+        queue text COLLATE "C" NOT NULL, name text COLLATE "C" NOT NULL, value text NOT NULL,
+        PRIMARY KEY (queue, name)
+    );
+    CREATE INDEX queue_properties_by_name ON queue_properties (name, value);
+    """,
 )
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")

@@ -30,6 +30,7 @@ from cherami.metadata.models import (
     QueueConfig,
     Redelivery,
 )
+from cherami.metadata.properties import find_properties, select_properties, write_properties
 from cherami.metadata.sqlite_schema import create_schema
 
 T = TypeVar("T")
@@ -184,6 +185,7 @@ class SqliteMetadataStore:
                     ("DELETE FROM groups WHERE queue = ?", (name,)),
                     ("DELETE FROM ack_levels WHERE queue = ?", (name,)),
                     ("DELETE FROM redeliveries WHERE queue = ?", (name,)),
+                    ("DELETE FROM queue_properties WHERE queue = ?", (name,)),
                     ("UPDATE extents SET status = ? WHERE queue = ?", (DELETED, name)),
                 ]
             )
@@ -332,10 +334,16 @@ class SqliteMetadataStore:
     async def put_ack_levels(self, levels: list[AckLevel], fence: Fence | None = None) -> None:
         sql = (
             "INSERT INTO ack_levels VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (queue, grp, extent) "
-            "DO UPDATE SET level = excluded.level, acked = excluded.acked, lim = CASE "
-            "WHEN ack_levels.lim IS NULL OR excluded.lim > ack_levels.lim THEN excluded.lim "
-            "ELSE ack_levels.lim END "  # a merged DLQ range only grows
-            "WHERE excluded.acked >= ack_levels.acked"  # ack levels never move backward
+            "DO UPDATE SET "
+            # a level never moves backward; a merged DLQ range only grows, and lands
+            # even when the level it came with is behind the stored one (a merge
+            # reads the group's levels while its consumers go on acking)
+            "level = CASE WHEN excluded.acked >= ack_levels.acked THEN excluded.level "
+            "ELSE ack_levels.level END, acked = max(excluded.acked, ack_levels.acked), "
+            "lim = CASE WHEN ack_levels.lim IS NULL OR excluded.lim > ack_levels.lim "
+            "THEN excluded.lim ELSE ack_levels.lim END "
+            "WHERE excluded.acked >= ack_levels.acked OR excluded.lim > ack_levels.lim "
+            "OR (ack_levels.lim IS NULL AND excluded.lim IS NOT NULL)"
         )
         await self._run(
             lambda: self._tx(
@@ -378,6 +386,37 @@ class SqliteMetadataStore:
             (upsert, (r.queue, r.group, r.extent, r.key, r.count, r.due_ms)) for r in upserts
         ]
         await self._run(lambda: self._tx(statements, fence))
+
+    # queue properties
+    async def get_queue_properties(self, queue: str, prefix: str = "") -> dict[str, str]:
+        sql, args = select_properties(queue, prefix, "?")
+        return dict(await self._run(lambda: self._db.execute(sql, args).fetchall()))
+
+    async def put_queue_properties(
+        self, queue: str, values: dict[str, str], delete: list[str] | None = None
+    ) -> None:
+        writes = write_properties(queue, values, delete or [], "?")
+
+        def write() -> bool:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                if self._db.execute("SELECT 1 FROM queues WHERE name = ?", (queue,)).fetchone():
+                    for sql, args in writes:
+                        self._db.execute(sql, args)
+                    self._db.execute("COMMIT")
+                    return True
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("ROLLBACK")
+            return False
+
+        if not await self._run(write):
+            raise QueueNotFound(f"no queue {queue}")
+
+    async def find_queue_properties(self, name: str, value: str | None = None) -> dict[str, str]:
+        sql, args = find_properties(name, value, "?")
+        return dict(await self._run(lambda: self._db.execute(sql, args).fetchall()))
 
     # membership and leadership
     async def heartbeat(self, host: Host) -> None:

@@ -69,6 +69,11 @@ CREATE TABLE IF NOT EXISTS redeliveries (
     queue TEXT NOT NULL, grp TEXT NOT NULL, extent TEXT NOT NULL, key BLOB NOT NULL,
     count INTEGER NOT NULL, due_ms INTEGER NOT NULL, PRIMARY KEY (queue, grp, extent, key)
 );
+-- queue properties (properties.py): what is kept with a queue that Cherami never reads
+CREATE TABLE IF NOT EXISTS queue_properties (
+    queue TEXT NOT NULL, name TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (queue, name)
+);
+CREATE INDEX IF NOT EXISTS queue_properties_by_name ON queue_properties (name, value);
 """
 
 

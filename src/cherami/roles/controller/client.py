@@ -47,8 +47,11 @@ class ControllerClient(Protocol):
         """Each extent of a dead-letter queue with its cursor and last sequence number."""
         ...
 
-    async def move_dlq_cursor(self, dlq: str, merge_into: Group | None) -> int:
-        """Purge the dead-letter queue (None), or merge it into the group."""
+    async def move_dlq_cursor(
+        self, dlq: str, merge_into: Group | None, most: int | None = None
+    ) -> int:
+        """Purge the dead-letter queue (None), or merge it into the group: all of it,
+        or its oldest ``most`` messages."""
         ...
 
 

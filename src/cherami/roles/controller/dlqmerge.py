@@ -29,8 +29,12 @@ class DlqCursor:
             ranges.append((extent, level, info.last_seq))
         return ranges
 
-    async def move_dlq_cursor(self, dlq: str, merge_into: Group | None) -> int:
-        """Advance the DLQ cursor to the end: purge, or merge the range into one group."""
+    async def move_dlq_cursor(
+        self, dlq: str, merge_into: Group | None, most: int | None = None
+    ) -> int:
+        """Advance the DLQ cursor to the end (or by ``most`` messages, the oldest
+        extents first): purge, or merge the range into one group. Returns how many
+        messages it moved."""
         moved = 0
         cursor_rows: list[AckLevel] = []
         merged_rows: list[AckLevel] = []
@@ -45,6 +49,10 @@ class DlqCursor:
         for extent, level, last_seq in await self.dlq_ranges(dlq):
             if last_seq <= level.acked:
                 continue
+            if most is not None:
+                if moved >= most:
+                    break
+                last_seq = min(last_seq, level.acked + most - moved)
             moved += last_seq - level.acked
             end = plain_key(last_seq)
             if merge_into is not None:

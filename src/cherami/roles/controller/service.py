@@ -499,6 +499,9 @@ class ControllerService:
         """Each DLQ extent with its cursor and last sequence number."""
         return await self.dlq_cursors.dlq_ranges(dlq)
 
-    async def move_dlq_cursor(self, dlq: str, merge_into: Group | None) -> int:
-        """Advance the DLQ cursor to the end: purge, or merge the range into one group."""
-        return await self.dlq_cursors.move_dlq_cursor(dlq, merge_into)
+    async def move_dlq_cursor(
+        self, dlq: str, merge_into: Group | None, most: int | None = None
+    ) -> int:
+        """Advance the DLQ cursor to the end (or by ``most`` messages): purge, or merge
+        the range into one group."""
+        return await self.dlq_cursors.move_dlq_cursor(dlq, merge_into, most)
