@@ -789,3 +789,116 @@ def test_the_endpoint_serves_tls_with_the_nodes_certificate(tmp_path: Path) -> N
             untrusted.list_queues()
     finally:
         assert proc.stop() == 0
+
+
+def _sqs_endpoint_of(cluster: LocalCluster, name: str) -> str:
+    """The SQS endpoint of a cluster process's latest run."""
+    proc = cluster.procs[name]
+
+    def read() -> str | None:
+        with open(proc.log, "rb") as log:
+            log.seek(proc.log_offset)
+            match = SQS_LINE.search(log.read().decode(errors="replace"))
+        return match.group(1) if match else None
+
+    return str(wait_for(read, 10, f"{name}'s SQS endpoint"))
+
+
+def _move_task(sqs: Client, arn: str) -> dict[str, Any]:
+    (task,) = sqs.list_message_move_tasks(SourceArn=arn, MaxResults=1)["Results"]
+    return dict(task)
+
+
+def test_two_frontends_share_settings_redrive_and_move_tasks(tmp_path: Path) -> None:
+    """What SQS has and Cherami's queues do not (tags, the long-poll default, the redrive
+    target, kept attributes, move tasks) is in the metadata store: set through frontend
+    A, it holds through frontend B, and a rated move task started on A resumes when A
+    restarts (before, each frontend kept its own, and move tasks lived in memory)."""
+    counts = {"storehost": 1, "controller": 1, "inputhost": 1, "outputhost": 1, "frontend": 2}
+    cluster = LocalCluster(tmp_path, f"sqlite:///{tmp_path}/metadata.db", counts,
+                           extra_args=["--sqs-port", "0"])  # fmt: skip
+    cluster.up()
+    try:
+        a = sqs_client(_sqs_endpoint_of(cluster, "frontend-0"), "json", tmp_path)
+        b = sqs_client(_sqs_endpoint_of(cluster, "frontend-1"), "query", tmp_path)
+        dlq = a.create_queue(QueueName=unique("dlq"))["QueueUrl"]
+        arn = a.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
+        name = unique("src")
+        a.create_queue(QueueName=name, tags={"team": "a"})
+        url_a = a.get_queue_url(QueueName=name)["QueueUrl"]
+        redrive = json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": 1})
+        a.set_queue_attributes(QueueUrl=url_a, Attributes={
+            "ReceiveMessageWaitTimeSeconds": "2", "VisibilityTimeout": "1",
+            "RedrivePolicy": redrive, "Policy": '{"Version":"2012-10-17"}',
+        })  # fmt: skip
+        a.tag_queue(QueueUrl=url_a, Tags={"env": "test"})
+        url = b.get_queue_url(QueueName=name)["QueueUrl"]
+        got = b.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        assert (got["ReceiveMessageWaitTimeSeconds"], got["Policy"]) == (
+            "2",
+            '{"Version":"2012-10-17"}',
+        )
+        assert json.loads(got["RedrivePolicy"]) == {
+            "deadLetterTargetArn": arn,
+            "maxReceiveCount": 1,
+        }
+        assert b.list_queue_tags(QueueUrl=url)["Tags"] == {"team": "a", "env": "test"}
+        dlq_b = b.get_queue_url(QueueName=arn.rsplit(":", 1)[1])["QueueUrl"]
+        assert b.list_dead_letter_source_queues(QueueUrl=dlq_b)["queueUrls"] == [url]
+        started = time.monotonic()
+        assert "Messages" not in b.receive_message(QueueUrl=url)  # A's long-poll default
+        assert time.monotonic() - started >= 1.5
+
+        # received through B once, never deleted: dead-lettered to the target set on A
+        bodies = {f"poison {i}" for i in range(6)}
+        for body in bodies:
+            a.send_message(QueueUrl=url_a, MessageBody=body)
+        seen: set[str] = set()
+
+        def receive_all() -> bool:
+            for m in b.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", []):
+                seen.add(m["Body"])
+            return seen == bodies
+
+        wait_for(receive_all, 20, "every message received once through B")
+        wait_for(lambda: _dead_lettered(b, dlq_b, 6), 20, "six messages dead-lettered")
+
+        # a move task at 1 msg/s started on A, seen on B, resumed by A after its restart
+        handle = a.start_message_move_task(SourceArn=arn, MaxNumberOfMessagesPerSecond=1)[
+            "TaskHandle"
+        ]
+        task = _move_task(b, arn)
+        assert (task["Status"], task["TaskHandle"], task["ApproximateNumberOfMessagesToMove"]) == (
+            "RUNNING", handle, 6,
+        )  # fmt: skip
+        with pytest.raises(ClientError) as err:  # one running task a queue, as on SQS
+            b.start_message_move_task(SourceArn=arn)
+        assert error_code(err) == "InvalidParameterValue"
+        cluster.kill("frontend-0")
+        before = _move_task(b, arn)["ApproximateNumberOfMessagesMoved"]
+        assert before < 6
+        cluster.restart("frontend-0")
+        a = sqs_client(_sqs_endpoint_of(cluster, "frontend-0"), "json", tmp_path)
+        done = wait_for(lambda: (t := _move_task(a, arn))["Status"] == "COMPLETED" and t, 30,
+                        "the task completed")  # fmt: skip
+        assert done["ApproximateNumberOfMessagesMoved"] == 6
+        assert "TaskHandle" not in done
+        back: set[str] = set()
+
+        def receive_back() -> bool:
+            for m in b.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
+                                       WaitTimeSeconds=1).get("Messages", []):  # fmt: skip
+                back.add(m["Body"])
+                b.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+            return back == bodies
+
+        wait_for(receive_back, 20, "every message back in its queue")
+        assert _dead_lettered(a, dlq, 0)
+        a.delete_queue(QueueUrl=url_a)  # its settings go with it
+        a.create_queue(QueueName=name)
+        assert "Tags" not in b.list_queue_tags(QueueUrl=url)
+        assert b.list_dead_letter_source_queues(QueueUrl=dlq_b).get("queueUrls", []) == []
+    finally:
+        cluster.down()

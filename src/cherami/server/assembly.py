@@ -152,7 +152,10 @@ async def assemble(s: Surroundings, roles: frozenset[str]) -> Assembly:
         add_outage_route(app, ownership.store_unreachable)
     stoppers: list[Callable[[], Awaitable[None]]] = [] if inputs is None else [inputs.stop]
     # a node's input host died with its last run: Assembly.start recovers its extents
-    sqs = None if s.config.sqs_port is None else build_sqs_app(clients, s.config.data_dir)
+    sqs = None
+    if s.config.sqs_port is not None:
+        holder = "sqs:" + min(s.ids.values(), default="node")  # the same after a restart
+        sqs = build_sqs_app(clients, s.config.data_dir, holder)
     return Assembly(controller, app, inputs, outputs, ownership, leader, alone, sqs, stoppers)
 
 

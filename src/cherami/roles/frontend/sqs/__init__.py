@@ -8,7 +8,8 @@ named ``sqs``.
 - queues.py, messages.py: the actions; attributes.py: queue attributes mapped onto
   Cherami's settings; model.py, md5.py: message attributes and their digests;
 - backend.py, cluster.py: the roles' clients the actions use; settings.py: what SQS
-  has and Cherami does not (long-poll default, redrive target, tags);
+  has and Cherami does not (long-poll default, redrive target, tags), and
+  movetasks.py: message move tasks, both kept in the metadata store;
 - errors.py: SQS's error codes; app.py: the listener."""
 
 from cherami.roles.frontend.sqs.app import build_sqs_app, credentials

@@ -28,6 +28,7 @@ from cherami.roles.frontend.sqs.errors import (
     unsupported,
 )
 from cherami.roles.frontend.sqs.messages import MessageActions
+from cherami.roles.frontend.sqs.movetasks import MoveTasks
 from cherami.roles.frontend.sqs.protocol import SqsRequest, answer, error_answer, parse
 from cherami.roles.frontend.sqs.queues import Caller, QueueActions
 from cherami.roles.frontend.sqs.settings import SettingsStore
@@ -63,11 +64,13 @@ def credentials(api_key: str) -> tuple[str, str]:
 
 
 class SqsEndpoint:
-    def __init__(self, roles: Roles, data_dir: str | None) -> None:
+    def __init__(self, roles: Roles, data_dir: str | None, holder: str) -> None:
         self.keys: KeyRing = roles.keys
+        self.data_dir = data_dir
         backend = Backend(roles)
-        settings = SettingsStore(data_dir)
-        self.queues = QueueActions(backend, settings)
+        self.settings = settings = SettingsStore(roles.metadata)
+        self.tasks = MoveTasks(backend, holder)
+        self.queues = QueueActions(backend, settings, self.tasks)
         self.messages = MessageActions(backend, settings)
         self.actions: dict[str, Action] = {}
         self._ids: tuple[object, dict[str, ApiKey]] = (None, {})  # (the ring's list, by id)
@@ -75,6 +78,13 @@ class SqsEndpoint:
             for name in dir(group):
                 if name[:1].isupper():
                     self.actions[name] = getattr(group, name)
+
+    async def start(self, _: web.Application) -> None:
+        await self.settings.migrate(self.data_dir)
+        await self.tasks.resume()
+
+    async def stop(self, _: web.Application) -> None:
+        await self.tasks.close()
 
     def _key_of(self, access_key: str) -> ApiKey | None:
         """The key of an access key id (ids travel in clear: a lookup, not a compare)."""
@@ -154,9 +164,13 @@ def _allow(key: ApiKey) -> Callable[[Scope | None, str | None], None]:
     return allow
 
 
-def build_sqs_app(roles: Roles, data_dir: str | None) -> web.Application:
-    """The SQS endpoint over a process's roles (served on its own port)."""
-    endpoint = SqsEndpoint(roles, data_dir)
+def build_sqs_app(roles: Roles, data_dir: str | None, holder: str) -> web.Application:
+    """The SQS endpoint over a process's roles (served on its own port). ``holder``
+    names the process in the leases of the message move tasks it runs: the same after a
+    restart (its host id), so it goes on with its tasks at once."""
+    endpoint = SqsEndpoint(roles, data_dir, holder)
     app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[body_deadline])
     app.router.add_route("*", "/{tail:.*}", endpoint.handle)
+    app.on_startup.append(endpoint.start)
+    app.on_cleanup.append(endpoint.stop)
     return app

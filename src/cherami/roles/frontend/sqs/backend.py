@@ -97,9 +97,13 @@ class Backend:
             await self.r.outputs.unload(name)
         await self.r.controller.delete_queue(name, contents_only=contents_only)
 
-    async def counts(self, group: Group) -> Counts:
+    async def dead_lettered(self, group: Group) -> int:
+        """The messages in the group's DLQ (not merged back or purged)."""
         ranges = await self.r.controller.dlq_ranges(group.dlq)
-        dead = sum(max(0, last - level.acked) for _, level, last in ranges)
+        return sum(max(0, last - level.acked) for _, level, last in ranges)
+
+    async def counts(self, group: Group) -> Counts:
+        dead = await self.dead_lettered(group)
         outputs = self.r.outputs
         state = None
         if outputs is not None and outputs.owns(group.queue, group.name):
@@ -121,8 +125,9 @@ class Backend:
             backlog += max(0, info.count - levels.get(extent.id, 0))
         return backlog
 
-    async def merge_dlq(self, group: Group) -> int:
-        return await self.r.controller.move_dlq_cursor(group.dlq, group)
+    async def merge_dlq(self, group: Group, most: int | None = None) -> int:
+        """Merge the group's DLQ back into it (its oldest ``most`` messages): how many."""
+        return await self.r.controller.move_dlq_cursor(group.dlq, group, most)
 
     # messages
     async def publish(self, queue: Queue, messages: list[Message], key: ApiKey | None) -> list[str]:

@@ -164,7 +164,7 @@ class MessageActions:
         most = integer("MaxNumberOfMessages", p.get("MaxNumberOfMessages", 1), 1, 10)
         wait = p.get("WaitTimeSeconds")
         if wait is None:
-            wait = self.settings.get(group.queue).wait_seconds
+            wait = (await self.settings.get(group.queue)).wait_seconds
         wait = integer("WaitTimeSeconds", wait, 0, 20)
         visibility = p.get("VisibilityTimeout")
         seconds = None

@@ -1,16 +1,13 @@
 """SQS's queue actions: create, find, list, delete and purge queues; their attributes
-and tags; dead-letter sources and message move tasks (a move is the group's DLQ
-merge, done at once)."""
+and tags; dead-letter sources and message move tasks (movetasks.py)."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import re
-import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -30,12 +27,13 @@ from cherami.roles.frontend.sqs.errors import (
     queue_exists,
     unsupported,
 )
-from cherami.roles.frontend.sqs.settings import QueueSettings, SettingsStore
+from cherami.roles.frontend.sqs.movetasks import MoveTasks, as_sqs, parse_handle
+from cherami.roles.frontend.sqs.settings import QueueSettings, SettingsStore, clone
 
 SQS_DEFAULT_VISIBILITY = 30.0
 SQS_DEFAULT_RETENTION = 4 * 86400.0
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
-MAX_TASKS = 10  # move tasks remembered per source
+MAX_MOVE_RATE = 500  # MaxNumberOfMessagesPerSecond, as SQS's
 
 
 @dataclass
@@ -63,33 +61,10 @@ def queue_name(params: dict[str, Any]) -> str:
 
 
 @dataclass
-class MoveTask:
-    handle: str
-    source: str
-    destination: str | None
-    moved: int
-    started_ms: int
-    rate: int | None
-
-    def json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "Status": "COMPLETED", "SourceArn": self.source,
-            "ApproximateNumberOfMessagesMoved": self.moved,
-            "ApproximateNumberOfMessagesToMove": self.moved,
-            "StartedTimestamp": self.started_ms,
-        }  # fmt: skip
-        if self.destination:
-            out["DestinationArn"] = self.destination
-        if self.rate:
-            out["MaxNumberOfMessagesPerSecond"] = self.rate
-        return out
-
-
-@dataclass
 class QueueActions:
     backend: Backend
     settings: SettingsStore
-    tasks: dict[str, list[MoveTask]] = field(default_factory=dict)  # by source ARN's name
+    tasks: MoveTasks
 
     async def find(self, name: str) -> tuple[Queue, Any]:
         found = await self.backend.find(name)
@@ -119,9 +94,9 @@ class QueueActions:
         found = await self.backend.find(name)
         if found is not None:
             queue, group = found
-            settings = self.settings.get(name)
+            settings = await self.settings.get(name)
             same = _matches(queue.config, wanted.queue) and _matches(group.config, wanted.group)
-            if not same or wanted.apply(self.settings.get(name)) != settings:
+            if not same or wanted.apply(clone(settings)) != settings:
                 raise queue_exists(name)
             return {"QueueUrl": c.url(name)}
         gconfig = GroupConfig(
@@ -138,9 +113,10 @@ class QueueActions:
                 raise queue_exists(name)
             config = queue.config
         await self.backend.create(name, config, gconfig)
+        before = await self.settings.get(name)  # none, unless an older queue left some
         settings = wanted.apply(QueueSettings())
         settings.tags = tags
-        await self.settings.put(name, settings)
+        await self.settings.put(name, before, settings)
         return {"QueueUrl": c.url(name)}
 
     async def _check_target(self, wanted: a.Wanted) -> None:
@@ -179,8 +155,7 @@ class QueueActions:
         name = queue_name(p)
         c.allow("admin", name)
         await self.find(name)
-        await self.backend.delete(name)
-        await self.settings.drop(name)
+        await self.backend.delete(name)  # its properties (the settings) with it
         return {}
 
     async def PurgeQueue(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
@@ -199,12 +174,12 @@ class QueueActions:
         if a.needs_counts(names):
             got = await self.backend.counts(group)
             visible = got.visible
-            for source in self.settings.sources_of(name):  # what was dead-lettered to it
+            for source in await self.settings.sources_of(name):  # what was dead-lettered to it
                 found = await self.backend.find(source)
                 if found is not None:
                     visible += (await self.backend.counts(found[1])).dead_lettered
             counts = (visible, got.in_flight, 0)
-        attrs = a.render(queue, group, self.settings.get(name), counts, names, c.region)
+        attrs = a.render(queue, group, await self.settings.get(name), counts, names, c.region)
         return {"Attributes": attrs} if attrs else {}
 
     async def SetQueueAttributes(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
@@ -216,18 +191,20 @@ class QueueActions:
         queue.config = msgspec.structs.replace(queue.config, **wanted.queue)
         group.config = msgspec.structs.replace(group.config, **wanted.group)
         await self.backend.update(queue, group)
-        await self.settings.put(name, wanted.apply(self.settings.get(name)))
+        before = await self.settings.get(name)
+        await self.settings.put(name, before, wanted.apply(clone(before)))
         return {}
 
     async def TagQueue(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
         name = queue_name(p)
         c.allow("admin", name)
         await self.find(name)
-        settings = self.settings.get(name)
+        before = await self.settings.get(name)
+        settings = clone(before)
         settings.tags = {**settings.tags, **_tags(p.get("Tags"))}
         if len(settings.tags) > 50:
             raise invalid("Too many tags added for queue: a queue holds at most 50.")
-        await self.settings.put(name, settings)
+        await self.settings.put(name, before, settings)
         return {}
 
     async def UntagQueue(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
@@ -235,23 +212,24 @@ class QueueActions:
         c.allow("admin", name)
         await self.find(name)
         keys = strings(p, "TagKeys")
-        settings = self.settings.get(name)
+        before = await self.settings.get(name)
+        settings = clone(before)
         settings.tags = {k: v for k, v in settings.tags.items() if k not in keys}
-        await self.settings.put(name, settings)
+        await self.settings.put(name, before, settings)
         return {}
 
     async def ListQueueTags(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
         name = queue_name(p)
         c.allow(None, name)
         await self.find(name)
-        tags = self.settings.get(name).tags
+        tags = (await self.settings.get(name)).tags
         return {"Tags": tags} if tags else {}
 
     async def ListDeadLetterSourceQueues(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
         name = queue_name(p)
         c.allow(None, name)
         await self.find(name)
-        sources = [s for s in self.settings.sources_of(name) if await self.backend.find(s)]
+        sources = [s for s in await self.settings.sources_of(name) if await self.backend.find(s)]
         return {"queueUrls": [c.url(s) for s in sources]}
 
     async def StartMessageMoveTask(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
@@ -259,7 +237,7 @@ class QueueActions:
         dlq = a.name_of_arn(source, "SourceArn")
         if await self.backend.find(dlq) is None:
             raise not_found(f"The resource {source} does not exist.")
-        sources = [s for s in self.settings.sources_of(dlq) if await self.backend.find(s)]
+        sources = [s for s in await self.settings.sources_of(dlq) if await self.backend.find(s)]
         if not sources:
             raise invalid("Source queue must be configured as a Dead Letter Queue.")
         destination = p.get("DestinationArn")
@@ -271,17 +249,18 @@ class QueueActions:
                     "supported: Cherami merges a DLQ back into its group."
                 )
             sources = [wanted]
-        moved = 0
+        rate = p.get("MaxNumberOfMessagesPerSecond")
+        if rate is not None:
+            rate = integer("MaxNumberOfMessagesPerSecond", rate, 1, MAX_MOVE_RATE)
+        groups = []
         for name in sources:
             c.allow("admin", name)
-            _, group = await self.find(name)
-            moved += await self.backend.merge_dlq(group)
-        rate = p.get("MaxNumberOfMessagesPerSecond")
-        task = MoveTask(uuid.uuid4().hex, str(source), destination, moved,
-                        int(time.time() * 1000), int(rate) if rate else None)  # fmt: skip
-        self.tasks.setdefault(dlq, []).insert(0, task)
-        del self.tasks[dlq][MAX_TASKS:]
-        return {"TaskHandle": task.handle}
+            groups.append((await self.find(name))[1])
+        if await self.tasks.running(dlq) is not None:
+            raise invalid("There is already a task running. Only one active task is allowed "
+                          "for a source queue.")  # fmt: skip
+        handle = await self.tasks.start(dlq, groups, str(source), destination, rate)
+        return {"TaskHandle": handle}
 
     async def ListMessageMoveTasks(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
         source = p.get("SourceArn")
@@ -290,17 +269,30 @@ class QueueActions:
         if await self.backend.find(dlq) is None:
             raise not_found(f"The resource {source} does not exist.")
         limit = integer("MaxResults", p.get("MaxResults", 1), 1, 10)
-        return {"Results": [t.json() for t in self.tasks.get(dlq, [])[:limit]]}
+        tasks, props = await self.tasks.tasks(dlq)
+        if any(t.status == "RUNNING" for t in tasks):
+            self.tasks.watch(dlq)  # run it from here if its runner stopped
+        cancel = props.get("sqs.cancel")
+        return {"Results": [as_sqs(dlq, t, t.key == cancel) for t in tasks[:limit]]}
 
     async def CancelMessageMoveTask(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
         handle = p.get("TaskHandle")
         if not handle:
             raise missing("TaskHandle")
-        for tasks in self.tasks.values():
-            if any(t.handle == handle for t in tasks):
-                raise invalid("Only a task with the status RUNNING can be cancelled: "
-                              "this one is COMPLETED (a DLQ merge is done at once).")  # fmt: skip
-        raise not_found("Task does not exist.")
+        named = parse_handle(handle)
+        if named is None:
+            raise not_found("Task does not exist.")
+        dlq, key = named
+        c.allow("admin", dlq)
+        task = await self.tasks.cancel(dlq, key)
+        if task is not None:
+            return {"ApproximateNumberOfMessagesMoved": task.moved}
+        tasks, _ = await self.tasks.tasks(dlq)
+        done = next((t for t in tasks if t.key == key), None)
+        if done is None:
+            raise not_found("Task does not exist.")
+        raise invalid("Only a task with the status RUNNING can be cancelled: this one is "
+                      f"{done.status}.")  # fmt: skip
 
 
 def _matches(config: msgspec.Struct, wanted: dict[str, Any]) -> bool:

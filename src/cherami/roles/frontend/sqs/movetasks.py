@@ -1,0 +1,249 @@
+"""SQS's message move tasks over Cherami's DLQ merge (docs/sqs.md, "Redrive").
+
+A task moves what the source queues dead-lettered to an SQS dead-letter queue back to
+them: each source's ``sqs`` group merges its own DLQ (the controller's DLQ cursor).
+Without ``MaxNumberOfMessagesPerSecond`` that is one merge, done before the start
+answers. With it the task merges that many messages a second, oldest first, until it
+has moved as many as its source held when it started (or is cancelled).
+
+Tasks are properties of the dead-letter queue in the metadata store, so every frontend
+lists the same ones and they outlive the process that started them:
+
+| property | value |
+|---|---|
+| ``sqs.task.<started ms>.<id>`` | the task (JSON), the newest 10 kept |
+| ``sqs.moving`` | the key of the queue's running task (one at a time, as on SQS) |
+| ``sqs.cancel`` | the key of a running task asked to stop |
+
+A running task is run by the frontend that holds the lease ``sqs-move:<queue>``
+(renewed at every step; the holder is the process's host id, which survives a
+restart). A frontend that starts, and one that lists or cancels a running task, watches
+it: when its runner stops (a crash, a restart), the first of them to take the lease
+goes on from the last step written, so a task resumes after a restart rather than
+failing. Only the watched tasks cost anything: nothing looks at an idle queue."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+import msgspec
+
+from cherami.errors import CheramiError, QueueNotFound
+from cherami.metadata.models import Group
+from cherami.roles.frontend.sqs.backend import Backend
+
+log = logging.getLogger("cherami.frontend.sqs")
+
+TASK, MOVING, CANCEL = "sqs.task.", "sqs.moving", "sqs.cancel"
+KEEP = 10  # tasks remembered per queue (SQS lists the last 10)
+LEASE_SECONDS = 10.0
+STEP_SECONDS = 1.0  # a rated task merges its rate's worth of messages this often
+RUNNING, COMPLETED, CANCELLING, CANCELLED, FAILED = (
+    "RUNNING", "COMPLETED", "CANCELLING", "CANCELLED", "FAILED",
+)  # fmt: skip
+
+
+class MoveTask(msgspec.Struct, kw_only=True, omit_defaults=True):
+    key: str  # "<started ms, 13 digits>.<id>": the property's name after TASK
+    source_arn: str
+    sources: list[str]  # the queues whose groups' DLQs it merges back
+    started_ms: int
+    status: str = RUNNING
+    destination_arn: str | None = None
+    rate: int | None = None
+    to_move: int = 0
+    moved: int = 0
+    failure: str | None = None
+
+
+def handle_of(queue: str, key: str) -> str:
+    raw = json.dumps({"queue": queue, "task": key}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def parse_handle(handle: Any) -> tuple[str, str] | None:
+    """The (dead-letter queue, task key) a handle names; None for one this endpoint
+    could not have issued."""
+    if not isinstance(handle, str) or not handle or len(handle) > 1024:
+        return None
+    try:
+        named = json.loads(base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4)))
+        queue, key = named["queue"], named["task"]
+    except (binascii.Error, ValueError, KeyError, TypeError):
+        return None
+    return (queue, key) if isinstance(queue, str) and isinstance(key, str) else None
+
+
+def as_sqs(queue: str, task: MoveTask, cancelling: bool) -> dict[str, Any]:
+    """A ListMessageMoveTasksResultEntry."""
+    status = CANCELLING if cancelling and task.status == RUNNING else task.status
+    out: dict[str, Any] = {
+        "Status": status, "SourceArn": task.source_arn,
+        "ApproximateNumberOfMessagesMoved": task.moved,
+        "ApproximateNumberOfMessagesToMove": task.to_move,
+        "StartedTimestamp": task.started_ms,
+    }  # fmt: skip
+    if status in (RUNNING, CANCELLING):
+        out["TaskHandle"] = handle_of(queue, task.key)
+    if task.destination_arn:
+        out["DestinationArn"] = task.destination_arn
+    if task.rate:
+        out["MaxNumberOfMessagesPerSecond"] = task.rate
+    if task.failure:
+        out["FailureReason"] = task.failure
+    return out
+
+
+class MoveTasks:
+    def __init__(
+        self, backend: Backend, holder: str, step_seconds: float = STEP_SECONDS,
+        lease_seconds: float = LEASE_SECONDS,
+    ) -> None:  # fmt: skip
+        self.backend = backend
+        self.metadata = backend.r.metadata
+        self.holder = holder
+        self.step_seconds = step_seconds
+        self.lease_seconds = lease_seconds
+        self._runners: dict[str, asyncio.Task[None]] = {}  # by dead-letter queue
+        self._wake: dict[str, asyncio.Event] = {}  # a runner's pause, cut short (a cancel)
+        self._stop = asyncio.Event()
+
+    async def tasks(self, queue: str) -> tuple[list[MoveTask], dict[str, str]]:
+        """The queue's tasks, newest first, and its task properties."""
+        props = await self.metadata.get_queue_properties(queue, "sqs.")
+        tasks = [msgspec.json.decode(v, type=MoveTask) for k, v in props.items()
+                 if k.startswith(TASK)]  # fmt: skip
+        return tasks[::-1], props
+
+    async def running(self, queue: str) -> MoveTask | None:
+        tasks, props = await self.tasks(queue)
+        return next((t for t in tasks if t.key == props.get(MOVING) and t.status == RUNNING), None)
+
+    async def _write(self, queue: str, task: MoveTask, delete: list[str] | None = None) -> None:
+        values = {TASK + task.key: msgspec.json.encode(task).decode()}
+        if task.status == RUNNING:
+            values[MOVING] = task.key
+        await self.metadata.put_queue_properties(
+            queue, values, delete if task.status == RUNNING else [MOVING, CANCEL, *(delete or [])]
+        )
+
+    async def start(
+        self, queue: str, sources: list[Group], source_arn: str, destination_arn: str | None,
+        rate: int | None,
+    ) -> str:  # fmt: skip
+        now = int(time.time() * 1000)
+        task = MoveTask(key=f"{now:013d}.{uuid.uuid4().hex[:12]}", source_arn=source_arn,
+                        sources=[g.queue for g in sources], started_ms=now,
+                        destination_arn=destination_arn, rate=rate)  # fmt: skip
+        for group in sources:
+            task.to_move += await self.backend.dead_lettered(group)
+        if rate is None or task.to_move == 0:  # one merge, now
+            for group in sources:
+                task.moved += await self.backend.merge_dlq(group)
+            task.status, task.to_move = COMPLETED, max(task.to_move, task.moved)
+        tasks, _ = await self.tasks(queue)
+        old = [TASK + t.key for t in tasks[KEEP - 1 :] if t.status != RUNNING]
+        await self._write(queue, task, old)
+        if task.status == RUNNING:
+            self.watch(queue)
+        return handle_of(queue, task.key)
+
+    async def cancel(self, queue: str, key: str) -> MoveTask | None:
+        """Ask the running task to stop (its runner marks it CANCELLED at its next
+        step); None when it is not the queue's running task."""
+        task = await self.running(queue)
+        if task is None or task.key != key:
+            return None
+        await self.metadata.put_queue_properties(queue, {CANCEL: key})
+        self.watch(queue)
+        self._wake.setdefault(queue, asyncio.Event()).set()
+        return task
+
+    def watch(self, queue: str) -> None:
+        """Run the queue's running task here, or take it over when its runner stops."""
+        runner = self._runners.get(queue)
+        if (runner is None or runner.done()) and not self._stop.is_set():
+            self._runners[queue] = asyncio.create_task(self._run(queue))
+
+    async def resume(self) -> None:
+        """At start: watch every running task (one index read)."""
+        for queue in await self.metadata.find_queue_properties(MOVING):
+            self.watch(queue)
+
+    async def close(self) -> None:
+        """Stop the runners between steps: a step is never cut in two."""
+        self._stop.set()
+        for wake in self._wake.values():
+            wake.set()
+        await asyncio.gather(*self._runners.values(), return_exceptions=True)
+
+    async def _pause(self, queue: str, seconds: float) -> bool:
+        """Wait (less when woken); False when the endpoint is stopping."""
+        wake = self._wake.setdefault(queue, asyncio.Event())
+        if self._stop.is_set():
+            return False
+        try:
+            await asyncio.wait_for(wake.wait(), seconds)
+        except TimeoutError:
+            pass
+        wake.clear()
+        return not self._stop.is_set()
+
+    async def _run(self, queue: str) -> None:
+        while True:
+            try:
+                if not await self._step(queue):
+                    return
+            except QueueNotFound:
+                return  # the dead-letter queue was deleted, and its tasks with it
+            except CheramiError as err:  # the metadata store or a host, for now: again
+                log.warning("message move task on %s: %s; retrying", queue, err)
+            except Exception:
+                log.exception("message move task on %s failed", queue)
+                task = await self.running(queue)
+                if task is not None:
+                    task.status, task.failure = FAILED, "InternalError"
+                    await self._write(queue, task)
+                return
+            if not await self._pause(queue, self.step_seconds):
+                return
+
+    async def _step(self, queue: str) -> bool:
+        """One step of the queue's running task; False when there is none left to run
+        here."""
+        tasks, props = await self.tasks(queue)
+        key = props.get(MOVING)
+        task = next((t for t in tasks if t.key == key and t.status == RUNNING), None)
+        if task is None:
+            return False
+        lease = f"sqs-move:{queue}"
+        if await self.metadata.try_lease(lease, self.holder, self.lease_seconds) is None:
+            # another frontend runs it: look again when its lease would have run out
+            return await self._pause(queue, max(0.0, self.lease_seconds - self.step_seconds))
+        if props.get(CANCEL) == task.key:
+            task.status = CANCELLED
+            await self._write(queue, task)
+            return False
+        step = min(task.to_move - task.moved, task.rate or task.to_move)
+        moved, found = 0, 0
+        for name in task.sources:
+            got = await self.backend.find(name)
+            if got is None:
+                continue
+            found += 1
+            if moved < step:
+                moved += await self.backend.merge_dlq(got[1], step - moved)
+        task.moved += moved
+        if found == 0:
+            task.status, task.failure = FAILED, "AWS.SimpleQueueService.NonExistentQueue"
+        elif moved == 0 or task.moved >= task.to_move:
+            task.status = COMPLETED  # done, or what was left is gone (purged, deleted)
+        await self._write(queue, task)
+        return task.status == RUNNING
