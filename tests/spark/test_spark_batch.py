@@ -128,3 +128,28 @@ def test_write_round_trip(spark: SparkSession, server: ServerProcess, tmp_path: 
     assert piped.exception() is None
     copied = batch(spark, server.url, copy).collect()
     assert sorted(r.body for r in copied) == sorted(r.body for r in back)
+
+
+def test_write_keys(spark: SparkSession, server: ServerProcess) -> None:
+    from cherami.client.sync import Client
+
+    queue = unique()
+    setup_queue(server.url, queue, {})
+    df = spark.createDataFrame(
+        [("a", "order-1"), ("b", None), ("c", "")], "body STRING, key STRING"
+    )
+    df.write.format("cherami").option("url", server.url).option("queue", queue).mode(
+        "append"
+    ).save()
+    with Client(server.url) as client:
+        page = client.peek(queue)
+    assert {m["body"]: m.get("key") for m in page["messages"]} == {
+        "a": "order-1",
+        "b": None,
+        "c": None,
+    }
+    bad = spark.createDataFrame([("a", 1)], "body STRING, key INT")
+    with pytest.raises(Exception, match="'key' column must be a string"):
+        bad.write.format("cherami").option("url", server.url).option("queue", queue).mode(
+            "append"
+        ).save()

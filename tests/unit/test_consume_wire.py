@@ -59,7 +59,12 @@ def test_a_malformed_joined_read_is_a_protocol_error(keys: int, raw: bytes) -> N
 def test_deliveries_encoded_as_tuples_are_the_deliver_frame() -> None:
     messages = [(i + 1, f"e:{i}", b"b" * i, {"k": "v"} if i % 2 else None, 1 + i % 3, 17 + i)
                 for i in range(50)]  # fmt: skip
-    assert f.encode_deliver(messages) == f.encode(f.Deliver([f.InMessage(*m) for m in messages]))
+    # an unkeyed message's tuple leaves the key out (a Struct writes its None)
+    frame = f.Deliver([f.InMessage(*m) for m in messages])
+    assert f.decode_server(f.encode_deliver(messages)) == frame
+    assert f.encode_deliver(messages) == f.encode(("deliver", [list(m) for m in messages]))
+    keyed: list[f.DeliveryTuple] = [(1, "e:1", b"b", None, 1, 17, "order-1")]
+    assert f.decode_server(f.encode_deliver(keyed)) == f.Deliver([f.InMessage(*keyed[0])])
     assert f.encode_deliver([]) == f.encode(f.Deliver([]))
 
 

@@ -54,6 +54,9 @@ class _Group:
     async def admit(self, run: Any) -> None:
         self.bodies += [r.body for r in run.records]
 
+    def read_further(self) -> None:
+        pass
+
 
 def _read(replicas: dict[str, _Replica]) -> list[bytes]:
     extent = Extent(id="e1", queue="q", kind=PLAIN, status="sealed", input_host="i",

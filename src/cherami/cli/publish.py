@@ -41,6 +41,9 @@ def parse_attributes(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--attr", "attrs", multiple=True, metavar="KEY=VALUE",
               help="An attribute of every message (repeatable).")  # fmt: skip
 @click.option("--delay-seconds", type=float, default=None, help="Deliver no earlier than this.")
+@click.option("--key", default=None, metavar="KEY",
+              help="Ordering key of every message: a group gets them one at a time, "
+              "in order.")  # fmt: skip
 @click.option("--batch-size", type=click.IntRange(1, 1000), default=STDIN_BATCH,
               show_default=True, help="Messages per batch when reading stdin.")  # fmt: skip
 @connection_options
@@ -50,13 +53,14 @@ def publish(
     bodies: tuple[str, ...],
     attrs: tuple[str, ...],
     delay_seconds: float | None,
+    key: str | None,
     batch_size: int,
 ) -> None:
     """Publish each BODY to QUEUE and print the message ids; without BODY, publish each
     line of stdin (streamed in batches) and print how many were published."""
     attributes = parse_attributes(attrs) or None
     if bodies:
-        messages = [OutgoingMessage(body, attributes, delay_seconds) for body in bodies]
+        messages = [OutgoingMessage(body, attributes, delay_seconds, key=key) for body in bodies]
         for message_id in run(client, lambda c: c.publish(queue_name, messages)):
             click.echo(message_id)
         return
@@ -66,7 +70,7 @@ def publish(
     # would abort at exit closing sys.stdin while the thread holds its lock
     stdin = open(sys.stdin.fileno(), "rb", closefd=False)  # noqa: SIM115
     batches = (
-        [OutgoingMessage(body, attributes, delay_seconds) for body in batch]
+        [OutgoingMessage(body, attributes, delay_seconds, key=key) for body in batch]
         for batch in read_batches(stdin, batch_size)
     )
     try:

@@ -18,6 +18,7 @@ class OutgoingMessage:
     attributes: dict[str, str] | None = None
     delay_seconds: float | None = None  # None: the queue's default delay
     dedup_id: str | None = None  # the queue stores a repeat within its dedup window once
+    key: str | None = None  # ordering key: a group gets a key's messages one at a time, in order
 
     def to_json(self) -> dict[str, Any]:
         """The message as a publish request lists it, for msgspec's JSON encoder (which
@@ -33,6 +34,8 @@ class OutgoingMessage:
             out["delay_seconds"] = self.delay_seconds
         if self.dedup_id is not None:
             out["dedup_id"] = self.dedup_id
+        if self.key is not None:
+            out["key"] = self.key
         return out
 
 
@@ -118,6 +121,7 @@ class Received(msgspec.Struct, array_like=True, kw_only=True, gc=False):
     attributes: dict[str, str] | None = msgspec.field(default_factory=dict)
     delivery_count: int
     enqueued_ms: int
+    key: str | None = None  # its ordering key, when it has one
     receipt: str | None = None
 
     @property
@@ -148,12 +152,13 @@ class _Delivered(msgspec.Struct, gc=False):
     attributes: dict[str, str] | None = None
     body: str | None = None
     body_b64: bytes | None = None  # decoded from base64 with the answer
+    key: str | None = None
 
     def received(self) -> Received:
         body = self.body.encode() if self.body is not None else self.body_b64 or b""
         return Received(id=self.id, body=body, attributes=self.attributes or {},
                         delivery_count=self.delivery_count, enqueued_ms=_ms(self.enqueued_at),
-                        receipt=self.receipt)  # fmt: skip
+                        key=self.key, receipt=self.receipt)  # fmt: skip
 
 
 class ReceiveAnswer(msgspec.Struct, gc=False):

@@ -1,7 +1,8 @@
 """Publish a DataFrame (batch or streaming) to a queue, exactly once.
 
 Columns: ``body`` (string or binary, required), ``attributes`` (map of string to string,
-optional), ``delay_seconds`` (number, optional); other columns are ignored. Each task
+optional), ``delay_seconds`` (number, optional), ``key`` (string, optional: the
+ordering key, docs/api.md "Ordering keys"); other columns are ignored. Each task
 publishes its rows through the streaming publisher and returns once every message is
 durable.
 
@@ -59,6 +60,9 @@ def check_input(schema: StructType, column: str | None = None) -> None:
     delay = fields.get("delay_seconds")
     if delay is not None and not isinstance(delay, NumericType):
         raise InvalidRequest("the 'delay_seconds' column must be a number")
+    key = fields.get("key")
+    if key is not None and not isinstance(key, StringType):
+        raise InvalidRequest("the 'key' column must be a string")
     if column is not None and not isinstance(fields.get(column), StringType):
         raise InvalidRequest(f"option 'dedupIdColumn': no string column {column!r} to write")
 
@@ -76,14 +80,23 @@ def to_messages(batch: pa.RecordBatch, dedup_ids: list[str] | None = None) -> li
         if "delay_seconds" in names
         else [None] * len(bodies)
     )
+    keys: list[Any] = (
+        batch.column(names.index("key")).to_pylist() if "key" in names else [None] * len(bodies)
+    )
     ids: list[Any] = dedup_ids if dedup_ids is not None else [None] * len(bodies)
     out = []
-    for body, attributes, delay, dedup_id in zip(bodies, attrs, delays, ids, strict=True):
+    for body, attributes, delay, dedup_id, key in zip(
+        bodies, attrs, delays, ids, keys, strict=True
+    ):
         if body is None:
             raise InvalidRequest("a row to publish has a null body")
         out.append(
             OutgoingMessage(
-                body, dict(attributes) if attributes else None, float(delay or 0), dedup_id
+                body,
+                dict(attributes) if attributes else None,
+                float(delay or 0),
+                dedup_id,
+                key or None,
             )
         )
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Annotated
 
 import msgspec
 
@@ -22,6 +23,7 @@ class Record(msgspec.Struct, array_like=True, frozen=True, gc=False):
     orig_id: str | None = None
     text: bool | None = None  # published as text (True), as base64 bytes (False), or unknown
     dedup_id: str | None = None  # the producer's deduplication id (roles/inputhost/dedup.py)
+    key: str | None = None  # its ordering key (roles/outputhost/keygate.py)
 
 
 class Message(msgspec.Struct, frozen=True, gc=False):
@@ -34,7 +36,13 @@ class Message(msgspec.Struct, frozen=True, gc=False):
     orig_id: str | None = None
     text: bool | None = None
     dedup_id: str | None = None  # a repeat within the queue's dedup window is not stored
+    key: str | None = None  # ordering key: one at a time, in publish order, per group
 
+
+# an ordering key: 1 to 128 characters, no control characters (docs/api.md, "Ordering keys")
+KEY_MAX = 128
+KEY_PATTERN = "^[^\\x00-\\x1f\\x7f]+$(?!\\n)"  # ($ alone passes a final newline)
+OrderingKey = Annotated[str, msgspec.Meta(min_length=1, max_length=KEY_MAX, pattern=KEY_PATTERN)]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import msgspec
 
+from cherami.wire.records import OrderingKey
+
 
 class OutMessage(msgspec.Struct, array_like=True, frozen=True, gc=False):
     body: bytes
     attributes: dict[str, str] | None = None
     delay_ms: int | None = None  # None (or left out): the queue's default delay
     dedup_id: str | None = None  # a repeat within the queue's dedup window is not stored
+    key: OrderingKey | None = None  # ordering key (docs/protocol.md, "Ordering keys")
 
 
 class Publish(msgspec.Struct, array_like=True, tag="pub", frozen=True, gc=False):
@@ -55,6 +58,7 @@ class InMessage(msgspec.Struct, array_like=True, frozen=True, gc=False):
     attributes: dict[str, str] | None
     delivery_count: int
     enqueued_ms: int
+    key: str | None = None  # left out when the message has none
 
 
 class Deliver(msgspec.Struct, array_like=True, tag="deliver", frozen=True, gc=False):
@@ -97,7 +101,11 @@ def encode(frame: ClientFrame | ServerFrame) -> bytes:
     return _encoder.encode(frame)
 
 
-DeliveryTuple = tuple[int, str, bytes, dict[str, str] | None, int, int]
+# a keyed message's tuple has its key at the end (an unkeyed one's leaves it out)
+DeliveryTuple = (
+    tuple[int, str, bytes, dict[str, str] | None, int, int]
+    | tuple[int, str, bytes, dict[str, str] | None, int, int, str]
+)
 
 
 def encode_deliver(messages: list[DeliveryTuple]) -> bytes:

@@ -29,7 +29,7 @@ from cherami.metadata.models import Group
 from cherami.roles.frontend import schemas as s
 from cherami.roles.frontend.context import Frontend
 from cherami.roles.frontend.proxy import Router
-from cherami.roles.outputhost.client import host_tag, tag_of
+from cherami.roles.outputhost.client import TOP_KEYS, host_tag, tag_of
 
 log = logging.getLogger("cherami.frontend.consumerrouting")
 
@@ -253,6 +253,7 @@ class ConsumerRouting:
             delivered=sum(p.delivered for p in parts),
             acked=sum(p.acked for p in parts),
             redelivered=sum(p.redelivered for p in parts),
+            top_keys=s.top_keys([p.top_keys for p in parts], TOP_KEYS),
         )
 
     async def _stats_at(self, router: Router, request: web.Request, address: str) -> s.GroupStats:

@@ -57,7 +57,7 @@ def received(msg_id: str, receipt: str, record: Record, count: int) -> ReceivedM
     """A delivery as a receive returns it."""
     return ReceivedMessage(msg_id, receipt, record.attributes or {}, count,
                            rfc3339(record.enqueued_ms),
-                           *text_or_bytes(record.body, record.text))  # fmt: skip
+                           *text_or_bytes(record.body, record.text), record.key)  # fmt: skip
 
 
 def to_messages(queue: Queue, items: list[PublishMessage]) -> list[Message]:
@@ -78,6 +78,7 @@ def to_messages(queue: Queue, items: list[PublishMessage]) -> list[Message]:
                 None,
                 item.body is not None,
                 item.dedup_id,
+                item.key,
             )
         )
     return out

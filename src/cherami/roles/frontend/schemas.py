@@ -6,6 +6,8 @@ from typing import Annotated, Any
 
 import msgspec
 
+from cherami.wire.records import OrderingKey
+
 Attributes = dict[str, str]
 
 
@@ -17,6 +19,7 @@ class PublishMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         None  # None: queue default
     )
     dedup_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
+    key: OrderingKey | None = None  # docs/api.md, "Ordering keys"
 
 
 class PublishRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -45,6 +48,7 @@ class ReceivedMessage(msgspec.Struct, omit_defaults=True):
     enqueued_at: str
     body: str | None = None
     body_b64: bytes | None = None  # base64 in JSON (msgspec: C)
+    key: str | None = None  # its ordering key, when it has one
 
 
 class ReceiveResponse(msgspec.Struct):
@@ -116,6 +120,11 @@ class QueueStats(msgspec.Struct):
     unconsumed_bytes: int  # what max_backlog_bytes is compared with (docs/api.md, "Stats")
 
 
+class KeyBacklog(msgspec.Struct):
+    key: str
+    backlog: int  # its messages read ahead and not settled (the one delivered or due first too)
+
+
 class GroupStats(msgspec.Struct):
     backlog: int
     in_flight: int
@@ -124,6 +133,17 @@ class GroupStats(msgspec.Struct):
     delivered: int
     acked: int
     redelivered: int
+    top_keys: list[KeyBacklog] = []  # ordering keys with the most backlog, most first
+
+
+def top_keys(parts: list[list[KeyBacklog]], n: int) -> list[KeyBacklog]:
+    """The ``n`` keys with the most backlog over several output hosts' lists."""
+    total: dict[str, int] = {}
+    for part in parts:
+        for k in part:
+            total[k.key] = total.get(k.key, 0) + k.backlog
+    ranked = sorted(total.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    return [KeyBacklog(k, b) for k, b in ranked]
 
 
 NextSeq = Annotated[int, msgspec.Meta(ge=1, le=(1 << 63) - 1)]

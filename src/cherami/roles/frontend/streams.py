@@ -189,8 +189,8 @@ class StreamHandlers:
                 if not 1 <= len(frame.messages) <= MAX_BATCH:
                     raise InvalidRequest(f"a batch holds 1 to {MAX_BATCH} messages")
                 _check(queue, frame.messages)
-                messages = [Message(m.body, m.attributes, m.delay_ms, dedup_id=m.dedup_id)
-                            for m in frame.messages]  # fmt: skip
+                messages = [Message(m.body, m.attributes, m.delay_ms, dedup_id=m.dedup_id,
+                                    key=m.key) for m in frame.messages]  # fmt: skip
                 key = keys.find(header)  # each batch: a key a reload removed stops here
                 if key is None and keys.enabled:
                     raise Unauthorized("the stream's API key is no longer in the auth file")

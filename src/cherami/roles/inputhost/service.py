@@ -8,6 +8,7 @@ import itertools
 import logging
 import operator
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 
 from cherami import timing
@@ -182,11 +183,40 @@ class InputHostService:
         timer = await self._pick(queue, TIMER) if timer_records else None
         parts = []
         if plain is not None:
-            parts.append(self._append(queue, plain, plain_idx, plain_records, None, ids))
+            for writer, idx, records in await self._by_key(queue, plain, messages, plain_idx,
+                                                           plain_records):  # fmt: skip
+                parts.append(self._append(queue, writer, idx, records, None, ids))
         if timer is not None:
             parts.append(self._append(queue, timer, timer_idx, timer_records, timer_due, ids))
         await asyncio.gather(*parts)
         return ids
+
+    async def _by_key(
+        self,
+        queue: Queue,
+        plain: ExtentWriter,
+        messages: list[Message],
+        indexes: list[int],
+        records: list[bytes],
+    ) -> list[tuple[ExtentWriter, list[int], list[bytes]]]:
+        """The plain records by the extent each goes to: a keyed message to the open
+        extent its key hashes to (among the queue's open plain extents here, by id), so
+        that a key stays in one extent while they do not change; the rest to ``plain``."""
+        if all(messages[i].key is None for i in indexes):
+            return [(plain, indexes, records)]
+        live = sorted(await self._live_plain(queue), key=lambda w: w.id) or [plain]
+        parts: dict[str, tuple[ExtentWriter, list[int], list[bytes]]] = {}
+        for i, record in zip(indexes, records, strict=True):
+            key = messages[i].key
+            writer = plain if key is None else live[key_slot(key, len(live))]
+            part = parts.setdefault(writer.id, (writer, [], []))
+            part[1].append(i)
+            part[2].append(record)
+        return list(parts.values())
+
+    async def _live_plain(self, queue: Queue) -> list[ExtentWriter]:
+        writers = await self._writers(queue.name)
+        return await self._with_room([w for w in writers.plain if not w.failed])
 
     async def _append(
         self,
@@ -272,7 +302,7 @@ class InputHostService:
                     (timer,) = await self._with_room([writers.timer])
                     return timer
             else:
-                live = await self._with_room([w for w in writers.plain if not w.failed])
+                live = await self._live_plain(queue)
                 if live:
                     return live[next(writers.turn) % len(live)]
             writers.loaded = False  # the leading controller opens one meanwhile
@@ -280,6 +310,12 @@ class InputHostService:
         if not self._serves_every_queue:
             raise Moved(f"queue {queue.name} has no open {kind} extent on this input host")
         raise Unavailable(f"queue {queue.name} has no open {kind} extent")
+
+
+def key_slot(key: str, slots: int) -> int:
+    """Which of ``slots`` open extents (by id) an ordering key goes to: the same on every
+    host and every run (CRC-32, not Python's salted ``hash``)."""
+    return zlib.crc32(key.encode()) % slots
 
 
 def _storage_full(full: set[str]) -> StorageFull:
@@ -302,7 +338,7 @@ def _split(
     if delays == {0} or (default_delay <= 0 and delays <= {None, 0}):  # none delayed
         encode = encode_record
         plain = [
-            encode(Record(now, now, m.body, m.attributes, m.orig_id, m.text, m.dedup_id))
+            encode(Record(now, now, m.body, m.attributes, m.orig_id, m.text, m.dedup_id, m.key))
             for m in messages
         ]
         return list(range(len(messages))), plain, [], [], []
@@ -315,7 +351,7 @@ def _split(
         delay = default_delay if m.delay_ms is None else m.delay_ms
         due = now + delay
         record = encode_record(
-            Record(now, due, m.body, m.attributes, m.orig_id, m.text, m.dedup_id)
+            Record(now, due, m.body, m.attributes, m.orig_id, m.text, m.dedup_id, m.key)
         )
         if delay > 0:
             timer_idx.append(i)

@@ -20,12 +20,13 @@ from cherami.metadata.models import Group, Queue
 from cherami.roles.outputhost.consumestream import ConsumeStream, StreamSocket
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
+from cherami.roles.outputhost.keygate import TOP_KEYS
 from cherami.roles.outputhost.ownership import group_leases
 from cherami.roles.outputhost.receipts import host_tag, tag_of
 from cherami.roles.outputhost.service import DELETED_CLOSE, MOVED_CLOSE, OutputHostService
 from cherami.telemetry import Histogram
 
-__all__ = ["DELETED_CLOSE", "MOVED_CLOSE", "Entry", "GroupState", "LocalOutputHost",
+__all__ = ["DELETED_CLOSE", "MOVED_CLOSE", "TOP_KEYS", "Entry", "GroupState", "LocalOutputHost",
            "group_leases", "host_tag", "tag_of",
            "OutputHostClient", "Settlement", "StreamSocket"]  # fmt: skip
 
@@ -52,6 +53,7 @@ class GroupState:
     redelivered: int
     dead_lettered: int
     end_to_end: Histogram  # publish to ack, seconds
+    top_keys: list[tuple[str, int]]  # ordering keys with the most backlog here (keygate.py)
 
 
 class ConsumeSession(Protocol):
@@ -148,7 +150,7 @@ class LocalOutputHost:
             oldest_unacked_age_seconds=max(0.0, time.time() - oldest / 1000) if oldest else 0.0,
             delivered=consumer.delivered, acked=consumer.acked, nacked=consumer.nacked,
             redelivered=consumer.redelivered, dead_lettered=consumer.dead_lettered,
-            end_to_end=consumer.end_to_end,
+            end_to_end=consumer.end_to_end, top_keys=consumer.keys.top(),
         )  # fmt: skip
 
     async def receive(

@@ -150,7 +150,11 @@ def _tuples(taken: list[Entry | Delivered]) -> list[f.DeliveryTuple]:
             tuples += e.tuples()
         else:
             record = e.record
-            tuples.append(
-                (e.no, e.msg_id, record.body, record.attributes, e.count, record.enqueued_ms)
-            )
+            if record.key is None:
+                tuples.append(
+                    (e.no, e.msg_id, record.body, record.attributes, e.count, record.enqueued_ms)
+                )
+            else:
+                tuples.append((e.no, e.msg_id, record.body, record.attributes, e.count,
+                               record.enqueued_ms, record.key))  # fmt: skip
     return tuples

@@ -33,7 +33,10 @@ class DeadLetterMover:
 
     async def __call__(self, dlq: str, entries: list[Entry]) -> None:
         messages = [
-            Message(e.record.body, e.record.attributes, 0, e.msg_id, e.record.text) for e in entries
+            Message(
+                e.record.body, e.record.attributes, 0, e.msg_id, e.record.text, key=e.record.key
+            )
+            for e in entries
         ]
         # a dead-letter queue opens its extent at its first dead letter
         await self._inputs.publish(await wake_dead_letter_queue(self._metadata, dlq), messages)

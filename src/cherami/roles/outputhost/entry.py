@@ -24,6 +24,7 @@ BODY = attrgetter("body")
 ENQUEUED = attrgetter("enqueued_ms")
 DELIVERY = attrgetter("delivery_ms")
 ATTRIBUTES = attrgetter("attributes")
+KEY = attrgetter("key")
 
 
 class Entry:

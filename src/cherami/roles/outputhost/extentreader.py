@@ -30,6 +30,7 @@ READ_BATCH = 2000  # records per read of a store host (fewer round trips when fa
 TAIL_WAIT_MS = 600_000
 SHUN_SECONDS = 5.0  # a replica whose read failed is not read again for this long
 ORIG_ID = attrgetter("orig_id")
+ENQUEUED = attrgetter("enqueued_ms")
 
 
 class ExtentCursor:
@@ -41,6 +42,9 @@ class ExtentCursor:
         self.read_key = level.level
         self.limit = level.limit  # merged DLQ range: read no further than this key
         self.read_done = False
+        # every record committed before this time (epoch ms) has been read (keygate.py)
+        self.seen_ms = 0.0
+        self.tailing = False  # its last read found no more than it asked for: caught up
         self.delivered = self.delivered_bytes = 0  # deliveries from it (load reports)
         self.task: asyncio.Task[None] | None = None
 
@@ -54,6 +58,22 @@ class ExtentCursor:
         if limit is not None and limit != self.limit:
             self.limit = limit
             self.read_done = False
+
+    def seen(self, records: list[Record], asked_ms: float) -> None:
+        """A read brought ``records``: a record enqueued later than another was committed
+        was appended after it; a read that came back short had every record committed
+        before it was asked (``asked_ms``; 0: it was full)."""
+        if records:
+            self.seen_ms = max(self.seen_ms, max(map(ENQUEUED, records)))
+        if asked_ms:
+            self.seen_ms = max(self.seen_ms, asked_ms)
+        self.tailing = bool(asked_ms)
+
+    def head_number(self) -> int:
+        """The delivery number of the oldest message not acked yet (0: none, or not in
+        flight)."""
+        head = self.ack.oldest()
+        return 0 if head is None or head[1] is None else head[1].number_at(head[0])
 
     def level_row(self, queue: str, group: str) -> AckLevel:
         return AckLevel(
@@ -75,6 +95,9 @@ class ReadTarget(Protocol):
     async def wait_for_room(self) -> int: ...
 
     async def admit(self, run: Run) -> None: ...
+
+    def read_further(self) -> None:
+        """The cursor's ``seen_ms`` moved, or it was read to its end."""
 
 
 def _run(cursor: ExtentCursor, keys: list[bytes], records: list[Record], ids: list[str]) -> Run:
@@ -131,6 +154,7 @@ async def read_extent(group: ReadTarget, cursor: ExtentCursor, reads: SharedRead
         except CheramiError as err:
             if isinstance(err, StoreError) and err.code == "extent_not_found":
                 cursor.read_done = True  # deleted (retention, or its queue's contents)
+                group.read_further()
                 return
             log.warning("group %s: read of extent %s on %s failed: %s",
                         group.key, cursor.id, store_id, err)  # fmt: skip
@@ -151,6 +175,9 @@ async def read_extent(group: ReadTarget, cursor: ExtentCursor, reads: SharedRead
             run = _run(cursor, keys, records, ids)
             cursor.read_key = keys[-1]
             await group.admit(run)
+        if not timer:  # after the admit: what it read is in the window first
+            cursor.seen(records, chunk.asked_ms)
+            group.read_further()
         if cursor.limit is not None and cursor.read_key >= cursor.limit:
             ended = True
         if chunk.end and not ended:
@@ -162,3 +189,4 @@ async def read_extent(group: ReadTarget, cursor: ExtentCursor, reads: SharedRead
             ended = len(end_votes) >= 2 or not others
         if ended:
             cursor.read_done = True
+            group.read_further()

@@ -21,6 +21,7 @@ from cherami.roles.outputhost.deadletterqueue import DeadLetters
 from cherami.roles.outputhost.entry import Delivered, Entry, Run
 from cherami.roles.outputhost.extentreader import ExtentCursor, read_extent
 from cherami.roles.outputhost.inflight import InFlight
+from cherami.roles.outputhost.keygate import KeyGate
 from cherami.roles.outputhost.readwindow import ReadWindow
 from cherami.roles.outputhost.redelivery import GONE, OUT, Parked, Redeliveries, read_one
 from cherami.roles.outputhost.sharedreads import SharedReads
@@ -62,8 +63,9 @@ class GroupConsumer:
         self.parked = Redeliveries(group.queue, group.name, self._covered, self._redeliver)
         self.parked.on_pending = self._unwritten
         self.parked.on_waiting = self._timers_due.set
-        self.window = ReadWindow(self.key, queue, group, self.cursors, self.parked)
-        self.flight = InFlight(delivery_numbers, self.parked.forget, self.window.freed)
+        self.keys = KeyGate(lambda e: self.window.put_first(e), self.cursors, lambda: reads.stores)
+        self.window = ReadWindow(self.key, queue, group, self.cursors, self.parked, self.keys)
+        self.flight = InFlight(delivery_numbers, self.parked.forget, self.window.freed, self.keys)
         self.dead = DeadLetters(
             self.key, lambda entries: dead_letter(self.group.dlq, entries), self._dead_lettered
         )
@@ -129,6 +131,7 @@ class GroupConsumer:
         self.window.stop()
         tasks = [c.task for c in self.cursors.values() if c.task] + [self._ticker, self.dead.task]
         tasks += self._reading
+        tasks += self.keys.stop()
         live = [t for t in tasks if t is not None]
         for task in live:
             task.cancel()
@@ -223,6 +226,7 @@ class GroupConsumer:
         if cursor.task is not None:
             cursor.task.cancel()
         self.window.drop([cursor])
+        self.keys.drop_cursor(cursor)
         self.flight.drop_cursor(cursor)
         self.dead.drop_cursor(cursor)
         self.parked.drop_extent(extent_id)
@@ -354,12 +358,17 @@ class GroupConsumer:
         """A due parked message: to the DLQ at the delivery limit, else counted again."""
         retention_ms = self.queue.config.retention_seconds * 1000
         if now_ms > entry.record.enqueued_ms + retention_ms:
-            self.parked.forget(parked)
+            self._forget(parked)
         elif parked.count >= self.group.config.max_delivery_count:
             parked.state = OUT
             self.dead.add(entry)
         else:
             self.parked.bump(parked)
+
+    def _forget(self, parked: Parked) -> None:
+        """A parked message gone for good (expired, deleted): its key moves on."""
+        self.parked.forget(parked)
+        self.keys.done_at(parked.extent, parked.key)
 
     def _dead_lettered(self, entries: list[Entry]) -> None:
         """Messages now in the DLQ: acked here."""
@@ -367,6 +376,7 @@ class GroupConsumer:
             entry.cursor.ack.ack(entry.ordinal)
             if entry.row is not None:
                 self.parked.forget(entry.row)
+        self.keys.done(entries)
         self.dead_lettered += len(entries)
         self.window.freed()
 
@@ -377,7 +387,7 @@ class GroupConsumer:
                 continue
             cursor = self.cursors.get(parked.extent)
             if cursor is None:  # its extent was deleted (retention, or its queue's contents)
-                self.parked.forget(parked)
+                self._forget(parked)
                 continue
             try:
                 record = await read_one(self.reads.stores, cursor.extent, parked.key)
@@ -387,7 +397,7 @@ class GroupConsumer:
                 self.parked.retry(parked, int(time.time() * 1000) + RETRY_READ_MS)
                 continue
             if record is None:  # deleted by retention
-                self.parked.forget(parked)
+                self._forget(parked)
                 continue
             msg_id = record.orig_id or message_id(parked.extent, seq_of(parked.key))
             entry = Entry(cursor, -1, msg_id, record, parked.key)  # -1: the level is past it
@@ -414,7 +424,7 @@ class GroupConsumer:
         if not self.window.full():
             self._held.clear()
             return
-        heads = {no for c in self.cursors.values() if (no := self._head_number(c))}
+        heads = {no for c in self.cursors.values() if (no := c.head_number())}
         held, self._held = heads & self._held, heads
         if not held:
             return
@@ -485,10 +495,3 @@ class GroupConsumer:
             if head is not None and head[1] is not None:
                 oldest.append(head[1].record_at(head[0]).enqueued_ms)
         return min(oldest) if oldest else None
-
-    @staticmethod
-    def _head_number(cursor: ExtentCursor) -> int:
-        """The delivery number of the oldest message of the cursor not acked yet (0:
-        none, or not in flight)."""
-        head = cursor.ack.oldest()
-        return 0 if head is None or head[1] is None else head[1].number_at(head[0])

@@ -22,6 +22,7 @@ from cherami.roles.outputhost.entry import BODY, ENQUEUED, Delivered, Entry, Run
 
 if TYPE_CHECKING:
     from cherami.roles.outputhost.extentreader import ExtentCursor
+    from cherami.roles.outputhost.keygate import KeyGate
     from cherami.roles.outputhost.redelivery import Parked
 
 MIN_RUN = 16  # fewer messages than this taken at once (a short read, little credit
@@ -36,15 +37,18 @@ class InFlight:
     """The deliveries of one group, by delivery number. ``numbers`` hands out delivery
     numbers (shared by the host's groups: a number names one delivery); ``forget_row``
     drops the redelivery row of a message settled for good; ``freed`` is told when
-    messages leave the read window (acked, or expired unread)."""
+    messages leave the read window (acked, or expired unread); ``gate`` of messages
+    settled for good that hold their ordering key."""
 
     def __init__(
         self,
         numbers: itertools.count[int],
         forget_row: Callable[[Parked], None],
         freed: Callable[[], None],
+        gate: KeyGate,
     ) -> None:
         self._numbers = numbers
+        self._gate = gate
         self._forget_row = forget_row
         self._freed = freed
         self.entries: dict[int, Entry] = {}  # delivered one by one, by delivery number
@@ -139,6 +143,8 @@ class InFlight:
                 entry.cursor.ack.ack(entry.ordinal)
                 if entry.row is not None:
                     self._forget_row(entry.row)
+                if self._gate:
+                    self._gate.done([entry])
                 self._freed()
                 continue
             no = last = next(numbers)
@@ -229,6 +235,8 @@ class InFlight:
                     self._forget_row(entry.row)
             cursor.ack.ack_many(ordinals)
             acked += len(settled)
+            if self._gate:  # only while some key is held (the unkeyed path pays nothing)
+                self._gate.done(settled)
         return stale, acked, enqueued
 
     def _ack_runs(

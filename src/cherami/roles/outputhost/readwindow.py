@@ -12,17 +12,19 @@ from typing import TYPE_CHECKING
 
 from cherami import timing
 from cherami.metadata.models import Group, Queue
-from cherami.roles.outputhost.entry import DELIVERY, ENQUEUED, Entry, Run
+from cherami.roles.outputhost.entry import DELIVERY, ENQUEUED, KEY, Entry, Run
 
 if TYPE_CHECKING:
     from cherami.roles.outputhost.extentreader import ExtentCursor
+    from cherami.roles.outputhost.keygate import KeyGate
     from cherami.roles.outputhost.redelivery import Redeliveries
 
 
 class ReadWindow:
     """``cursors`` are the group's extent cursors (whose ack windows make the read-ahead
     used); ``parked`` its redelivery rows (messages read again that have a row are
-    delivered as parked ones)."""
+    delivered as parked ones); ``gate`` its ordering keys (a keyed message waits there
+    while an earlier one of its key is not settled)."""
 
     def __init__(
         self,
@@ -31,12 +33,14 @@ class ReadWindow:
         group: Group,
         cursors: dict[str, ExtentCursor],
         parked: Redeliveries,
+        gate: KeyGate,
     ) -> None:
         self.key = key
         self.queue = queue
         self.group = group
         self._cursors = cursors
         self._parked = parked
+        self._gate = gate
         self.ready: deque[Entry | Run] = deque()
         self.readable = asyncio.Event()  # set while ready is not empty
         self._room = asyncio.Event()
@@ -85,6 +89,7 @@ class ReadWindow:
         parked = self._parked
         if (
             not parked.skip
+            and not any(map(KEY, records))  # keyed ones go through the gate one by one
             and min(map(ENQUEUED, records)) >= max(start_ms, now_ms - retention_ms)
             and max(map(DELIVERY, records)) + delay_ms <= now_ms
         ):
@@ -105,13 +110,20 @@ class ReadWindow:
                     self.signal()
                 await asyncio.sleep((visible_at - now_ms) / 1000)
                 now_ms = time.time() * 1000
+            if record.key is not None and not self._gate.let(entry):
+                continue  # waits behind an earlier message of its key
             ready.append(entry)
         if ready:
             self.signal()
 
+    def read_further(self) -> None:
+        if self._gate.pending:
+            self._gate.read()
+
     def put_first(self, entries: list[Entry]) -> None:
-        """Entries delivered again (parked, now due) go ahead of what was read."""
-        self.ready.extendleft(reversed(entries))
+        """Entries delivered again (parked, now due; the next of a key) go ahead of what
+        was read."""
+        self.ready.extendleft(reversed(self._gate.admit(entries)))
         self.signal()
 
     def signal(self) -> None:

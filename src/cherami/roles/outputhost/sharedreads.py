@@ -15,6 +15,7 @@ replicas itself."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -45,6 +46,9 @@ class Chunk:
     ids: list[str]
     end: bool
     size: int
+    # when the read was sent, if it came back with fewer records than it asked for: every
+    # record committed before then is in it (epoch ms; 0: a full read, or not known)
+    asked_ms: float = 0.0
 
 
 class SharedReads:
@@ -83,8 +87,10 @@ class SharedReads:
         try:
             self.store_reads += 1
             store = self.stores.get(store_id)
+            asked = time.time() * 1000
             batch = await store.read(at[0], at[1], max_count, wait_ms=wait_ms, joined=True)
-            chunk = decode_chunk(store_id, at[0], batch, timer=False)
+            short = len(batch.keys) < max_count
+            chunk = decode_chunk(store_id, at[0], batch, False, asked if short else 0.0)
         except BaseException:
             # a group waiting for this read tries its own replica instead of taking on
             # another group's failure (or its cancellation)
@@ -110,7 +116,9 @@ class _ReadFailed(Exception):
     """The read another group waited for failed or was cancelled with its group."""
 
 
-def decode_chunk(store_id: str, extent: str, batch: ReadResult, timer: bool) -> Chunk:
+def decode_chunk(
+    store_id: str, extent: str, batch: ReadResult, timer: bool, asked_ms: float = 0.0
+) -> Chunk:
     """Plain extents hand out dense sequence numbers, so their ids are counted, not
     parsed; timer extent keys are (due time, sequence number)."""
     keys = batch.keys
@@ -129,4 +137,4 @@ def decode_chunk(store_id: str, extent: str, batch: ReadResult, timer: bool) -> 
     else:
         records = decode_records(batch.records)
         size = sum(map(len, batch.records))
-    return Chunk(store_id, keys, records, ids, batch.end, size)
+    return Chunk(store_id, keys, records, ids, batch.end, size, asked_ms)

@@ -45,6 +45,7 @@ class DlqHandlers:
                     **body_fields(record.body, record.text),
                     "attributes": record.attributes or {},
                     "enqueued_at": rfc3339(record.enqueued_ms),
+                    **({"key": record.key} if record.key is not None else {}),
                 })  # fmt: skip
         return json_response({"messages": messages, "depth": depth})
 

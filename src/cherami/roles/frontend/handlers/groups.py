@@ -102,6 +102,7 @@ class GroupHandlers:
             delivered=state.delivered,
             acked=state.acked,
             redelivered=state.redelivered,
+            top_keys=[s.KeyBacklog(k, n) for k, n in state.top_keys],
         )
 
     async def _persisted_stats(self, group: Group, dlq_depth: int, read: bool) -> s.GroupStats:

@@ -60,6 +60,7 @@ class PeekMessage(msgspec.Struct, omit_defaults=True):
     enqueued_at: str
     body: str | None = None
     body_b64: bytes | None = None  # base64 in JSON
+    key: str | None = None  # its ordering key, when it has one
 
 
 class PeekResponse(msgspec.Struct):
@@ -396,5 +397,10 @@ def _after(cursor: Cursor, extents: list[Extent], places: dict[str, int | None])
 def _message(extent: str, seq: int, record: Record) -> PeekMessage:
     text, data = text_or_bytes(record.body, record.text)
     return PeekMessage(
-        message_id(extent, seq), record.attributes or {}, rfc3339(record.enqueued_ms), text, data
+        message_id(extent, seq),
+        record.attributes or {},
+        rfc3339(record.enqueued_ms),
+        text,
+        data,
+        record.key,
     )

@@ -1,0 +1,249 @@
+"""A consumer group's ordering keys on this output host (docs/api.md, "Ordering keys").
+
+A message with a ``key`` *holds* its key from the moment it is made ready until it is
+settled for good: acked, dead-lettered, or dropped as expired. Meanwhile the later
+messages of the key read here wait in the key's line (in read order, which is publish
+order within an extent), outside the ready queue, so they never stand in the way of
+unkeyed messages or of other keys; a nack, a visibility timeout or a closed stream parks
+the holder (redelivery.py) and it keeps the key until it is delivered again and
+settled. When the holder is settled for good, the next of its line is made ready.
+
+A waiting message is read and tracked like any other: it is simply not acked yet, so
+the ack level stays below it (after a failover the new holder of the extent reads it
+again), and it counts in the group's read window.
+
+The holder is named by where it is stored (extent, storage key), not by its entry: a
+parked message whose body was dropped from memory comes back as a new entry.
+
+**Across extents.** A queue may have several open extents (scaling), and a key moves to
+another extent when they change (a seal, a new extent): its earlier messages may sit
+in an extent this group has not read as far. So a keyed message read from one extent
+joins its key's line only once every other plain extent of the group here has been
+read past the time it was enqueued (``ExtentCursor.seen_ms``: a record read with a
+later enqueue time was appended after it; a read that came back short when it was
+asked had everything committed before then). Until then it waits in its extent's
+*pending* queue, in read order. An extent that is read to its end, or was created
+after the message, is not waited for; one whose reader is waiting for new records is
+*probed*: one read that finds nothing after its position moves its ``seen_ms`` to when
+it was asked (cost follows work: a probe only while a keyed message waits on it)."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from cherami.errors import CheramiError
+from cherami.wire.store import TIMER
+
+if TYPE_CHECKING:
+    from cherami.roles.outputhost.entry import Entry
+    from cherami.roles.outputhost.extentreader import ExtentCursor
+    from cherami.roles.storehost.directory import StoreDirectory
+
+log = logging.getLogger("cherami.outputhost.keygate")
+
+Where = tuple[str, bytes]  # extent id, storage key
+TOP_KEYS = 10  # keys with the most backlog in a group's stats
+PROBE_RETRY = 0.5  # seconds before a failed probe is tried again
+CREATED_SLACK_MS = 2000  # an extent created this long after a message cannot hold it earlier
+
+
+class KeyGate:
+    """``ready`` takes the next message of a key whose holder was settled."""
+
+    def __init__(
+        self,
+        ready: Callable[[list[Entry]], None],
+        cursors: dict[str, ExtentCursor] | None = None,
+        stores: Callable[[], StoreDirectory] | None = None,
+    ) -> None:
+        """``cursors``: the group's extent cursors (None: one extent, nothing to wait
+        for); ``stores`` gives the store hosts' clients, to probe an extent whose reader
+        waits for new records."""
+        self._ready = ready
+        self._cursors: dict[str, ExtentCursor] = {} if cursors is None else cursors
+        self._stores = stores
+        self.held: dict[str, Where] = {}  # key -> where its holder is stored
+        self._keys: dict[Where, str] = {}  # the same, the other way round
+        self._lines: dict[str, deque[Entry]] = {}  # key -> its waiting messages, in order
+        self._pending: dict[ExtentCursor, deque[Entry]] = {}  # read before the others
+        self._probing: dict[str, asyncio.Task[None]] = {}  # extent -> its probe
+
+    def __bool__(self) -> bool:
+        return bool(self.held)
+
+    def admit(self, entries: Iterable[Entry]) -> list[Entry]:
+        """Of messages about to be made ready (read, or due again), those that may be:
+        unkeyed ones, the first of a key, its holder coming back; the others wait."""
+        return [e for e in entries if e.record.key is None or self.let(e)]
+
+    def let(self, entry: Entry) -> bool:
+        """Whether a keyed message may be made ready now (else it waits in its line)."""
+        key = entry.record.key
+        assert key is not None
+        where = (entry.cursor.id, entry.key)
+        holder = self.held.get(key)
+        if holder == where:
+            return True  # delivered again
+        cursor = entry.cursor
+        if cursor in self._pending or self._behind(cursor, entry.record.enqueued_ms):
+            self._pending.setdefault(cursor, deque()).append(entry)
+            return False
+        return self._join(key, where, entry)
+
+    def _join(self, key: str, where: Where, entry: Entry) -> bool:
+        holder = self.held.get(key)
+        if holder is None:
+            self.held[key] = where
+            self._keys[where] = key
+            return True
+        line = self._lines.get(key)
+        if line is None:
+            line = self._lines[key] = deque()
+        line.append(entry)
+        return False
+
+    def done(self, entries: Iterable[Entry]) -> None:
+        """These messages are settled for good (acked, dead-lettered, expired): their
+        keys go to the next message of each line."""
+        nexts = [
+            n for e in entries if e.record.key is not None and (n := self._pass(e.cursor.id, e.key))
+        ]
+        if nexts:
+            self._ready(nexts)
+
+    def done_at(self, extent: str, storage_key: bytes) -> None:
+        """``done`` of a message known by where it is stored (its body is not here)."""
+        nxt = self._pass(extent, storage_key)
+        if nxt is not None:
+            self._ready([nxt])
+
+    def _pass(self, extent: str, storage_key: bytes) -> Entry | None:
+        key = self._keys.pop((extent, storage_key), None)
+        if key is None:
+            return None
+        line = self._lines.get(key)
+        if not line:
+            del self.held[key]
+            return None
+        nxt = line.popleft()
+        if not line:
+            del self._lines[key]
+        where = (nxt.cursor.id, nxt.key)
+        self.held[key] = where
+        self._keys[where] = key
+        return nxt
+
+    def drop_cursor(self, cursor: ExtentCursor) -> None:
+        """Its extent is no longer held here: forget its holders and waiting messages
+        (the new holder of the extent reads them again); a key whose holder was of it
+        passes to its next waiting message of another extent."""
+        for key in [k for k, line in self._lines.items() if any(e.cursor is cursor for e in line)]:
+            kept = deque(e for e in self._lines[key] if e.cursor is not cursor)
+            if kept:
+                self._lines[key] = kept
+            else:
+                del self._lines[key]
+        self._pending.pop(cursor, None)
+        for where in [w for w in self._keys if w[0] == cursor.id]:
+            self.done_at(*where)
+        self.read()  # nothing waits for it any more
+
+    # across extents
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
+
+    def _behind(self, cursor: ExtentCursor, enqueued_ms: int) -> bool:
+        """Whether another extent may still hold an earlier message of any key (one not
+        read as far as ``enqueued_ms``); those whose readers wait are probed."""
+        behind = False
+        for other in self._cursors.values():
+            if other is cursor or other.seen_ms >= enqueued_ms or not _may_hold(other):
+                continue
+            if other.extent.created_at * 1000 > enqueued_ms + CREATED_SLACK_MS:
+                continue
+            behind = True
+            if other.tailing and other.id not in self._probing:
+                self._probe(other)
+        return behind
+
+    def read(self) -> None:
+        """An extent was read further (or read to its end, or dropped): pending
+        messages whose every other extent is read as far join their keys' lines."""
+        nexts: list[Entry] = []
+        for cursor in list(self._pending):
+            pending = self._pending[cursor]
+            while pending and not self._behind(cursor, pending[0].record.enqueued_ms):
+                entry = pending.popleft()
+                key = entry.record.key
+                assert key is not None
+                if self._join(key, (cursor.id, entry.key), entry):
+                    nexts.append(entry)
+            if not pending:
+                del self._pending[cursor]
+        if nexts:
+            self._ready(nexts)
+
+    def _probe(self, cursor: ExtentCursor) -> None:
+        if self._stores is None:
+            return
+        task = asyncio.create_task(self._probe_once(cursor, self._stores()))
+        self._probing[cursor.id] = task
+
+        def finished(_: object) -> None:
+            if self._probing.get(cursor.id) is task:
+                del self._probing[cursor.id]
+
+        task.add_done_callback(finished)
+
+    async def _probe_once(self, cursor: ExtentCursor, stores: StoreDirectory) -> None:
+        """One read after the reader's position: nothing there moves ``seen_ms`` to when
+        it was asked; something there is the reader's to bring (it moves it then)."""
+        for store_id in cursor.extent.stores:
+            asked = time.time() * 1000
+            try:
+                batch = await stores.get(store_id).read(cursor.id, cursor.read_key, 1)
+            except CheramiError as err:
+                log.debug("probe of extent %s on %s failed: %s", cursor.id, store_id, err)
+                continue
+            if not batch.keys and cursor.tailing:
+                cursor.seen_ms = max(cursor.seen_ms, asked)
+                del self._probing[cursor.id]  # done: what still waits on it probes anew
+                self.read()
+            return
+        await asyncio.sleep(PROBE_RETRY)  # every replica failed: the next wait probes again
+
+    def stop(self) -> list[asyncio.Task[None]]:
+        tasks = list(self._probing.values())
+        for task in tasks:
+            task.cancel()
+        return tasks
+
+    def waiting(self) -> int:
+        return sum(map(len, self._lines.values())) + sum(map(len, self._pending.values()))
+
+    def top(self, n: int = TOP_KEYS) -> list[tuple[str, int]]:
+        """The ``n`` keys with the most messages here not settled (the holder and its
+        line), most first."""
+        counts = {k: 1 + len(line) for k, line in self._lines.items()}
+        for k in self.held:
+            counts.setdefault(k, 1)
+        for pending in self._pending.values():
+            for entry in pending:
+                key = entry.record.key
+                assert key is not None
+                counts[key] = counts.get(key, 0) + 1
+        return heapq.nlargest(n, counts.items(), key=lambda kv: kv[1])
+
+
+def _may_hold(cursor: ExtentCursor) -> bool:
+    """Whether an extent may still bring keyed messages that come before others: a plain
+    extent being read (not a timer extent: a delayed message joins its key when due; not
+    a merged DLQ range: its messages were delivered long before)."""
+    return not cursor.read_done and cursor.extent.kind != TIMER and cursor.limit is None

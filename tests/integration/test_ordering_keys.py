@@ -1,0 +1,93 @@
+"""Ordering keys on a real node (docs/api.md, "Ordering keys"): 50 keys x 200 messages
+and unkeyed ones among them, 8 competing consumers (4 over HTTP, 4 streams) with random
+processing times and 10% nacks: per key the order of first successful processing is
+publish order and no two messages of a key are ever in hand at once; a poison message
+of one key does not hold up the other keys, goes to the DLQ after max deliveries, and
+its key goes on after it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from cherami.client.asyncclient import AsyncClient
+from cherami.client.models import OutgoingMessage
+from cherami.errors import InvalidRequest
+from tests.support.keyorder import KeyOrder, http_consumer, stream_consumer
+from tests.support.server import unique
+
+KEYS = 50
+PER_KEY = 200
+UNKEYED = 1000
+POISON_KEY = "poison"
+POISONED = 5  # messages of the poison key; the first is the poison
+
+
+async def test_keys_are_delivered_one_at_a_time_in_publish_order(client: AsyncClient) -> None:
+    queue, group = unique("q"), unique("g")
+    await client.create_queue(queue)
+    await client.create_group(queue, group, max_delivery_count=4, visibility_timeout_seconds=60)
+    keys = [f"k{i}" for i in range(KEYS)]
+    messages = [OutgoingMessage(f"{POISON_KEY}/{i}", key=POISON_KEY) for i in range(POISONED)]
+    for n in range(PER_KEY):
+        messages += [OutgoingMessage(f"{k}/{n}", key=k) for k in keys]
+        messages += [OutgoingMessage(f"u/{n}/{j}") for j in range(UNKEYED // PER_KEY)]
+    for start in range(0, len(messages), 1000):  # in order: each batch after the last
+        await client.publish(queue, messages[start : start + 1000])
+
+    check = KeyOrder(poison=frozenset({f"{POISON_KEY}/0"}))
+    total = len(messages) - 1  # all but the poison are acked
+    deadline = time.monotonic() + 120
+
+    def done() -> bool:
+        return sum(map(len, check.acked.values())) >= total or time.monotonic() > deadline
+
+    consumers = [http_consumer(client, queue, group, check, done) for _ in range(4)]
+    consumers += [stream_consumer(client, queue, group, check, done) for _ in range(4)]
+    await asyncio.gather(*consumers)
+
+    assert check.overlaps == [], check.overlaps[:5]
+    assert check.span_overlaps() == [], check.span_overlaps()[:5]
+    for k in keys:
+        assert check.acked.get(k) == [f"{k}/{n}" for n in range(PER_KEY)], k
+    assert len(check.acked.get(None, [])) == UNKEYED
+    # the poison went to the DLQ after 4 deliveries, and its key went on after it
+    assert check.acked[POISON_KEY] == [f"{POISON_KEY}/{i}" for i in range(1, POISONED)]
+    dlq = await client.dlq(queue, group)
+    assert [m["body"] for m in dlq["messages"]] == [f"{POISON_KEY}/0"]
+    assert dlq["messages"][0]["key"] == POISON_KEY
+    # ... and held its key only: the other keys were processed while it was in the way
+    spans = sorted(check.spans[POISON_KEY])
+    held_from = spans[0][0]  # its first delivery began
+    held_until = next(begin for begin, _, body in spans if body != f"{POISON_KEY}/0")
+    others = sum(
+        1 for k in keys for begin, _, _ in check.spans[k] if held_from < begin < held_until
+    )
+    assert others > 0, "no other key was processed while the poison held its key"
+    assert check.nacks >= 4  # the poison's 4 and about 10% of the rest
+    stats = (await client.get_group(queue, group))["stats"]
+    assert stats["backlog"] == 0 and stats["top_keys"] == []
+
+
+async def test_a_key_is_returned_on_receive_and_peek_and_a_bad_key_is_refused(
+    client: AsyncClient,
+) -> None:
+    queue, group = unique("q"), unique("g")
+    await client.create_queue(queue)
+    await client.create_group(queue, group)
+    await client.publish(queue, [OutgoingMessage("a", key="order-17"), "b"])
+    got = await client.receive(queue, group, max_messages=2, wait_seconds=5)
+    assert [(m.text, m.key) for m in got] == [("a", "order-17"), ("b", None)]
+    page = await client.peek(queue)
+    assert [m.get("key") for m in page["messages"]] == ["order-17", None]
+    stats = (await client.get_group(queue, group))["stats"]
+    assert stats["top_keys"] == [{"key": "order-17", "backlog": 1}]
+    for bad in ["", "x" * 129, "line\nbreak", "nul\x00"]:
+        with pytest.raises(InvalidRequest, match="key"):
+            await client.publish(queue, [OutgoingMessage("c", key=bad)])
+    async with client.publisher(queue) as pub:
+        with pytest.raises(InvalidRequest):
+            await (await pub.send([OutgoingMessage("c", key="tab\there")]))
+    assert len(await client.receive(queue, group, max_messages=10, wait_seconds=0.5)) == 0

@@ -1,0 +1,92 @@
+"""The ordering-key gate of a group (roles/outputhost/keygate.py), as logic: a key's
+messages one at a time and in read order, across extents by how far each was read."""
+
+from __future__ import annotations
+
+from cherami.metadata.models import AckLevel, Extent
+from cherami.roles.outputhost.entry import Entry
+from cherami.roles.outputhost.extentreader import ExtentCursor
+from cherami.roles.outputhost.keygate import KeyGate
+from cherami.wire.keys import plain_key
+from cherami.wire.records import Record
+from cherami.wire.store import PLAIN
+
+
+def _cursor(extent_id: str, created_s: float = 0.0) -> ExtentCursor:
+    extent = Extent(id=extent_id, queue="q", kind=PLAIN, status="open", input_host="i",
+                    stores=["s"], created_at=created_s)  # fmt: skip
+    return ExtentCursor(extent, AckLevel(queue="q", group="g", extent=extent_id))
+
+
+def _entry(cursor: ExtentCursor, seq: int, key: str | None, enqueued_ms: int = 0) -> Entry:
+    record = Record(enqueued_ms, enqueued_ms, f"{cursor.id}/{seq}".encode(), key=key)
+    return Entry(cursor, seq, f"{cursor.id}:{seq}", record, plain_key(seq))
+
+
+def _bodies(entries: list[Entry]) -> list[str]:
+    return [e.record.body.decode() for e in entries]
+
+
+def test_a_key_waits_for_its_holder_and_others_pass() -> None:
+    ready: list[Entry] = []
+    gate = KeyGate(ready.extend)
+    a = _cursor("a")
+    entries = [_entry(a, 1, "k"), _entry(a, 2, "k"), _entry(a, 3, "j"), _entry(a, 4, None),
+               _entry(a, 5, "k")]  # fmt: skip
+    assert _bodies(gate.admit(entries)) == ["a/1", "a/3", "a/4"]
+    assert gate.top() == [("k", 3), ("j", 1)]
+    assert gate.admit([entries[0]]) == [entries[0]]  # the holder, delivered again
+    gate.done([entries[2], entries[3]])  # j's holder and an unkeyed one: nothing waits
+    assert ready == []
+    gate.done([entries[0]])
+    assert _bodies(ready) == ["a/2"]
+    gate.done_at("a", plain_key(2))  # known by where it is stored (a parked one)
+    assert _bodies(ready) == ["a/2", "a/5"]
+    gate.done([entries[4]])
+    assert not gate and gate.top() == []
+
+
+def test_a_message_of_an_extent_read_past_by_the_others_joins_at_once() -> None:
+    a, b = _cursor("a"), _cursor("b")
+    gate = KeyGate(lambda _: None, {"a": a, "b": b})
+    a.seen_ms = 1000.0
+    early = _entry(b, 1, "k", enqueued_ms=500)
+    assert gate.admit([early]) == [early]
+    assert not gate.pending
+
+
+def test_pending_messages_join_in_order_once_the_other_extent_is_read_past_them() -> None:
+    ready: list[Entry] = []
+    a, b = _cursor("a"), _cursor("b")
+    gate = KeyGate(ready.extend, {"a": a, "b": b})
+    late = _entry(b, 1, "k", enqueued_ms=2000)  # k moved to b
+    also = _entry(b, 2, "j", enqueued_ms=2001)
+    unkeyed = _entry(b, 3, None, enqueued_ms=2002)
+    assert gate.admit([late, also, unkeyed]) == [unkeyed]
+    assert gate.pending and gate.top() == [("k", 1), ("j", 1)]
+    early = _entry(a, 7, "k", enqueued_ms=1500)  # read from a afterwards: k's earlier one
+    b.seen_ms = 2002.0
+    assert gate.admit([early]) == [early]
+    a.seen_ms = 1999.0
+    gate.read()
+    assert ready == []  # a not yet past 2000
+    a.seen_ms = 2001.0
+    gate.read()
+    assert _bodies(ready) == ["b/2"]  # j's; k's waits for its holder a/7
+    gate.done([early])
+    assert _bodies(ready) == ["b/2", "b/1"]
+
+
+def test_an_extent_read_to_its_end_or_made_after_a_message_is_not_waited_for() -> None:
+    ready: list[Entry] = []
+    a, b, c = _cursor("a"), _cursor("b"), _cursor("c", created_s=100.0)
+    cursors = {"a": a, "b": b, "c": c}
+    gate = KeyGate(ready.extend, cursors)
+    a.read_done = True
+    first = _entry(b, 1, "k", enqueued_ms=50_000)  # c was made 50 s after it
+    assert gate.admit([first]) == [first]
+    later = _entry(b, 2, "j", enqueued_ms=100_000)
+    assert gate.admit([later]) == []
+    del cursors["c"]  # c went to another host (GroupConsumer.drop_extent)
+    gate.drop_cursor(c)
+    assert _bodies(ready) == ["b/2"]
