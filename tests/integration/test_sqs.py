@@ -222,6 +222,10 @@ def test_queue_actions(sqs: Client) -> None:
     sqs.tag_queue(QueueUrl=url, Tags={"env": "test", "cost": "1"})
     sqs.untag_queue(QueueUrl=url, TagKeys=["cost"])
     assert sqs.list_queue_tags(QueueUrl=url)["Tags"] == {"team": "a", "env": "test"}
+    for bad in ({"aws:x": "1"}, {"k" * 129: "1"}, {"k": "v" * 257}):
+        with pytest.raises(ClientError) as err:
+            sqs.tag_queue(QueueUrl=url, Tags=bad)
+        assert error_code(err) == "InvalidParameterValue"
     prefix = name[:-4]
     assert sqs.list_queues(QueueNamePrefix=prefix)["QueueUrls"] == [url]
     sqs.create_queue(QueueName=prefix + "zzzz")
@@ -491,6 +495,45 @@ def test_redrive_from_the_dlq(sqs: Client) -> None:
     with pytest.raises(ClientError) as err:
         sqs.start_message_move_task(SourceArn=dlq_arn.replace(dlq_arn.rsplit(":", 1)[1], "nope"))
     assert error_code(err) == "ResourceNotFoundException"
+
+
+def test_redrive_allow_policy_and_dead_letter_source_pages(sqs: Client) -> None:
+    dlq = sqs.create_queue(QueueName=unique("dlq"))["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    first, second = unique("src-a"), unique("src-b")
+    allow = {
+        "redrivePermission": "byQueue",
+        "sourceQueueArns": [arn.rsplit(":", 1)[0] + ":" + first],
+    }
+    sqs.set_queue_attributes(QueueUrl=dlq, Attributes={"RedriveAllowPolicy": json.dumps(allow)})
+    redrive = {"RedrivePolicy": json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": 3})}
+    sqs.create_queue(QueueName=first, Attributes=redrive)
+    with pytest.raises(ClientError) as err:  # not among the target's sourceQueueArns
+        sqs.create_queue(QueueName=second, Attributes=redrive)
+    assert error_code(err) == "InvalidAttributeValue"
+    for bad in ({"redrivePermission": "byQueue"}, {"redrivePermission": "denyAll",
+                "sourceQueueArns": [arn]}, {"redrivePermission": "some"}):  # fmt: skip
+        with pytest.raises(ClientError) as err:
+            sqs.set_queue_attributes(
+                QueueUrl=dlq, Attributes={"RedriveAllowPolicy": json.dumps(bad)}
+            )
+        assert error_code(err) == "InvalidAttributeValue"
+    sqs.set_queue_attributes(
+        QueueUrl=dlq, Attributes={"RedriveAllowPolicy": '{"redrivePermission":"allowAll"}'}
+    )
+    sqs.create_queue(QueueName=second, Attributes=redrive)
+    page = sqs.list_dead_letter_source_queues(QueueUrl=dlq, MaxResults=1)
+    (url,) = page["queueUrls"]
+    rest = sqs.list_dead_letter_source_queues(
+        QueueUrl=dlq, MaxResults=1, NextToken=page["NextToken"]
+    )
+    assert [url.rsplit("/", 1)[1], *(u.rsplit("/", 1)[1] for u in rest["queueUrls"])] == [
+        first,
+        second,
+    ]
+    assert "NextToken" not in rest
 
 
 def _aws(endpoint: str, tmp: Path, *args: str) -> Any:

@@ -8,7 +8,8 @@
 | VisibilityTimeout | the ``sqs`` group's ``visibility_timeout_seconds`` |
 | RedrivePolicy ``maxReceiveCount`` | the group's ``max_delivery_count`` (1000 without one) |
 | RedrivePolicy ``deadLetterTargetArn`` | kept (settings.py); messages go to the group's DLQ |
-| ReceiveMessageWaitTimeSeconds, Policy, RedriveAllowPolicy, Kms*, SqsManagedSseEnabled | kept |"""
+| ReceiveMessageWaitTimeSeconds, Policy, Kms*, SqsManagedSseEnabled | kept |
+| RedriveAllowPolicy | kept; checked against a source's RedrivePolicy |"""
 
 from __future__ import annotations
 
@@ -106,6 +107,10 @@ def parse(attributes: Any, creating: bool) -> Wanted:
             wanted.group["visibility_timeout_seconds"] = float(seconds) or MIN_VISIBILITY
         elif name == "RedrivePolicy":
             _redrive(wanted, value)
+        elif name == "RedriveAllowPolicy":
+            if value not in ("", None):
+                allowed_sources(str(value))  # checked now, applied to the sources' policies
+            wanted.kept[name] = str(value)
         else:
             wanted.kept[name] = str(value)
     return wanted
@@ -127,6 +132,26 @@ def _redrive(wanted: Wanted, value: Any) -> None:
         ) from None  # fmt: skip
     wanted.group["max_delivery_count"] = count
     wanted.dead_letter_target = target
+
+
+def allowed_sources(policy: str | None) -> list[str] | None:
+    """The queues (by name) a dead-letter queue's RedriveAllowPolicy lets name it as
+    their target; None: any queue (``allowAll``, or no policy)."""
+    if not policy:
+        return None
+    why = ("Reason: RedriveAllowPolicy must be a JSON map with redrivePermission allowAll, "
+           "denyAll or byQueue, and sourceQueueArns (1 to 10) with byQueue only.")  # fmt: skip
+    try:
+        parsed = json.loads(policy)
+        permission = parsed["redrivePermission"]
+        arns = parsed.get("sourceQueueArns")
+    except (ValueError, TypeError, KeyError):
+        raise bad_attribute_value("RedriveAllowPolicy", why) from None
+    if permission == "byQueue" and isinstance(arns, list) and 1 <= len(arns) <= 10:
+        return [name_of_arn(arn, "RedriveAllowPolicy") for arn in arns]
+    if permission in ("allowAll", "denyAll") and arns is None:
+        return None if permission == "allowAll" else []
+    raise bad_attribute_value("RedriveAllowPolicy", why)
 
 
 def fifo_refused() -> SqsError:

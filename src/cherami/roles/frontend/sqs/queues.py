@@ -90,7 +90,7 @@ class QueueActions:
         c.allow("admin", name)
         wanted = a.parse(p.get("Attributes"), creating=True)
         tags = _tags(p.get("tags", p.get("Tags")))
-        await self._check_target(wanted)
+        await self._check_target(name, wanted)
         found = await self.backend.find(name)
         if found is not None:
             queue, group = found
@@ -119,10 +119,19 @@ class QueueActions:
         await self.settings.put(name, before, settings)
         return {"QueueUrl": c.url(name)}
 
-    async def _check_target(self, wanted: a.Wanted) -> None:
+    async def _check_target(self, source: str, wanted: a.Wanted) -> None:
+        """The RedrivePolicy's target exists, and its RedriveAllowPolicy lets this
+        queue name it."""
         target = wanted.dead_letter_target
-        if isinstance(target, str) and await self.backend.find(target) is None:
+        if not isinstance(target, str):
+            return
+        if await self.backend.find(target) is None:
             raise bad_attribute_value("RedrivePolicy", "Reason: Dead letter target does not exist.")
+        policy = (await self.settings.get(target)).kept.get("RedriveAllowPolicy")
+        allowed = a.allowed_sources(policy)
+        if allowed is not None and source not in allowed:
+            raise bad_attribute_value("RedrivePolicy", "Reason: The dead letter target's "
+                                      "RedriveAllowPolicy does not allow this queue.")  # fmt: skip
 
     async def GetQueueUrl(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
         name = p.get("QueueName")
@@ -138,18 +147,9 @@ class QueueActions:
         limit = p.get("MaxResults")
         if limit is not None:
             limit = integer("MaxResults", limit, 1, 1000)
-        after = None
-        token = p.get("NextToken")
-        if token:
-            try:
-                after = base64.urlsafe_b64decode(str(token) + "==").decode()
-            except (binascii.Error, ValueError):
-                raise invalid("Invalid NextToken.") from None
+        after = _after(p.get("NextToken"))
         names = await self.backend.names(str(prefix), after, (limit or 1000) + 1)
-        out: dict[str, Any] = {"QueueUrls": [c.url(n) for n in names[: limit or 1000]]}
-        if limit is not None and len(names) > limit:
-            out["NextToken"] = base64.urlsafe_b64encode(names[limit - 1].encode()).decode()
-        return out
+        return _page(c, "QueueUrls", names, limit)
 
     async def DeleteQueue(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
         name = queue_name(p)
@@ -177,7 +177,7 @@ class QueueActions:
             for source in await self.settings.sources_of(name):  # what was dead-lettered to it
                 found = await self.backend.find(source)
                 if found is not None:
-                    visible += (await self.backend.counts(found[1])).dead_lettered
+                    visible += await self.backend.dead_lettered(found[1])
             counts = (visible, got.in_flight, 0)
         attrs = a.render(queue, group, await self.settings.get(name), counts, names, c.region)
         return {"Attributes": attrs} if attrs else {}
@@ -187,7 +187,7 @@ class QueueActions:
         c.allow("admin", name)
         queue, group = await self.find(name)
         wanted = a.parse(p.get("Attributes"), creating=False)
-        await self._check_target(wanted)
+        await self._check_target(name, wanted)
         queue.config = msgspec.structs.replace(queue.config, **wanted.queue)
         group.config = msgspec.structs.replace(group.config, **wanted.group)
         await self.backend.update(queue, group)
@@ -229,8 +229,13 @@ class QueueActions:
         name = queue_name(p)
         c.allow(None, name)
         await self.find(name)
-        sources = [s for s in await self.settings.sources_of(name) if await self.backend.find(s)]
-        return {"queueUrls": [c.url(s) for s in sources]}
+        limit = p.get("MaxResults")
+        if limit is not None:
+            limit = integer("MaxResults", limit, 1, 1000)
+        after = _after(p.get("NextToken"))
+        sources = [s for s in await self.settings.sources_of(name)
+                   if (after is None or s > after) and await self.backend.find(s)]  # fmt: skip
+        return _page(c, "queueUrls", sources, limit)
 
     async def StartMessageMoveTask(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
         source = p.get("SourceArn")
@@ -295,6 +300,25 @@ class QueueActions:
                       f"{done.status}.")  # fmt: skip
 
 
+def _after(token: Any) -> str | None:
+    """The queue name a NextToken continues after."""
+    if not token:
+        return None
+    try:
+        return base64.urlsafe_b64decode(str(token) + "==").decode()
+    except (binascii.Error, ValueError):
+        raise invalid("Invalid NextToken.") from None
+
+
+def _page(c: Caller, key: str, names: list[str], limit: int | None) -> dict[str, Any]:
+    """Up to ``limit`` (else 1,000) of the names' URLs, and a NextToken when a limit
+    was given and more are left."""
+    out: dict[str, Any] = {key: [c.url(n) for n in names[: limit or 1000]]}
+    if limit is not None and len(names) > limit:
+        out["NextToken"] = base64.urlsafe_b64encode(names[limit - 1].encode()).decode()
+    return out
+
+
 def _matches(config: msgspec.Struct, wanted: dict[str, Any]) -> bool:
     return all(getattr(config, k) == v for k, v in wanted.items())
 
@@ -304,6 +328,10 @@ def _tags(raw: Any) -> dict[str, str]:
         return {}
     if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
         raise invalid("Tags must be a map of key to value.")
+    for key, value in raw.items():  # SQS's limits on a tag
+        if not 1 <= len(key) <= 128 or len(value) > 256 or key.lower().startswith("aws:"):
+            raise invalid(f"Tag {key!r} is invalid: a key is 1 to 128 characters, not "
+                          "starting with aws:, and a value up to 256.")  # fmt: skip
     return dict(raw)
 
 
