@@ -1,6 +1,7 @@
 """Parked messages on a real node: a held or delayed message does not stop the messages
-after it, a delivery count survives SIGKILL (the max_delivery_count bound holds), and a
-nack delay survives a restart."""
+after it, a delivery count survives SIGKILL (the max_delivery_count bound holds), a
+message ready again when the node dies is not counted as delivered, and a nack delay
+survives a restart."""
 
 from __future__ import annotations
 
@@ -96,6 +97,60 @@ async def test_a_poison_message_gets_at_most_one_extra_delivery_across_four_kill
         assert 3 <= len(counts) <= 4, f"deliveries counted {counts}"
         assert [m["body"] for m in dead] == ["poison"]
         assert await client.receive(queue, group, max_messages=1, wait_seconds=1) == []
+
+
+async def _receive_both(client: AsyncClient, queue: str, group: str) -> list[Received]:
+    """One delivery each of the two messages (in whatever order they come)."""
+    got: dict[str, Received] = {}
+    deadline = time.monotonic() + 30
+    while len(got) < 2 and time.monotonic() < deadline:
+        for m in await client.receive(queue, group, max_messages=2, wait_seconds=5):
+            assert m.text not in got, f"{m.text} delivered twice at once"
+            got[m.text] = m
+    assert len(got) == 2, f"only {sorted(got)} came in 30 s"
+    return list(got.values())
+
+
+async def test_a_poison_message_reaches_a_consumer_max_times_across_a_kill_while_ready(
+    fresh_server: ServerProcess,
+) -> None:
+    """Two poison messages (every delivery nacked), max_delivery_count 3. Both are nacked
+    in one request, so they are due together and made ready together: taking one of them
+    (and nacking it) shows the other is ready too, and the node is SIGKILLed then, with no
+    delivery in flight. A delivery is counted only once a consumer is handed it, so each
+    message reaches the consumer exactly 3 times, with counts 1, 2, 3, before the DLQ
+    (counted when made ready, the ready one came back at 3 and went to the DLQ after 2)."""
+    server = fresh_server.start()
+    queue, group = unique("q"), unique("g")
+    seen: dict[str, list[int]] = {"a": [], "b": []}
+
+    def note(got: list[Received]) -> list[str]:
+        for m in got:
+            seen[m.text].append(m.delivery_count)
+        return [m.receipt or "" for m in got]
+
+    async with AsyncClient(server.url, timeout=30) as client:
+        await client.create_queue(queue)
+        await client.create_group(queue, group, max_delivery_count=3)
+        await client.publish(queue, ["a", "b"])
+        await client.nack(queue, group, note(await _receive_both(client, queue, group)))
+        one = await client.receive(queue, group, max_messages=1, wait_seconds=5)
+        assert len(one) == 1
+        await client.nack(queue, group, note(one))  # answered once its row is written
+    server.kill()
+    server.start()
+    async with AsyncClient(server.url, timeout=30) as client:
+        await client.nack(queue, group, note(await _receive_both(client, queue, group)))
+        dead: list[dict[str, object]] = []
+        deadline = time.monotonic() + 30
+        while len(dead) < 2 and time.monotonic() < deadline:
+            got = await client.receive(queue, group, max_messages=2, wait_seconds=1)
+            if got:
+                await client.nack(queue, group, note(got))
+            dead = (await client.dlq(queue, group))["messages"]
+        assert sorted(str(m["body"]) for m in dead) == ["a", "b"], f"DLQ {dead}"
+        assert seen == {"a": [1, 2, 3], "b": [1, 2, 3]}, f"deliveries seen {seen}"
+        assert await client.receive(queue, group, max_messages=2, wait_seconds=1) == []
 
 
 async def test_a_nack_delay_survives_a_restart(fresh_server: ServerProcess) -> None:

@@ -1,5 +1,6 @@
-"""Parked messages: a row is written before the cursor passes a message and before each
-redelivery; acks and the DLQ delete it; loading rows after a restart."""
+"""Parked messages: a row is written before the cursor passes a message and again when a
+redelivery is handed to a consumer (never before); acks and the DLQ delete it; loading
+rows after a restart."""
 
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ from cherami.roles.outputhost import groupconsumer as gc
 from cherami.roles.outputhost.entry import Entry, Run
 from cherami.roles.outputhost.extentreader import ExtentCursor, _run
 from cherami.roles.outputhost.redelivery import (
-    BUMPING,
     DUE,
     OUT,
     PARKING,
@@ -99,11 +99,15 @@ async def test_a_parked_message_is_passed_by_its_cursor_only_once_its_row_is_wri
     assert entry.row.state == WAITING and p.set.due(4999) == []
     (due,) = p.set.due(5000)
     assert due.state == DUE and due.entry is entry
-    p.set.bump(due)  # the next delivery is counted before it starts
-    assert due.state == BUMPING and not p.ready
+    p.set.release([due])  # ready again at once: nothing is counted before a consumer has it
+    assert p.ready == [entry] and due.state == OUT and entry.count == 1 and not p.set.pending
+    entry.count += 1  # what take() does as a consumer is handed it
+    p.set.delivered([entry])
+    assert p.set.pending
     await write(meta, [p.set], None)  # type: ignore[arg-type]
-    assert meta.rows[("e1", plain_key(1))].count == 2
-    assert p.ready == [entry] and due.state == OUT and entry.count == 1  # take() adds one
+    assert meta.rows[("e1", plain_key(1))].count == 2  # the delivery handed out is counted
+    p.set.delivered([entry])  # the same delivery again: nothing more to write
+    assert not p.set.pending
     p.set.forget(due)  # acked
     assert entry.row is None and not p.set.rows
     await write(meta, [p.set], None)  # type: ignore[arg-type]
@@ -217,7 +221,7 @@ def _consumer(max_count: int = 3) -> gc.GroupConsumer:
     return consumer
 
 
-async def test_a_nacked_message_leaves_the_window_and_is_counted_before_redelivery() -> None:
+async def test_a_nacked_message_leaves_the_window_and_is_counted_once_redelivered() -> None:
     consumer, meta = _consumer(), _Metadata()
     cursor = consumer.cursors["e1"]
     await consumer.window.admit(_read_run(cursor, range(1, 4)))
@@ -231,11 +235,13 @@ async def test_a_nacked_message_leaves_the_window_and_is_counted_before_redelive
     (row,) = meta.rows.values()
     assert row.count == 1 and row.due_ms > 3_000_000
     consumer._release_due(row.due_ms)
-    assert not consumer.ready  # not before its count is written
+    assert list(consumer.ready) == [first] and not consumer.parked.pending  # nothing counted
     await write(meta, [consumer.parked], None)  # type: ignore[arg-type]
-    assert meta.rows[("e1", plain_key(1))].count == 2
+    assert meta.rows[("e1", plain_key(1))].count == 1  # ready, not delivered: a crash keeps 1
     (again,) = consumer.take(1, 30.0)
     assert again is first and again.count == 2
+    await write(meta, [consumer.parked], None)  # type: ignore[arg-type]
+    assert meta.rows[("e1", plain_key(1))].count == 2  # handed out: counted
     consumer.ack([again.no])
     await write(meta, [consumer.parked], None)  # type: ignore[arg-type]
     assert meta.rows == {}

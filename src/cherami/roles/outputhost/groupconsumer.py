@@ -292,6 +292,8 @@ class GroupConsumer:
             self._timers_due.set()
             self.delivered += count
             self.redelivered += redelivered
+        if redelivered:  # handed out now: their rows count these deliveries
+            self.parked.delivered(taken)
         return taken, count
 
     def ack(self, numbers: list[int], owner: Any = None) -> list[int]:
@@ -339,23 +341,21 @@ class GroupConsumer:
             self.window.freed()
 
     def _redeliver(self, entries: list[Entry]) -> None:
-        """Parked entries whose next delivery is counted: deliver them first."""
+        """Parked entries now due: deliver them first."""
         self.window.put_first(entries)
 
     def _release_due(self, now_ms: int) -> None:
-        unread = []
-        for parked in self.parked.due(now_ms):
-            if parked.entry is None:
-                unread.append(parked)
-            else:
-                self._requeue(parked, parked.entry, now_ms)
+        due = self.parked.due(now_ms)
+        unread = [p for p in due if p.entry is None]
+        self.parked.release([p for p in due if p.entry and self._requeue(p, p.entry, now_ms)])
         if unread:
             task = asyncio.create_task(self._read_parked(unread))
             self._reading.add(task)
             task.add_done_callback(self._reading.discard)
 
-    def _requeue(self, parked: Parked, entry: Entry, now_ms: int) -> None:
-        """A due parked message: to the DLQ at the delivery limit, else counted again."""
+    def _requeue(self, parked: Parked, entry: Entry, now_ms: int) -> bool:
+        """A due parked message: to the DLQ at the delivery limit, forgotten past
+        retention; else True (it is to be delivered again, ``Redeliveries.release``)."""
         retention_ms = self.queue.config.retention_seconds * 1000
         if now_ms > entry.record.enqueued_ms + retention_ms:
             self._forget(parked)
@@ -363,7 +363,8 @@ class GroupConsumer:
             parked.state = OUT
             self.dead.add(entry)
         else:
-            self.parked.bump(parked)
+            return True
+        return False
 
     def _forget(self, parked: Parked) -> None:
         """A parked message gone for good (expired, deleted): its key moves on."""
@@ -404,7 +405,8 @@ class GroupConsumer:
             entry.count = parked.count
             entry.row = parked
             parked.entry = entry
-            self._requeue(parked, entry, int(time.time() * 1000))
+            if self._requeue(parked, entry, int(time.time() * 1000)):
+                self.parked.release([parked])
 
     def load_parked(
         self, rows: list[Redelivery], extents: set[str], levels: dict[str, AckLevel]

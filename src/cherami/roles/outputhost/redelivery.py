@@ -5,10 +5,12 @@ stream closing) parks the message: its redelivery row (metadata: deliveries so f
 it is due) is written, and only once that write succeeded is the message acked in its
 extent cursor, so the ack level and the read window move past it. A delivery held in
 flight at the head of a full read window is pinned the same way (a row, then the cursor
-ack) and stays in flight. When a parked message is due, its row is written again with
-the count of the delivery about to start (``bump``), and only then is it made ready; a
-message already at max_delivery_count goes to the DLQ instead. An ack or the move to
-the DLQ deletes the row. A first delivery writes nothing.
+ack) and stays in flight. When a parked message is due it is made ready at once, its
+count unchanged (``release``); a message already at max_delivery_count goes to the DLQ
+instead. A delivery is counted when a consumer takes it (``delivered``: an HTTP
+receive's answer, a stream's deliver frame): its row is written again with that count
+in the next flush, so a crash never counts a delivery that no consumer was handed. An
+ack or the move to the DLQ deletes the row. A first delivery writes nothing.
 
 Rows belong to their extent: an output host loads and writes only the rows of the
 extents it holds (ownership.py), and forgets those of an extent it loses without
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from cherami.errors import CheramiError, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Extent, Fence, Redelivery
-from cherami.roles.outputhost.entry import Entry
+from cherami.roles.outputhost.entry import Delivered, Entry
 from cherami.roles.storehost.client import StoreError
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.wire.records import Record, decode_record
@@ -37,8 +39,7 @@ MAX_BODIES = 10_000  # waiting messages whose bodies stay in memory, per group
 # states of a parked message
 PARKING = "parking"  # its row is being written; then it waits
 WAITING = "waiting"  # in the timer heap until due
-DUE = "due"  # taken off the heap: being read by key, bumped or dead-lettered
-BUMPING = "bumping"  # its row is being written with the next delivery counted
+DUE = "due"  # taken off the heap: being read by key, released or dead-lettered
 OUT = "out"  # ready or in flight (or on its way to the DLQ), with a row
 GONE = "gone"  # acked, dead-lettered or dropped: its row is being deleted
 
@@ -76,7 +77,7 @@ class Redeliveries:
         max_bodies: int = MAX_BODIES,
     ) -> None:
         """``covered`` acks an entry in its cursor once a row holds it; ``ready`` takes
-        entries whose next delivery has been counted durably."""
+        entries due again (``release``)."""
         self.queue = queue
         self.group = group
         self._covered = covered
@@ -139,13 +140,27 @@ class Redeliveries:
         parked.state = state
         self._queue(parked)
 
-    def bump(self, parked: Parked) -> None:
-        """Count its next delivery before it starts; it is ready once that is written."""
-        assert parked.entry is not None
-        parked.count += 1
-        parked.entry.count = parked.count - 1  # take() counts the delivery in memory
-        parked.state = BUMPING
-        self._queue(parked)
+    def release(self, due: list[Parked]) -> None:
+        """Due messages (below the delivery limit) are ready again, their counts as
+        their rows say: nothing is written until a consumer takes one (``delivered``)."""
+        entries = []
+        for parked in due:
+            assert parked.entry is not None
+            parked.entry.count = parked.count  # take() counts the delivery in memory
+            parked.state = OUT
+            entries.append(parked.entry)
+        if entries:
+            self._ready(entries)
+
+    def delivered(self, taken: list[Entry | Delivered]) -> None:
+        """Consumers were handed these deliveries (an entry's ``count`` counts its
+        delivery): the rows of the redelivered ones say so from the next flush on."""
+        for entry in taken:
+            if isinstance(entry, Delivered) or (parked := entry.row) is None:
+                continue  # a run, or a first delivery: nothing to write
+            if parked.state == OUT and parked.count < entry.count:
+                parked.count = entry.count
+                self._queue(parked)
 
     def retry(self, parked: Parked, due_ms: int) -> None:
         """Its body could not be read now: wait again."""
@@ -225,7 +240,6 @@ class Redeliveries:
         return Batch([self._row(p) for p in upserts], deletes, [(p, p.version) for p in upserts])
 
     def written(self, batch: Batch) -> None:
-        ready = []
         for parked, version in batch.written:
             parked.covered = True
             entry = parked.entry
@@ -235,11 +249,6 @@ class Redeliveries:
                 continue  # changed again since: that write acts
             if parked.state == PARKING:
                 self._wait(parked)
-            elif parked.state == BUMPING and entry is not None:
-                parked.state = OUT
-                ready.append(entry)
-        if ready:
-            self._ready(ready)
 
     def failed(self, batch: Batch) -> None:
         """Write the same changes again next time (unless changed since)."""
