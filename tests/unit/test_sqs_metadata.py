@@ -16,7 +16,9 @@ from typing import Any, cast
 import msgspec
 import pytest
 
+from cherami.errors import Unavailable
 from cherami.metadata.models import Group, GroupConfig, Queue, QueueConfig
+from cherami.metadata.remembered import RememberingReads
 from cherami.metadata.sqlite import SqliteMetadataStore
 from cherami.roles.frontend.sqs import movetasks as mt
 from cherami.roles.frontend.sqs.settings import FILE, QueueSettings, SettingsStore
@@ -179,3 +181,32 @@ async def test_an_older_sqs_json_is_moved_in_once(
     assert await settings.sources_of("dlq") == ["src"]
     assert not (tmp_path / FILE).exists() and (tmp_path / f"{FILE}.migrated").exists()
     assert await settings.migrate(str(tmp_path)) == 0 and await settings.migrate(None) == 0
+
+
+class Outage:
+    """A store whose reads of queue properties fail while ``down``."""
+
+    def __init__(self, store: SqliteMetadataStore) -> None:
+        self.store = store
+        self.down = False
+
+    def __getattr__(self, name: str) -> Any:  # writes: the store's own
+        return getattr(self.store, name)
+
+    async def get_queue_properties(self, queue: str, prefix: str = "") -> dict[str, str]:
+        if self.down:
+            raise Unavailable("metadata store unavailable")
+        return await self.store.get_queue_properties(queue, prefix)
+
+
+async def test_a_receives_default_wait_is_read_through_a_metadata_outage(
+    meta: SqliteMetadataStore,
+) -> None:
+    """A cluster process reads the settings through RememberingReads: a receive
+    without its own wait still finds the queue's default while the store is out."""
+    outage = Outage(meta)
+    settings = SettingsStore(RememberingReads(cast(Any, outage)))
+    await settings.put("src", QueueSettings(), QueueSettings(wait_seconds=9))
+    assert (await settings.get("src")).wait_seconds == 9
+    outage.down = True
+    assert (await settings.get("src")).wait_seconds == 9

@@ -2,11 +2,12 @@
 
 Publishing to a queue's open extents needs the metadata store only to read what it
 already read a moment ago: the queue's record, its open extents, which input hosts are
-alive; and so does routing a receive or a consume stream to the output hosts that hold a
-group's extents (who holds which lease, which hosts are alive). ``RememberingReads``
-wraps a store: each such read is answered by the store, and when the store fails
-(``Unavailable``: it is down or unreachable, which a call finds out within the pool's 5
-s) from the last answer it gave for the same arguments. From then on every remembered
+alive (and an SQS queue's properties, for the SQS endpoint); and so does routing a
+receive or a consume stream to the output hosts that hold a group's extents (who
+holds which lease, which hosts are alive). ``RememberingReads`` wraps a store: each
+such read is answered by the store, and when the store fails (``Unavailable``: it is
+down or unreachable, which a call finds out within the pool's 5 s) from the last
+answer it gave for the same arguments. From then on every remembered
 read is answered from memory at once, so the rest of an outage costs no request a wait,
 while one read at a time (every ``DOWN_FOR`` seconds) asks the store in the background;
 the first that it answers ends the outage. A read that never succeeded before still
@@ -74,6 +75,12 @@ class RememberingReads:
         """Which output hosts hold a group's extents: nobody can take a lease while the
         store is out, and the holders act on through it (outage.py)."""
         return await self._read(("leases", prefix), lambda: self.store.lease_holders(prefix))
+
+    async def get_queue_properties(self, queue: str, prefix: str = "") -> dict[str, str]:
+        """An SQS queue's settings: a receive without its own wait reads the default."""
+        return await self._read(
+            ("properties", queue, prefix), lambda: self.store.get_queue_properties(queue, prefix)
+        )
 
     async def delete_queue(self, name: str) -> None:
         await self.store.delete_queue(name)
