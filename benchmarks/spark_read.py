@@ -39,7 +39,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import cherami.spark  # noqa: E402  (sets PYSPARK_PYTHON and SPARK_LOCAL_IP)
 from cherami.client.asyncclient import AsyncClient  # noqa: E402
 from cherami.devcluster.nodeproc import NodeProcess as ServerProcess  # noqa: E402
-from cherami.wire.handshake import SECRET_FILE_ENV  # noqa: E402
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -221,7 +220,7 @@ def main() -> None:
         node = ServerProcess(Path(data) / "node", stores=args.stores).start()
         try:
             url = node.url
-            os.environ[SECRET_FILE_ENV] = str(Path(data) / "node" / "cluster.secret")
+            # Spark reads the store hosts with read grants (docs/spark.md): no secret
             rate = asyncio.run(prepare(url, QUEUE, args.messages, args.size, args.extents))
             asyncio.run(prepare(url, WARMUP, 20_000, args.size, args.extents))
             print(f"published {args.messages:,} x {args.size} B in {args.extents} extents "

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import dataclasses
 import logging
-import os
 import shutil
 import sys
 import time
@@ -38,7 +37,6 @@ from cherami.client.asyncclient import AsyncClient  # noqa: E402
 from cherami.client.models import Received  # noqa: E402
 from cherami.client.worker import Worker  # noqa: E402
 from cherami.devcluster.nodeproc import NodeProcess  # noqa: E402
-from cherami.wire.handshake import SECRET_FILE_ENV  # noqa: E402
 from demo.crashgen import CrashReports, parse  # noqa: E402
 from demo.report import Reconcile, print_report  # noqa: E402
 from demo.sparkjob import CrashAggregation  # noqa: E402
@@ -161,9 +159,7 @@ def run(cfg: DemoConfig, spark: SparkSession | None = None, url: str | None = No
         if url is None:
             cfg.say("starting a Cherami node (3 store hosts, SQLite metadata)...")
             node = NodeProcess(cfg.workdir / "node").start()
-            url = node.url
-            # Spark reads the node's store hosts with its cluster secret (docs/spark.md)
-            os.environ[SECRET_FILE_ENV] = str(cfg.workdir / "node" / "cluster.secret")
+            url = node.url  # Spark reads its store hosts with read grants, no secret
             cfg.say(f"node up at {url}")
         asyncio.run(_with_client(url, lambda c: setup(c, cfg.queue)))
         if spark is None:

@@ -143,6 +143,13 @@ class ProtocolError(CheramiError):
     code, status = "protocol_error", 400
 
 
+class GrantExpired(Forbidden):
+    """A store host refused a read: the read grant it was made under has expired (a
+    store-protocol answer, never an HTTP one). Ask the frontend for a new grant."""
+
+    code = "grant_expired"
+
+
 ERRORS_BY_CODE: dict[str, type[CheramiError]] = {
     cls.code: cls
     for cls in (
@@ -164,6 +171,7 @@ ERRORS_BY_CODE: dict[str, type[CheramiError]] = {
         ExtentSealed,
         Moved,
         ProtocolError,
+        GrantExpired,
     )
 }
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from cherami.sparkpython import launcher
-from cherami.wire.handshake import SECRET_FILE_ENV
+from cherami.wire.handshake import SECRET_ENV, SECRET_FILE_ENV
 from cherami.wire.tls import TLS_CA_ENV
 from tests.support.server import ServerProcess
 from tests.support.tlscerts import Certs, make_certs
@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 os.environ.setdefault("PYSPARK_PYTHON", launcher())
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# the driver and its workers hold no cluster secret: they read the store hosts with read
+# grants the frontend issues (docs/spark.md, "Authentication")
+for _name in (SECRET_ENV, SECRET_FILE_ENV):
+    os.environ.pop(_name, None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -39,8 +43,8 @@ def tls_certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
 
 @pytest.fixture(scope="session")
 def spark(server: ServerProcess, tls_certs: Certs) -> Iterator[SparkSession]:
-    """After the node: Spark's Python workers inherit the JVM's environment, which must
-    name the node's cluster secret (and the CA that verifies a TLS cluster)."""
+    """Spark's Python workers inherit the JVM's environment, which names the CA that
+    verifies a TLS cluster and no cluster secret."""
     from pyspark.sql import SparkSession
 
     os.environ[TLS_CA_ENV] = str(tls_certs.ca)
@@ -70,7 +74,5 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     over to); each test uses its own queues."""
     data_dir = tmp_path_factory.mktemp("spark-node")
     proc = ServerProcess(data_dir, stores=2).start()
-    # the driver reads store hosts with the node's cluster secret (docs/spark.md)
-    os.environ[SECRET_FILE_ENV] = str(data_dir / "cluster.secret")
     yield proc
     assert proc.stop() == 0

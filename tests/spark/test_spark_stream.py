@@ -1,5 +1,5 @@
 """Streaming read: exactly once into a sink across a restart, acks following the
-checkpoint, extents that appear mid-stream."""
+checkpoint, extents that appear mid-stream, read grants renewed before they expire."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from cherami.errors import GrantExpired
 from cherami.spark import follow_acks
 from cherami.spark.control import ControlClient
+from cherami.spark.storereader import StoreReader
 from tests.spark.support import (
     eventually,
     group_offsets,
@@ -175,3 +177,42 @@ def test_a_competing_group_is_refused(spark: SparkSession, server: ServerProcess
     with pytest.raises(Exception, match="stream-mode"):
         query.awaitTermination(60)
     assert not query.isActive
+
+
+def test_a_stream_reads_on_past_its_read_grants_expiry(
+    spark: SparkSession, server: ServerProcess
+) -> None:
+    """The job holds no cluster secret (conftest.py): it reads with read grants, here of
+    1 s, which the source renews before they expire."""
+    queue = unique()
+    setup_queue(server.url, queue, {"long": "stream"})
+    publish(server.url, queue, [f"a-{i}" for i in range(100)])
+    name = unique("grants").replace("-", "_")
+    query = (
+        stream(spark, server.url, queue, "long", readGrantLifetime="1s")
+        .writeStream.format("memory").queryName(name)
+        .trigger(processingTime="100 milliseconds").start()
+    )  # fmt: skip
+
+    def count() -> int:
+        return spark.sql(f"SELECT count(*) AS n FROM {name}").first().n  # type: ignore[union-attr]
+
+    try:
+        eventually(lambda: count() == 100)
+        (view,) = [v for v in ControlClient(server.url).extents(queue) if v.plain]
+        probe = ControlClient(server.url).read_grants(queue, [view.id], 1.0)[view.id]
+
+        def expired() -> bool:  # a grant made after the first batch's is refused now
+            try:
+                with StoreReader(list(view.stores), credential=probe) as reader:
+                    list(reader.read_all(view.id))
+            except GrantExpired:
+                return True
+            return False
+
+        eventually(expired, 10)
+        publish(server.url, queue, [f"b-{i}" for i in range(100)])
+        eventually(lambda: count() == 200)
+    finally:
+        query.stop()
+    assert query.exception() is None

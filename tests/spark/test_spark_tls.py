@@ -1,21 +1,20 @@
 """The Spark source against a cluster with TLS on every listener and internal link
 (issue 14): the driver's frontend calls go over https and the workers read the store
 hosts over TLS (replicas listed as ``tls://host:port``), verified with the test CA that
-CHERAMI_TLS_CA names, with the cluster's secret (both in the environment the session was
-started with: Spark's Python workers inherit it)."""
+CHERAMI_TLS_CA names (in the environment the session was started with: Spark's Python
+workers inherit it), with read grants from the cluster's frontend: the job holds no
+cluster secret."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from cherami.client.asyncclient import AsyncClient
-from cherami.wire.handshake import SECRET_FILE_ENV
 from tests.support.pgcluster import cluster_on_postgres
 from tests.support.tlscerts import Certs
 
@@ -28,11 +27,10 @@ pytestmark = [pytest.mark.spark, pytest.mark.postgres]
 def test_a_batch_read_of_a_tls_cluster(
     spark: SparkSession, tls_certs: Certs, tmp_path: Path
 ) -> None:
-    # the session's workers were started with the node's secret and the test CA in their
-    # environment (conftest.py): the cluster gets the same secret
+    # the session's workers were started with the test CA in their environment and no
+    # cluster secret (conftest.py); the cluster makes its own
     certs = tls_certs
-    (tmp_path / "c").mkdir()
-    shutil.copy(os.environ[SECRET_FILE_ENV], tmp_path / "c" / "cluster.secret")
+    assert not any(k.startswith("CHERAMI_CLUSTER_SECRET") for k in os.environ)
     tls = ["--tls-cert", str(certs.cert), "--tls-key", str(certs.key), "--tls-ca", str(certs.ca)]
     counts = {"storehost": 2, "controller": 1, "inputhost": 1, "outputhost": 1, "frontend": 1}
     with cluster_on_postgres(tmp_path / "c", counts, extra_args=tls) as (local, _schema):

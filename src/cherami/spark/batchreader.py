@@ -31,6 +31,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from cherami.spark import offsets as o
+from cherami.spark.access import ReadAccess, grant_source
 from cherami.spark.control import ControlClient, ExtentView
 from cherami.spark.options import Options
 from cherami.spark.partitions import ExtentRange
@@ -106,20 +107,28 @@ class CheramiBatchReader(DataSourceReader):
         keep = self._keep()
         views = ControlClient(self.options.url, self.options.api_key).extents(self.options.queue)
         starts, ends = self._bounds(views)
-        parts: list[InputPartition] = []
         size = self.options.partition_messages
+        ranges: list[tuple[ExtentView, int, int]] = []  # (extent, first seq, end seq)
         for view in views:
             if not self._wanted(view, keep) or view.last_seq == 0:
                 continue
-            stores = list(view.stores)
             if not view.plain:
-                parts.append(ExtentRange(view.id, stores, 1, 0, keep))
+                ranges.append((view, 1, 0))  # a timer extent: all of it
                 continue
             first = max(1, keep.min_seq or 1, starts.get(view.id, 1))
             last = min(view.last_seq, keep.max_seq or view.last_seq, ends.get(view.id, 1) - 1)
-            for low in range(first, last + 1, size):
-                parts.append(ExtentRange(view.id, stores, low, min(low + size, last + 1), keep))
-        return parts
+            ranges.extend(
+                (view, low, min(low + size, last + 1)) for low in range(first, last + 1, size)
+            )
+        if not ranges:
+            return []
+        access = ReadAccess(grant_source(self.options))
+        creds = access.credentials(view.id for view, _, _ in ranges)
+        return [
+            ExtentRange(view.id, list(view.stores), first, end, creds[view.id], access.renewer,
+                        keep)
+            for view, first, end in ranges
+        ]  # fmt: skip
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, ExtentRange):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ssl
 import urllib.error
 import urllib.request
+from base64 import b64decode
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -14,6 +15,7 @@ import msgspec
 
 from cherami.errors import Unavailable, error_from_response
 from cherami.wire import tls
+from cherami.wire.grants import ReadGrant
 from cherami.wire.store import PLAIN
 
 Offsets = dict[str, int]
@@ -80,6 +82,23 @@ class ControlClient:
         """The group's committed offsets and its start time (ms; 0: from the earliest)."""
         reply = self.group_offsets(queue, group)
         return dict(reply["offsets"]), int(reply.get("start_ms", 0))
+
+    def read_grants(
+        self, queue: str, extents: list[str], lifetime: float | None = None
+    ) -> dict[str, ReadGrant]:
+        """A read grant for each extent of the queue (docs/api.md, "Read grants"):
+        what a reader without the cluster secret shows the store hosts."""
+        body: dict[str, Any] = {"extents": extents}
+        if lifetime is not None:
+            body["lifetime_seconds"] = lifetime
+        reply = self.request("POST", self._q(queue) + "/read-grants", body)
+        expires_ms = _ms(reply["expires_at"])
+        lifetime_ms = int(reply["lifetime_seconds"] * 1000)
+        return {
+            g["extent"]: ReadGrant(b64decode(g["token"]), b64decode(g["key"]), expires_ms,
+                                   lifetime_ms)
+            for g in reply["grants"]
+        }  # fmt: skip
 
     def commit(self, queue: str, group: str, offsets: Offsets) -> Offsets:
         """Move the group's ack levels forward to ``offsets`` (the server never moves

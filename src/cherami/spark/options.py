@@ -42,6 +42,7 @@ class Options:
     partition_messages: int  # batch reads: messages per Spark partition at most
     publish_batch: int  # writes: messages per publish frame
     dedup_id_column: str | None  # writes: the column of the rows' dedup ids
+    grant_lifetime: float | None  # reads: seconds a read grant lasts (None: the server's)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> Options:
@@ -70,6 +71,7 @@ class Options:
             partition_messages=_int(get, "partitionMessages") or DEFAULT_PARTITION_MESSAGES,
             publish_batch=min(1000, _int(get, "publishBatch") or 1000),
             dedup_id_column=get("dedupIdColumn"),
+            grant_lifetime=_grant_lifetime(get),
         )._checked()
 
     def _checked(self) -> Options:
@@ -152,6 +154,16 @@ def _duration_ms(get: _Get, name: str) -> int | None:
     if match is None:
         raise InvalidRequest(f"option {name!r} must be a duration such as '30s', not {raw!r}")
     return int(match.group(1)) * _UNITS_MS[match.group(2) or "ms"]
+
+
+def _grant_lifetime(get: _Get) -> float | None:
+    """``readGrantLifetime``: from 1 s to 1 h (the frontend's bounds)."""
+    ms = _duration_ms(get, "readGrantLifetime")
+    if ms is None:
+        return None
+    if not 1000 <= ms <= 3_600_000:
+        raise InvalidRequest("option 'readGrantLifetime' must be from 1s to 1h")
+    return ms / 1000
 
 
 def _offsets(get: _Get, name: str) -> Start | None:

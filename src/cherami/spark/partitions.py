@@ -1,20 +1,22 @@
 """Spark input partitions: everything a worker needs to read one extent range by itself
-(workers are separate processes that never talk to the driver or the frontend)."""
+(workers are separate processes that never talk to the driver; they talk to the
+frontend only to renew a stale read grant)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from functools import partial
 from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import StructType
 
 from cherami.errors import CheramiError
+from cherami.spark.access import Credential, GrantSource
 from cherami.spark.schema import RecordFilter, arrow_batches
 from cherami.spark.storereader import DataLost, StoreReader
 from cherami.wire import tls
-from cherami.wire.handshake import cluster_key
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -34,6 +36,8 @@ class ExtentRange(InputPartition):
         stores: list[str],
         first_seq: int,
         end_seq: int,
+        credential: Credential,
+        renewer: GrantSource | None = None,
         keep: RecordFilter | None = None,
         fail_on_data_loss: bool = True,
         due: bool = False,
@@ -46,9 +50,11 @@ class ExtentRange(InputPartition):
         self.keep = keep
         self.fail_on_data_loss = fail_on_data_loss
         self.due = due  # a timer extent: first_seq and end_seq are due times (ms)
-        # made on the driver: workers read with the driver's cluster key (its
-        # CHERAMI_CLUSTER_SECRET or CHERAMI_CLUSTER_SECRET_FILE), not their own environment
-        self.key = cluster_key()
+        # made on the driver (spark/access.py): the extent's read grant, and where the
+        # worker renews it if it went stale before or while it is read; or the driver's
+        # cluster key when the driver has the secret
+        self.credential = credential
+        self.renewer = renewer
         # and the CA a TLS cluster's store hosts are verified with (the driver's
         # CHERAMI_TLS_CA), for replicas listed as tls://host:port
         self.tls_cadata = tls.ca_pem()
@@ -57,7 +63,11 @@ class ExtentRange(InputPartition):
         return f"ExtentRange({self.extent}, {self.first_seq}..{self.end_seq})"
 
     def read(self, schema: StructType) -> Iterator[pa.RecordBatch]:
-        with StoreReader(self.stores, key=self.key, tls_cadata=self.tls_cadata) as reader:
+        renewer = self.renewer
+        renew = None if renewer is None else partial(renewer.renew, self.extent)
+        with StoreReader(
+            self.stores, credential=self.credential, tls_cadata=self.tls_cadata, renew=renew
+        ) as reader:
             if self.due:
                 batches = reader.read_due(self.extent, self.first_seq, self.end_seq)
             elif self.end_seq:

@@ -4,7 +4,11 @@ Workers are plain Python processes without an event loop; they read one extent r
 from one of its replicas over a blocking socket, with ``Read`` frames (wire/store.py)
 in length-prefixed framing (wire/framing.py). Two reads are kept in flight so the store
 host scans the next batch while the worker decodes this one. When a replica fails the
-reader goes on from the last key it got, on the next replica."""
+reader goes on from the last key it got, on the next replica.
+
+A reader proves itself with the cluster key or a read grant (spark/access.py); with a
+``renew`` call it asks for a new grant before its grant expires, and when a store host
+says it has."""
 
 from __future__ import annotations
 
@@ -14,13 +18,13 @@ import socket
 import ssl
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from cherami.errors import CheramiError, ProtocolError, Unavailable
+from cherami.errors import CheramiError, GrantExpired, ProtocolError, Unavailable, error_from_code
+from cherami.wire import grants, tls
 from cherami.wire import handshake as h
 from cherami.wire import store as w
-from cherami.wire import tls
 from cherami.wire.framing import MAX_FRAME, pack_frame
 from cherami.wire.keys import plain_key, seq_of, timer_key
 
@@ -47,10 +51,15 @@ class _Connection:
     """One blocking connection to a store host; replies come back by request id."""
 
     def __init__(
-        self, address: str, timeout: float, key: bytes, tls_cadata: str | None = None
+        self,
+        address: str,
+        timeout: float,
+        credential: bytes | grants.ReadGrant,
+        tls_cadata: str | None = None,
     ) -> None:
         """``address``: ``host:port``, or ``tls://host:port`` for a store host serving
-        TLS, verified with the PEM ``tls_cadata`` (else the system's trust store)."""
+        TLS, verified with the PEM ``tls_cadata`` (else the system's trust store);
+        ``credential``: the cluster key or a read grant."""
         self.address = address
         secure = address.startswith("tls://")
         host, port = address.removeprefix("tls://").rsplit(":", 1)
@@ -64,15 +73,18 @@ class _Connection:
                 sock.close()
                 raise Unavailable(f"store {address}: TLS: {err}") from err
         self._sock = sock
-        hello, nonce = h.hello(key)  # prove this worker belongs to the cluster
+        if isinstance(credential, grants.ReadGrant):  # prove the frontend granted the read
+            hello, nonce = grants.hello(credential)
+            key, what = credential.key, "read grant (of another cluster?)"
+        else:  # prove this worker belongs to the cluster
+            (hello, nonce), key = h.hello(credential), credential
+            what = "cluster hello (a different cluster secret?)"
         self._sock.sendall(hello)
         try:
             answer = self._exactly(h.WELCOME_SIZE)
         except Unavailable:
             self.close()
-            raise Unavailable(
-                f"store {address} refused the cluster hello (a different cluster secret?)"
-            ) from None
+            raise Unavailable(f"store {address} refused the {what}") from None
         if not h.welcome_ok(key, nonce, bytes(answer)):
             self.close()
             raise Unavailable(f"store {address} is not of this cluster")
@@ -114,10 +126,8 @@ class _Connection:
 
 
 def _result(reply: w.Reply) -> w.ReadResult:
-    if isinstance(reply, w.Failed):
-        raise (Unavailable if reply.code == "unavailable" else CheramiError)(
-            f"store read failed: {reply.code}: {reply.message}"
-        )
+    if isinstance(reply, w.Failed):  # unavailable, forbidden, grant_expired, ...
+        raise error_from_code(reply.code, f"store read failed: {reply.code}: {reply.message}")
     if not isinstance(reply, w.ReadResult):
         raise ProtocolError(f"unexpected reply {type(reply).__name__} to a read")
     return reply
@@ -131,16 +141,19 @@ class StoreReader:
         addresses: list[str],
         timeout: float = 30.0,
         retries: int = 6,
-        key: bytes | None = None,
+        credential: bytes | grants.ReadGrant | None = None,
         tls_cadata: str | None = None,
+        renew: Callable[[], grants.ReadGrant] | None = None,
     ) -> None:
-        """``key``: the cluster key (wire/handshake.py); default this process's."""
+        """``credential``: the cluster key (wire/handshake.py; default this process's)
+        or a read grant (wire/grants.py), which ``renew`` replaces in time."""
         if not addresses:
             raise Unavailable("no store host address for this extent")
         self._addresses = addresses
         self._timeout = timeout
         self._retries = retries
-        self._key = key if key is not None else h.cluster_key()
+        self._credential = credential if credential is not None else h.cluster_key()
+        self._renew = renew
         self._cadata = tls_cadata
         self._turn = 0
         self._conn: _Connection | None = None
@@ -156,11 +169,27 @@ class StoreReader:
             self._conn.close()
             self._conn = None
 
+    def _renew_due(self) -> bool:
+        grant = self._credential
+        return self._renew is not None and isinstance(grant, grants.ReadGrant) and grant.stale()
+
     def _connection(self) -> _Connection:
+        if self._conn is not None and self._renew_due():
+            self.close()  # the store host checks the grant of the connection: a new one
         if self._conn is None:
+            if self._renew is not None and self._renew_due():
+                self._credential = self._renew()
             address = self._addresses[self._turn % len(self._addresses)]
-            self._conn = _Connection(address, self._timeout, self._key, self._cadata)
+            self._conn = _Connection(address, self._timeout, self._credential, self._cadata)
         return self._conn
+
+    def _expired(self, err: GrantExpired, attempt: int) -> None:
+        """A store host says the grant expired (a clock ahead of ours): a new one."""
+        if self._renew is None or attempt + 1 >= self._retries:
+            raise err
+        log.warning("store read: %s; renewing the grant", err)
+        self.close()
+        self._credential = self._renew()
 
     def _failed(self, err: Exception, attempt: int) -> None:
         log.warning("store read failed (attempt %d): %s", attempt + 1, err)
@@ -181,6 +210,10 @@ class StoreReader:
                     start_seq = seq_of(batch.keys[-1]) + 1
                     got += len(batch.keys)
                     yield batch
+            except GrantExpired as err:
+                self._expired(err, attempt)
+                attempt += 1
+                continue
             except (OSError, Unavailable) as err:
                 self._failed(err, attempt)
                 attempt += 1
@@ -202,11 +235,14 @@ class StoreReader:
         pending: list[tuple[int, int, int]] = []  # (rid, first seq, count)
         next_seq = first
         while next_seq <= last or pending:
-            while next_seq <= last and len(pending) < IN_FLIGHT:
+            # a stale grant: no new reads here, the caller goes on on a new connection
+            while next_seq <= last and len(pending) < IN_FLIGHT and not self._renew_due():
                 count = min(READ_BATCH, last - next_seq + 1)
                 after = plain_key(next_seq - 1) if next_seq > 1 else b""
                 pending.append((conn.send_read(extent, after, count), next_seq, count))
                 next_seq += count
+            if not pending:
+                return
             rid, _, count = pending.pop(0)
             result = _result(conn.reply(rid))
             if result.keys:
@@ -242,6 +278,10 @@ class StoreReader:
             try:
                 conn = self._connection()
                 result = _result(conn.reply(conn.send_read(extent, after, READ_BATCH, until_ms)))
+            except GrantExpired as err:
+                self._expired(err, attempt)
+                attempt += 1
+                continue
             except (OSError, Unavailable) as err:
                 self._failed(err, attempt)
                 attempt += 1

@@ -27,6 +27,7 @@ from pyspark.sql.types import StructType
 from cherami.errors import CheramiError, InvalidRequest, Unavailable
 from cherami.metadata.models import STREAM
 from cherami.spark import offsets as o
+from cherami.spark.access import ReadAccess, grant_source
 from cherami.spark.control import ControlClient, ExtentView
 from cherami.spark.options import Options
 from cherami.spark.partitions import ExtentRange
@@ -56,6 +57,7 @@ class CheramiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             options.min_messages_per_trigger, options.max_trigger_delay_ms, clock
         )
         self._due_target: int | None = None  # Trigger.AvailableNow: the due time to read to
+        self._access = ReadAccess(grant_source(options))  # grants, kept until stale
 
     def _control(self) -> ControlClient:
         return ControlClient(self.options.url, self.options.api_key)
@@ -130,16 +132,22 @@ class CheramiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """How far each timer extent is read now: to the due cut when a record is due
         since its offset (else it stays, so an idle queue makes no empty micro-batches)."""
         cut = self._due_target if self._due_target is not None else due_cut()
-        out = {}
-        for extent, view in self._extents.items():
-            key = o.due_key(extent)
-            since = start.get(key, 0)
-            if view.plain or cut <= since:
-                continue
+        out: o.Offsets = {}
+        asked = [
+            (extent, view, start.get(o.due_key(extent), 0))
+            for extent, view in self._extents.items()
+            if not view.plain and cut > start.get(o.due_key(extent), 0)
+        ]
+        try:
+            creds = self._access.credentials(extent for extent, _, _ in asked)
+        except Unavailable as err:  # the frontend restarts: read them later
+            log.warning("cannot get read grants for %s: %s", self.options.queue, err)
+            return out
+        for extent, view, since in asked:
             try:
-                with StoreReader(list(view.stores)) as reader:
+                with StoreReader(list(view.stores), credential=creds[extent]) as reader:
                     if reader.has_due(extent, since, cut):
-                        out[key] = cut
+                        out[o.due_key(extent)] = cut
             except CheramiError as err:  # its replicas are out: read it later
                 log.warning("cannot read timer extent %s: %s", extent, err)
         return out
@@ -158,25 +166,24 @@ class CheramiStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         plan = o.ranges(start, end)
         if any(e not in self._extents for e, _, _ in [*plan, *o.due_ranges(start, end)]):
             self._refresh()
-        keep = self._keep()
-        parts: list[InputPartition] = []
+        due = o.due_ranges(start, end)
         for extent, first, stop in plan:
-            view = self._extents.get(extent)
-            if view is None:
+            if extent not in self._extents:
                 self._data_lost(f"extent {extent} was deleted before seq {first}..{stop - 1} "
                                 "was read")  # fmt: skip
-                continue
-            parts.append(ExtentRange(extent, list(view.stores), first, stop, keep,
-                                     self.options.fail_on_data_loss))  # fmt: skip
-        for extent, from_ms, to_ms in o.due_ranges(start, end):
-            view = self._extents.get(extent)
-            if view is None:
+        for extent, from_ms, to_ms in due:
+            if extent not in self._extents:
                 self._data_lost(f"timer extent {extent} was deleted before the messages due "
                                 f"from {from_ms} to {to_ms} ms were read")  # fmt: skip
-                continue
-            parts.append(ExtentRange(extent, list(view.stores), from_ms, to_ms, keep,
-                                     self.options.fail_on_data_loss, due=True))  # fmt: skip
-        return parts
+        reads = [(e, a, b, False) for e, a, b in plan if e in self._extents]
+        reads += [(e, a, b, True) for e, a, b in due if e in self._extents]
+        creds = self._access.credentials(e for e, _, _, _ in reads) if reads else {}
+        keep, fail_on_loss = self._keep(), self.options.fail_on_data_loss
+        return [
+            ExtentRange(e, list(self._extents[e].stores), first, stop, creds[e],
+                        self._access.renewer, keep, fail_on_loss, due=is_due)
+            for e, first, stop, is_due in reads
+        ]  # fmt: skip
 
     def _keep(self) -> RecordFilter | None:
         """Records enqueued before the group's start or ``startingTimestamp``, or at or

@@ -75,7 +75,12 @@ class FrameReader(asyncio.BufferedProtocol):
     then frames. Frames are parsed as they arrive and queued; past ``limit`` queued bytes
     the transport stops reading until the reader catches up (as a StreamReader's limit)."""
 
-    def __init__(self, preamble: int = 0, limit: int = READ_BUFFER) -> None:
+    def __init__(
+        self, preamble: int = 0, limit: int = READ_BUFFER, max_frame: int = MAX_FRAME
+    ) -> None:
+        """``max_frame``: larger frames end the connection (a server keeps it small until
+        the peer has proved itself, then sets ``max_frame`` to MAX_FRAME)."""
+        self.max_frame = max_frame
         self._buf = bytearray(max(_FIRST, preamble))
         self._start = self._end = 0  # bytes received and not yet parsed: _buf[_start:_end]
         self._preamble = preamble
@@ -137,8 +142,8 @@ class FrameReader(asyncio.BufferedProtocol):
                 if have < 4:
                     break
                 (size,) = _HEADER.unpack_from(buf, self._start)
-                if size > MAX_FRAME:
-                    raise ProtocolError(f"frame of {size} bytes exceeds {MAX_FRAME}")
+                if size > self.max_frame:
+                    raise ProtocolError(f"frame of {size} bytes exceeds {self.max_frame}")
                 self._start += 4
                 self._body = size
             elif have >= self._body:
@@ -259,10 +264,12 @@ async def start_framed_server(
     host: str,
     port: int,
     preamble: int,
+    max_frame: int = MAX_FRAME,
     **kwargs: Any,
 ) -> asyncio.Server:
     """Serve framed connections: ``serve(reader, writer)`` runs as a task per connection
-    (``kwargs`` as for ``loop.create_server``: ssl)."""
+    (``max_frame``: each connection's first limit, see FrameReader; ``kwargs`` as for
+    ``loop.create_server``: ssl)."""
     loop = asyncio.get_running_loop()
 
     class _Connection(FrameReader):
@@ -271,4 +278,6 @@ async def start_framed_server(
             writer = FrameWriter(transport, self)  # type: ignore[arg-type]
             self.task: asyncio.Task[None] = loop.create_task(serve(self, writer))
 
-    return await loop.create_server(lambda: _Connection(preamble), host, port, **kwargs)
+    return await loop.create_server(
+        lambda: _Connection(preamble, max_frame=max_frame), host, port, **kwargs
+    )

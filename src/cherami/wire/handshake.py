@@ -17,7 +17,8 @@ an API key (and never an API key).
 The key is SHA-256 over the secret. A process gets the secret from ``use_secret`` (the
 server's ``--cluster-secret-file``; a node makes one), else from the environment:
 ``CHERAMI_CLUSTER_SECRET`` (the secret itself) or ``CHERAMI_CLUSTER_SECRET_FILE``
-(a file holding it), which is how a Spark job reading store hosts gets it."""
+(a file holding it). A reader outside the cluster (a Spark job) holds no secret: it
+shows a read grant instead (wire/grants.py), whose hello has the same shape."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from collections import OrderedDict
 from cherami.errors import Unavailable
 
 MAGIC = b"CHRMSTR1"
+GRANT_MAGIC = b"CHRMGRT1"  # a read grant's hello (wire/grants.py)
 HELLO_SIZE = len(MAGIC) + 16 + 8 + 32
 WELCOME_SIZE = 32
 SKEW = 120.0  # seconds a hello's time may differ from the store host's clock
@@ -89,11 +91,12 @@ def _mac(key: bytes, *parts: bytes) -> bytes:
     return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
 
 
-def hello(key: bytes) -> tuple[bytes, bytes]:
-    """A client's hello and its nonce (to check the welcome with)."""
+def hello(key: bytes, magic: bytes = MAGIC) -> tuple[bytes, bytes]:
+    """A client's hello and its nonce (to check the welcome with); ``magic``
+    GRANT_MAGIC with a read grant's key (wire/grants.py)."""
     nonce = secrets.token_bytes(16)
     stamp = _TIME.pack(int(time.time() * 1000))
-    return MAGIC + nonce + stamp + _mac(key, b"hello", nonce, stamp), nonce
+    return magic + nonce + stamp + _mac(key, b"hello", nonce, stamp), nonce
 
 
 def welcome(key: bytes, nonce: bytes) -> bytes:
@@ -120,13 +123,15 @@ class HelloChecker:
         self.key = key
         self._seen: OrderedDict[bytes, float] = OrderedDict()  # nonce -> when, for replays
 
-    def check(self, data: bytes) -> bytes | None:
-        """The nonce of a good hello, or None."""
-        if len(data) != HELLO_SIZE or not data.startswith(MAGIC):
+    def check(self, data: bytes, grant_key: bytes | None = None) -> bytes | None:
+        """The nonce of a good hello, or None: a cluster hello, or with ``grant_key``
+        a read grant's hello proved with that key (wire/grants.py)."""
+        magic, key = (MAGIC, self.key) if grant_key is None else (GRANT_MAGIC, grant_key)
+        if len(data) != HELLO_SIZE or not data.startswith(magic):
             return None
-        body = data[len(MAGIC) :]
+        body = data[len(magic) :]
         nonce, stamp, mac = body[:16], body[16:24], body[24:]
-        if not hmac.compare_digest(_mac(self.key, b"hello", nonce, stamp), mac):
+        if not hmac.compare_digest(_mac(key, b"hello", nonce, stamp), mac):
             return None
         now = time.time()
         if abs(_TIME.unpack(stamp)[0] / 1000 - now) > SKEW:

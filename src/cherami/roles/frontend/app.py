@@ -26,6 +26,7 @@ from cherami.roles.frontend.consumerrouting import ConsumerRouting
 from cherami.roles.frontend.context import Frontend, Roles
 from cherami.roles.frontend.extents import add_stream_group_routes
 from cherami.roles.frontend.handlers.dlq import DlqHandlers
+from cherami.roles.frontend.handlers.grants import GrantHandlers
 from cherami.roles.frontend.handlers.groups import GroupHandlers
 from cherami.roles.frontend.handlers.messages import MessageHandlers
 from cherami.roles.frontend.handlers.ops import OpsHandlers
@@ -110,6 +111,7 @@ def build_app(roles: Roles) -> web.Application:
     messages = MessageHandlers(f, roles.keys, throttle, roles.metrics, roles.outputs, routing)
     dlq = DlqHandlers(f, roles.controller, roles.stores)
     peek = PeekHandlers(f, roles.metadata, roles.stores)
+    read_grants = GrantHandlers(f, roles.metadata, roles.stores)
     streams = StreamHandlers(f, roles.metadata, roles.keys, throttle, roles.metrics, roles.outputs)
     app[STREAMS] = streams
     roles.metrics.connections = streams.count
@@ -128,6 +130,7 @@ def build_app(roles: Roles) -> web.Application:
         web.delete(q, queues.delete_queue),
         web.post(q + "/messages", messages.publish),
         web.get(q + "/messages", peek.peek),
+        web.post(q + "/read-grants", read_grants.read_grants),
         web.get(q + "/publish", streams.publish),
         web.get(q + "/groups", groups.list_groups),
         web.put(g, groups.put_group),

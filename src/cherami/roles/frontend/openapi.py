@@ -116,6 +116,9 @@ _OPERATIONS: list[Op] = [
     Op(G + "/dlq/merge", "post", "mergeDlq", "Deliver the DLQ's messages again to this group"),
     Op(G + "/dlq/purge", "post", "purgeDlq", "Delete the DLQ's messages"),
     Op(Q + "/extents", "get", "listExtents", "List extents with replicas (stream-mode readers)"),
+    Op(Q + "/read-grants", "post", "readGrants", "Grants to read extents from the store "
+       "hosts without the cluster secret (stream-mode readers)", s.ReadGrantsBody,
+       s.ReadGrantsResponse),
     Op(G + "/offsets", "get", "getOffsets", "A stream-mode group's offsets {extent: next_seq}"),
     Op(G + "/offsets", "post", "commitOffsets", "Move a stream-mode group's offsets forward",
        s.OffsetsBody),

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from cherami.wire.grants import DEFAULT_LIFETIME, MAX_LIFETIME
 from cherami.wire.records import OrderingKey
 
 Attributes = dict[str, str]
@@ -153,3 +154,26 @@ class OffsetsBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Offsets of a stream-mode group: for each plain extent, the next sequence to read."""
 
     offsets: dict[str, NextSeq]
+
+
+class ReadGrantsBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /v1/queues/{queue}/read-grants``: the extents to read (none: every extent
+    the queue has now) and how long the grants last (docs/api.md, "Read grants")."""
+
+    extents: Annotated[list[str], msgspec.Meta(max_length=1000)] = msgspec.field(
+        default_factory=list
+    )
+    lifetime_seconds: Annotated[float, msgspec.Meta(ge=1, le=MAX_LIFETIME)] = DEFAULT_LIFETIME
+
+
+class ReadGrantOut(msgspec.Struct):
+    extent: str
+    token: bytes  # base64 in JSON: shown to the store host in the grant hello
+    key: bytes  # base64: proves the token; a secret, never sent to a store host
+
+
+class ReadGrantsResponse(msgspec.Struct):
+    queue: str
+    expires_at: str
+    lifetime_seconds: float
+    grants: list[ReadGrantOut]

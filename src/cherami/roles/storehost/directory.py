@@ -11,6 +11,7 @@ from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Extent
 from cherami.periodic import Periodic
 from cherami.roles.storehost.client import StoreClient
+from cherami.wire import handshake
 from cherami.wire.store import ExtentInfo, ReadResult
 
 T = TypeVar("T")
@@ -24,6 +25,11 @@ class StoreDirectory:
         """``key``: the cluster key its clients prove (default: this process's)."""
         self._key = key
         self._clients: dict[str, StoreClient] = {}
+
+    @property
+    def key(self) -> bytes:
+        """The cluster key the store hosts check (what read grants are signed with)."""
+        return self._key if self._key is not None else handshake.cluster_key()
 
     async def set_address(self, store_id: str, address: str) -> None:
         current = self._clients.get(store_id)

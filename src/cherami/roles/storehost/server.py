@@ -20,13 +20,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from cherami.errors import ProtocolError
 from cherami.loadmeter import LatencyRing, disk_floor
 from cherami.periodic import Background
 from cherami.storage.base import AppendOp, ExtentStore, StorageError
 from cherami.telemetry import BATCH_BUCKETS, Histogram
+from cherami.wire import grants
 from cherami.wire import handshake as h
 from cherami.wire import store as w
-from cherami.wire.framing import Cork, FrameReader, FrameWriter, start_framed_server
+from cherami.wire.framing import MAX_FRAME, Cork, FrameReader, FrameWriter, start_framed_server
 
 log = logging.getLogger("cherami.storehost.server")
 
@@ -163,7 +165,7 @@ class StoreHostService:
     async def start(self) -> None:
         self._committer = asyncio.create_task(self._commit_loop())
         self._server = await start_framed_server(
-            self._serve, self._host, self._port, h.HELLO_SIZE, ssl=self._tls
+            self._serve, self._host, self._port, h.HELLO_SIZE, grants.MAX_TOKEN, ssl=self._tls
         )
 
     async def stop(self) -> None:
@@ -184,11 +186,16 @@ class StoreHostService:
         assert task is not None
         self._conns.add(task)
         try:
-            if not await self._welcomed(reader, writer):
+            welcomed, grant = await self._welcomed(reader, writer)
+            if not welcomed:
                 return
             while True:
                 request = w.decode_request(await reader.read_frame())
-                if isinstance(request, w.Commit):
+                if grant is not None and (
+                    refused := grants.refusal(grant, request, time.time() * 1000)
+                ):
+                    self._replies.send(writer, w.encode(refused))
+                elif isinstance(request, w.Commit):
                     self._commit(request.extent, request.seq)
                 elif isinstance(request, w.Append):
                     self._pending.append(_PendingAppend(_append_op(request), request.rid, writer))
@@ -203,24 +210,36 @@ class StoreHostService:
             self._conns.discard(task)
             writer.close()
 
-    async def _welcomed(self, reader: FrameReader, writer: FrameWriter) -> bool:
-        """Whether the connection opened with a good cluster hello (wire/handshake.py);
+    async def _welcomed(
+        self, reader: FrameReader, writer: FrameWriter
+    ) -> tuple[bool, grants.GrantBody | None]:
+        """Whether the connection opened with a good cluster hello (wire/handshake.py)
+        or a good read grant's hello (wire/grants.py), and the grant it then reads under;
         if so it is welcomed. Otherwise nothing is answered and it is closed."""
+        nonce = grant = None
+        key = self._hellos.key
         try:
             async with asyncio.timeout(h.HELLO_TIMEOUT):
                 data = bytes(await reader.read_frame())  # the preamble: HELLO_SIZE bytes
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
-            data = b""
-        nonce = self._hellos.check(data) if data else None
+                if data.startswith(h.GRANT_MAGIC):
+                    token = bytes(await reader.read_frame())  # at most MAX_TOKEN bytes
+                    checked = grants.check(self._hellos, data, token)
+                    if checked is not None:
+                        (nonce, grant), key = checked, grants.grant_key(key, token)
+                else:
+                    nonce = self._hellos.check(data)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, ProtocolError):
+            pass
         if nonce is None:
             self.refused += 1
             log.warning(
-                "refused a connection from %s: no valid cluster hello",
+                "refused a connection from %s: no valid cluster hello or read grant",
                 writer.get_extra_info("peername"),
             )
-            return False
-        writer.write(h.welcome(self._hellos.key, nonce))
-        return True
+            return False, None
+        reader.max_frame = MAX_FRAME
+        writer.write(h.welcome(key, nonce))
+        return True, grant
 
     async def _commit_loop(self) -> None:
         while True:
