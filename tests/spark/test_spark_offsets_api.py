@@ -97,9 +97,11 @@ def test_store_reader_fails_over_to_a_live_replica(server: ServerProcess) -> Non
     queue = unique()
     setup_queue(server.url, queue, {})
     publish(server.url, queue, [f"m{i}" for i in range(50)])
-    (extent,) = [e for e in ControlClient(server.url).extents(queue) if e.plain]
+    control = ControlClient(server.url)
+    (extent,) = [e for e in control.extents(queue) if e.plain]
+    grant = control.read_grants(queue, [extent.id])[extent.id]  # no secret here
     dead = "127.0.0.1:1"  # nothing listens there
-    with StoreReader([dead, *extent.stores]) as reader:
+    with StoreReader([dead, *extent.stores], credential=grant) as reader:
         batches = list(reader.read_range(extent.id, 11, 41))
     seqs = [int.from_bytes(k, "big") for b in batches for k in b.keys]
     assert seqs == list(range(11, 41))
