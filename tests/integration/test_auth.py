@@ -2,26 +2,22 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, keyed_node
 
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    root = tmp_path_factory.mktemp("secured")
-    keys = root / "keys.json"
-    keys.write_text(json.dumps([
+    proc = keyed_node(tmp_path_factory.mktemp("secured"), [
         {"key": "admin-key", "scopes": ["admin"]},
         {"key": "prod-key", "scopes": ["produce"], "prefixes": ["orders"]},
         {"key": "cons-key", "scopes": ["consume"], "prefixes": ["orders"]},
-    ]))  # fmt: skip
-    proc = ServerProcess(root / "node", stores=1, extra=["--auth-file", str(keys)]).start()
+    ], stores=1)  # fmt: skip
     yield proc
     proc.stop()
 

@@ -23,7 +23,7 @@ import pytest
 from cherami.client.asyncclient import AsyncClient
 from cherami.client.sync import Client
 from cherami.errors import Forbidden
-from tests.support.server import ServerProcess, unique
+from tests.support.server import ServerProcess, keyed_node, unique
 
 EXTENT_MAX = 30  # an extent this large rolls over
 ADMIN, PRODUCER, READER = "admin-key", "prod-key", "read-key"
@@ -31,15 +31,11 @@ ADMIN, PRODUCER, READER = "admin-key", "prod-key", "read-key"
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    root = tmp_path_factory.mktemp("peek")
-    keys = root / "keys.json"
-    keys.write_text(json.dumps([
+    proc = keyed_node(tmp_path_factory.mktemp("peek"), [
         {"key": ADMIN, "scopes": ["admin"]},
         {"key": PRODUCER, "scopes": ["produce"]},
         {"key": READER, "scopes": ["consume"]},
-    ]))  # fmt: skip
-    extra = ["--auth-file", str(keys), "--extent-max-messages", str(EXTENT_MAX)]
-    proc = ServerProcess(root / "node", extra=extra).start()
+    ], extra=("--extent-max-messages", str(EXTENT_MAX)))  # fmt: skip
     yield proc
     proc.stop()
 

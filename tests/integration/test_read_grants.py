@@ -7,7 +7,6 @@ refuses everything else (append, seal, drop, create, info, another extent) with 
 from __future__ import annotations
 
 import base64
-import json
 import socket
 import time
 from collections.abc import Iterator
@@ -22,22 +21,19 @@ from cherami.wire import handshake as h
 from cherami.wire import store as w
 from cherami.wire.framing import pack_frame
 from cherami.wire.store import PLAIN
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, keyed_node
 
 READER, WRITER, OTHER = "reader-key", "writer-key", "other-reader-key"
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    root = tmp_path_factory.mktemp("grants")
-    keys = root / "keys.json"
-    keys.write_text(json.dumps([
+    proc = keyed_node(tmp_path_factory.mktemp("grants"), [
         {"key": "admin-key", "scopes": ["admin"]},
         {"key": READER, "scopes": ["consume"], "prefixes": ["orders"]},
         {"key": WRITER, "scopes": ["produce"], "prefixes": ["orders"]},
         {"key": OTHER, "scopes": ["consume"], "prefixes": ["billing"]},
-    ]))  # fmt: skip
-    proc = ServerProcess(root / "node", stores=1, extra=["--auth-file", str(keys)]).start()
+    ], stores=1)  # fmt: skip
     with httpx.Client(base_url=proc.url, headers=_h("admin-key")) as http:
         for queue in ("orders", "orders-b"):
             assert http.put(f"/v1/queues/{queue}").status_code == 201
