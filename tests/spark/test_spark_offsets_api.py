@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from tests.spark.support import publish, setup_queue
+from tests.spark.support import eventually, publish, setup_queue
 from tests.support.server import ServerProcess, unique
 
 pytestmark = pytest.mark.spark
@@ -105,3 +105,50 @@ def test_store_reader_fails_over_to_a_live_replica(server: ServerProcess) -> Non
         batches = list(reader.read_range(extent.id, 11, 41))
     seqs = [int.from_bytes(k, "big") for b in batches for k in b.keys]
     assert seqs == list(range(11, 41))
+
+
+def test_store_reader_renews_a_stale_grant_and_one_the_store_host_says_expired(
+    server: ServerProcess,
+) -> None:
+    """A worker's side of read grants (spark/storereader.py): a grant two thirds through
+    its lifetime is replaced before the next connection; a grant the store host calls
+    expired (its clock ahead of the reader's) is replaced and the read goes on."""
+    from cherami.errors import GrantExpired
+    from cherami.spark.control import ControlClient
+    from cherami.spark.storereader import StoreReader
+    from cherami.wire.grants import ReadGrant
+
+    queue = unique()
+    setup_queue(server.url, queue, {})
+    publish(server.url, queue, [f"m{i}" for i in range(50)])
+    control = ControlClient(server.url)
+    (extent,) = [e for e in control.extents(queue) if e.plain]
+    stores = list(extent.stores)
+    renewed: list[ReadGrant] = []
+
+    def renew() -> ReadGrant:  # a grant that stays fresh while the test runs
+        renewed.append(control.read_grants(queue, [extent.id], 60.0)[extent.id])
+        return renewed[-1]
+
+    def count(reader: StoreReader) -> int:
+        return sum(len(b.keys) for b in reader.read_range(extent.id, 1, 51))
+
+    def expired(grant: ReadGrant) -> bool:
+        try:
+            with StoreReader(stores, credential=grant) as reader:
+                count(reader)
+        except GrantExpired:
+            return True
+        return False
+
+    first = control.read_grants(queue, [extent.id], 1.0)[extent.id]
+    with StoreReader(stores, credential=first, renew=renew) as reader:
+        assert count(reader) == 50 and not renewed
+        eventually(lambda: expired(first), 10)
+        assert count(reader) == 50  # on a new connection, with a new grant
+        assert len(renewed) == 1
+    # the same expired token, which the reader believes good for an hour
+    believed = ReadGrant(first.token, first.key, int(time.time() * 1000) + 3_600_000, 3_600_000)
+    with StoreReader(stores, credential=believed, renew=renew) as reader:
+        assert count(reader) == 50
+    assert len(renewed) == 2
