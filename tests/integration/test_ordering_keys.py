@@ -3,12 +3,16 @@ and unkeyed ones among them, 8 competing consumers (4 over HTTP, 4 streams) with
 processing times and 10% nacks: per key the order of first successful processing is
 publish order and no two messages of a key are ever in hand at once; a poison message
 of one key does not hold up the other keys, goes to the DLQ after max deliveries, and
-its key goes on after it."""
+its key goes on after it. The same while the node (its output host) is SIGKILLed and
+started again: a redelivery after the kill is reported, not counted as a violation."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +20,7 @@ from cherami.client.asyncclient import AsyncClient
 from cherami.client.models import OutgoingMessage
 from cherami.errors import InvalidRequest
 from tests.support.keyorder import KeyOrder, http_consumer, stream_consumer
-from tests.support.server import unique
+from tests.support.server import ServerProcess, unique
 
 KEYS = 50
 PER_KEY = 200
@@ -61,10 +65,8 @@ async def test_keys_are_delivered_one_at_a_time_in_publish_order(client: AsyncCl
     # ... and held its key only: the other keys were processed while it was in the way
     spans = sorted(check.spans[POISON_KEY])
     held_from = spans[0][0]  # its first delivery began
-    held_until = next(begin for begin, _, body in spans if body != f"{POISON_KEY}/0")
-    others = sum(
-        1 for k in keys for begin, _, _ in check.spans[k] if held_from < begin < held_until
-    )
+    held_until = next(span[0] for span in spans if span[2] != f"{POISON_KEY}/0")
+    others = sum(1 for k in keys for span in check.spans[k] if held_from < span[0] < held_until)
     assert others > 0, "no other key was processed while the poison held its key"
     assert check.nacks >= 4  # the poison's 4 and about 10% of the rest
     stats = (await client.get_group(queue, group))["stats"]
@@ -91,3 +93,55 @@ async def test_a_key_is_returned_on_receive_and_peek_and_a_bad_key_is_refused(
         with pytest.raises(InvalidRequest):
             await (await pub.send([OutgoingMessage("c", key="tab\there")]))
     assert len(await client.receive(queue, group, max_messages=10, wait_seconds=0.5)) == 0
+
+
+async def _consume(client: AsyncClient, queue: str, group: str, check: KeyOrder,
+                   done: Callable[[], bool]) -> None:  # fmt: skip
+    consumers = [http_consumer(client, queue, group, check, done) for _ in range(4)]
+    consumers += [stream_consumer(client, queue, group, check, done) for _ in range(4)]
+    await asyncio.gather(*consumers)
+
+
+async def test_key_order_holds_across_a_sigkill_of_the_node(tmp_path: Path) -> None:
+    with socket.socket() as s:  # one port for both runs: the consumers keep their URL
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ServerProcess(tmp_path / "node", extra=["--port", str(port)]).start()
+    try:
+        await _consume_across_a_kill(server)
+    finally:
+        server.stop()
+
+
+async def _consume_across_a_kill(server: ServerProcess) -> None:
+    queue, group = unique("q"), unique("g")
+    keys, per_key = [f"k{i}" for i in range(30)], 100
+    async with AsyncClient(server.url, timeout=30) as client:
+        await client.create_queue(queue)
+        await client.create_group(queue, group, visibility_timeout_seconds=5)
+        messages = [OutgoingMessage(f"{k}/{n}", key=k) for n in range(per_key) for k in keys]
+        for start in range(0, len(messages), 1000):
+            await client.publish(queue, messages[start : start + 1000])
+        check = KeyOrder()
+        total = len(messages)
+        deadline = time.monotonic() + 120
+
+        def done() -> bool:
+            return check.total_acked() >= total or time.monotonic() > deadline
+
+        async def kill_midway() -> None:
+            while check.total_acked() < total // 3:
+                await asyncio.sleep(0.05)
+            check.epoch += 1
+            await asyncio.to_thread(server.kill)
+            await asyncio.to_thread(server.start)
+
+        await asyncio.gather(_consume(client, queue, group, check, done), kill_midway())
+    print(f"\nkill of the node: {check.deliveries} deliveries, {check.nacks} nacks, "
+          f"{check.errors} failed calls, {len(check.redelivered_after_ack)} redelivered "
+          f"after a successful processing, {len(check.after_failure)} in hand twice across "
+          "the kill")  # fmt: skip
+    assert check.overlaps == [], check.overlaps[:5]
+    assert check.span_overlaps() == [], check.span_overlaps()[:5]
+    for k in keys:
+        assert check.acked.get(k) == [f"{k}/{n}" for n in range(per_key)], k

@@ -416,6 +416,7 @@ class GroupConsumer:
             rows, extents, {e: lv.level for e, lv in levels.items()},
             self.group.config.max_delivery_count, int(time.time() * 1000),
         )  # fmt: skip
+        self.keys.resolve([p for (e, _), p in self.parked.rows.items() if e in extents])
         self._timers_due.set()
 
     def _pin_held(self, now: float) -> None:

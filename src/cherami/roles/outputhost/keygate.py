@@ -25,7 +25,13 @@ asked had everything committed before then). Until then it waits in its extent's
 *pending* queue, in read order. An extent that is read to its end, or was created
 after the message, is not waited for; one whose reader is waiting for new records is
 *probed*: one read that finds nothing after its position moves its ``seen_ms`` to when
-it was asked (cost follows work: a probe only while a keyed message waits on it)."""
+it was asked (cost follows work: a probe only while a keyed message waits on it).
+
+**After a failover** (or a restart) the new holder of an extent loads its parked rows:
+messages delivered before, not acked, which may hold their keys. Their bodies (and so
+their keys) are not in the rows, so every keyed message of the group waits (pending)
+until each row's record has been read again by key and its key claimed for it
+(``resolve``); then the later messages of those keys wait behind them as before."""
 
 from __future__ import annotations
 
@@ -38,6 +44,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from cherami.errors import CheramiError
+from cherami.roles.outputhost.redelivery import GONE, Parked, read_one
 from cherami.wire.store import TIMER
 
 if TYPE_CHECKING:
@@ -50,6 +57,8 @@ log = logging.getLogger("cherami.outputhost.keygate")
 Where = tuple[str, bytes]  # extent id, storage key
 TOP_KEYS = 10  # keys with the most backlog in a group's stats
 PROBE_RETRY = 0.5  # seconds before a failed probe is tried again
+RESOLVE_TRIES = 3  # reads of a loaded parked row's record before its key is given up
+RESOLVE_AT_ONCE = 32  # such reads under way at once
 CREATED_SLACK_MS = 2000  # an extent created this long after a message cannot hold it earlier
 
 
@@ -73,6 +82,7 @@ class KeyGate:
         self._lines: dict[str, deque[Entry]] = {}  # key -> its waiting messages, in order
         self._pending: dict[ExtentCursor, deque[Entry]] = {}  # read before the others
         self._probing: dict[str, asyncio.Task[None]] = {}  # extent -> its probe
+        self._resolving: set[asyncio.Task[None]] = set()  # loaded parked rows' keys
 
     def __bool__(self) -> bool:
         return bool(self.held)
@@ -91,13 +101,19 @@ class KeyGate:
         if holder == where:
             return True  # delivered again
         cursor = entry.cursor
-        if cursor in self._pending or self._behind(cursor, entry.record.enqueued_ms):
+        if (
+            cursor in self._pending
+            or self._resolving
+            or self._behind(cursor, entry.record.enqueued_ms)
+        ):
             self._pending.setdefault(cursor, deque()).append(entry)
             return False
         return self._join(key, where, entry)
 
     def _join(self, key: str, where: Where, entry: Entry) -> bool:
         holder = self.held.get(key)
+        if holder == where:
+            return True
         if holder is None:
             self.held[key] = where
             self._keys[where] = key
@@ -176,6 +192,8 @@ class KeyGate:
     def read(self) -> None:
         """An extent was read further (or read to its end, or dropped): pending
         messages whose every other extent is read as far join their keys' lines."""
+        if self._resolving:
+            return
         nexts: list[Entry] = []
         for cursor in list(self._pending):
             pending = self._pending[cursor]
@@ -219,8 +237,51 @@ class KeyGate:
             return
         await asyncio.sleep(PROBE_RETRY)  # every replica failed: the next wait probes again
 
+    # after a failover
+    def resolve(self, rows: list[Parked]) -> None:
+        """Parked rows loaded here: claim each one's key for it before any keyed message
+        of the group is made ready."""
+        if not rows or self._stores is None:
+            return
+        task = asyncio.create_task(self._resolve(rows, self._stores()))
+        self._resolving.add(task)
+
+        def finished(_: object) -> None:
+            self._resolving.discard(task)
+            self.read()
+
+        task.add_done_callback(finished)
+
+    async def _resolve(self, rows: list[Parked], stores: StoreDirectory) -> None:
+        slots = asyncio.Semaphore(RESOLVE_AT_ONCE)
+        found: list[tuple[int, str, Parked]] = []
+
+        async def one(row: Parked) -> None:
+            cursor = self._cursors.get(row.extent)
+            for attempt in range(RESOLVE_TRIES):
+                if cursor is None or row.state == GONE:
+                    return
+                try:
+                    async with slots:
+                        record = await read_one(stores, cursor.extent, row.key)
+                except CheramiError as err:
+                    log.warning("parked message of extent %s not read (try %d): %s",
+                                row.extent, attempt + 1, err)  # fmt: skip
+                    await asyncio.sleep(PROBE_RETRY * (attempt + 1))
+                    continue
+                if record is not None and record.key is not None:
+                    found.append((record.enqueued_ms, record.key, row))
+                return
+
+        await asyncio.gather(*map(one, rows))
+        for _, key, row in sorted(found, key=lambda f: (f[0], f[2].extent, f[2].key)):
+            where = (row.extent, row.key)
+            if row.state != GONE and key not in self.held:  # else: settled meanwhile
+                self.held[key] = where
+                self._keys[where] = key
+
     def stop(self) -> list[asyncio.Task[None]]:
-        tasks = list(self._probing.values())
+        tasks = [*self._probing.values(), *self._resolving]
         for task in tasks:
             task.cancel()
         return tasks
