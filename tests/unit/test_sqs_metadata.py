@@ -2,7 +2,7 @@
 tasks run, cancelled, resumed after a restart and taken over by another frontend;
 an older version's ``sqs.json`` moved in once. The DLQ merges are counted by a
 stand-in backend (the merge itself is the controller's, tested with the cluster in
-tests/integration/test_sqs.py)."""
+tests/integration/test_sqs_cluster.py)."""
 
 from __future__ import annotations
 
