@@ -174,11 +174,10 @@ class StoreReader:
         return self._renew is not None and isinstance(grant, grants.ReadGrant) and grant.stale()
 
     def _connection(self) -> _Connection:
-        if self._conn is not None and self._renew_due():
-            self.close()  # the store host checks the grant of the connection: a new one
+        if self._renew is not None and self._renew_due():
+            self.close()  # a grant is shown as a connection opens: a new grant, a new one
+            self._credential = self._renew()
         if self._conn is None:
-            if self._renew is not None and self._renew_due():
-                self._credential = self._renew()
             address = self._addresses[self._turn % len(self._addresses)]
             self._conn = _Connection(address, self._timeout, self._credential, self._cadata)
         return self._conn
