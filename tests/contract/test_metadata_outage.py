@@ -1,5 +1,6 @@
 """An unreachable metadata database is ``Unavailable`` (503 ``unavailable``), never an
-internal error, and the store works again once the database is back."""
+internal error, soon once the pool knows it cannot connect, and the store works again
+once the database is back."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import sqlite3
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from cherami.errors import Unavailable
 from cherami.metadata.models import AckLevel, Extent, Queue, QueueConfig
-from cherami.metadata.postgres import PostgresMetadataStore
+from cherami.metadata.postgres import POOL_TIMEOUT, PostgresMetadataStore
+from cherami.metadata.postgres_failover import UNREACHABLE_WAIT
 from cherami.metadata.sqlite import SqliteMetadataStore
 from tests.support.pg import PrivatePostgres, private_postgres
 
@@ -82,6 +85,59 @@ async def test_postgres_crash_and_restart_on_the_same_port(
         private_postgres.start()
         assert (await _until_it_answers(store, "orders")).name == "orders"
     finally:
+        await store.close()
+
+
+async def test_a_stopped_postgres_is_not_waited_for(private_postgres: PrivatePostgres) -> None:
+    """Once the pool has failed to connect, calls fail within UNREACHABLE_WAIT, not the
+    pool's 5 s timeout (which held every publish and delivery of a cluster behind its
+    metadata reads at the start of an outage); they get through again once it is back."""
+    store = await PostgresMetadataStore.connect(private_postgres.url(), "cherami")
+    try:
+        await store.insert_queue(_queue("orders"))
+        private_postgres.stop(mode="immediate")
+        took = []
+        for _ in range(6):  # with the pool's connection broken, and then with none
+            started = time.monotonic()
+            with pytest.raises(Unavailable):
+                async with asyncio.timeout(HANG_GUARD):
+                    await store.get_queue("orders")
+            took.append(time.monotonic() - started)
+        # a bound of twice the wait: a call may find a connect attempt under way
+        assert max(took) < 2 * UNREACHABLE_WAIT < POOL_TIMEOUT, took
+        private_postgres.start()
+        assert (await _until_it_answers(store, "orders")).name == "orders"
+    finally:
+        await store.close()
+
+
+async def test_a_full_postgres_is_waited_for_not_taken_for_unreachable(
+    private_postgres: PrivatePostgres,
+) -> None:
+    """A server out of connection slots refuses a new connection at once, but it is
+    there: a call waits for one of the pool's connections to be free, as before."""
+    store = await PostgresMetadataStore.connect(private_postgres.url(), "cherami")
+    await store.insert_queue(_queue("orders"))
+    others: list[psycopg.Connection[tuple[object, ...]]] = []
+    held = asyncio.Event()
+
+    async def hold() -> None:  # the pool's one connection, busy for a second
+        async with store._pool.connection() as conn:
+            held.set()
+            await conn.execute("SELECT pg_sleep(1)")
+
+    try:
+        with pytest.raises(psycopg.OperationalError, match="too many clients"):
+            while True:  # every slot the server has left
+                others.append(await asyncio.to_thread(psycopg.connect, private_postgres.url()))
+        holding = asyncio.create_task(hold())
+        await held.wait()
+        async with asyncio.timeout(HANG_GUARD):
+            assert (await store.get_queue("orders")).name == "orders"
+        await holding
+    finally:
+        for conn in others:
+            conn.close()
         await store.close()
 
 

@@ -10,6 +10,14 @@
 - Its pool drops a connection that broke (the primary died, restarted or was demoted)
   instead of lending it again, and closes one whose server has turned read-only; both
   answer ``Unavailable``, and the next connection goes to whichever host is the primary.
+- A server known to be unreachable is not waited for: when the pool fails to connect,
+  the calls waiting for a connection fail at once (``Unavailable``), and until a
+  connection succeeds again a call waits at most ``UNREACHABLE_WAIT`` for one (each
+  call lets the pool try to connect again, so the first call after the server is back
+  gets through). Only a server that is slow, or unreachable in a way that takes the
+  connect timeout to find out (a partition), costs a call the pool's full timeout. A
+  stopped PostgreSQL held every process's metadata calls 5 s (the pool timeout) at the
+  start of an outage, and every publish and delivery behind them.
 - Lease epochs carry the server's timeline: an epoch granted on timeline T is at least
   ``(T - 1) << 32``, and a promotion starts a new timeline. So if the old primary granted
   epochs that never reached the standby (asynchronous replication loses such a tail), the
@@ -19,6 +27,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -34,6 +43,9 @@ __all__ = ["EPOCH_FLOOR", "FailoverPool", "failover_conninfo"]
 Row = tuple[Any, ...]
 
 _WRITABLE = ("read-write", "primary")
+# while the pool's last attempt to connect failed, a call waits this long for a connection
+# at most (the lease margin: an output host learns of an outage sooner than its lease ends)
+UNREACHABLE_WAIT = 0.5
 # what a URL gets unless it says otherwise: an idle connection probed after 5 s, every 2 s,
 # given up after 3 unanswered probes; a request unacknowledged for 10 s breaks it
 _TCP = {
@@ -65,16 +77,47 @@ def failover_conninfo(url: str) -> str:
     return make_conninfo(url, target_session_attrs=attrs, **added)
 
 
+def _server_full(err: psycopg.OperationalError) -> bool:
+    """Whether a connect was refused because the server has no connection slot left (it
+    is there: not an outage). libpq gives no SQLSTATE for a refused connect, only the
+    server's message (53300, in English unless the server's lc_messages says otherwise;
+    a translated one counts as unreachable: its callers get 503 sooner, and retry)."""
+    text = str(err)
+    return "too many clients" in text or "connection slots are reserved" in text
+
+
 class FailoverPool(AsyncConnectionPool[psycopg.AsyncConnection[Row]]):
     """A pool whose connections raise ``Unavailable`` for an unreachable database
     (refused, lost, timed out, shut down) instead of psycopg's OperationalError, and
     for a server that no longer takes writes, whose connection it closes (a closed
-    connection goes back to the pool to be discarded)."""
+    connection goes back to the pool to be discarded). A server it cannot connect to is
+    not waited for (the module's docstring)."""
+
+    unreachable_since: float | None = None  # time.monotonic() of the first failed connect
+
+    async def _connect(self, timeout: float | None = None) -> psycopg.AsyncConnection[Row]:
+        try:
+            conn = await super()._connect(timeout)
+        except psycopg.OperationalError as err:
+            if _server_full(err):
+                raise  # the server is there, only full: wait for a connection to free
+            if self.unreachable_since is None:
+                self.unreachable_since = time.monotonic()
+            # the calls waiting for a connection would wait the whole pool timeout for the
+            # next attempt (psycopg_pool retries with a back-off): they fail now
+            waiting = getattr(self, "_waiting", None)
+            while waiting:
+                await waiting.popleft().fail(err)
+            raise
+        self.unreachable_since = None
+        return conn
 
     @asynccontextmanager
     async def connection(
         self, timeout: float | None = None
     ) -> AsyncIterator[psycopg.AsyncConnection[Row]]:
+        if self.unreachable_since is not None:
+            timeout = min(self.timeout if timeout is None else timeout, UNREACHABLE_WAIT)
         try:
             async with super().connection(timeout) as conn:
                 try:

@@ -6,10 +6,11 @@ alive (and an SQS queue's properties, for the SQS endpoint); and so does routing
 receive or a consume stream to the output hosts that hold a group's extents (who
 holds which lease, which hosts are alive). ``RememberingReads`` wraps a store: each
 such read is answered by the store, and when the store fails (``Unavailable``: it is
-down or unreachable, which a call finds out within the pool's 5 s) from the last
-answer it gave for the same arguments. From then on every remembered
-read is answered from memory at once, so the rest of an outage costs no request a wait,
-while one read at a time (every ``DOWN_FOR`` seconds) asks the store in the background;
+down or unreachable, which a call finds out within 0.5 s once the pool has failed to
+connect, postgres_failover.py) from the last answer it gave for the same arguments.
+From then on every remembered read is answered from memory at once, so the rest of an
+outage costs no request a wait, while one read at a time (every ``DOWN_FOR`` seconds)
+asks the store in the background;
 the first that it answers ends the outage. A read that never succeeded before still
 asks, and fails. A slow answer is waited for, never replaced by memory: routing must
 follow a group that moves (a paused output host's lease passing to another) as soon as
