@@ -487,8 +487,14 @@ def test_redrive_from_the_dlq(sqs: Client) -> None:
     )
     assert (back["MessageId"], back["Body"]) == (got["MessageId"], "poison")
     assert back["Attributes"]["ApproximateReceiveCount"] == "1"
-    sqs.delete_message(QueueUrl=url, ReceiptHandle=back["ReceiptHandle"])
+    # not deleted: dead-lettered again, then purged with the dead-letter queue
+    wait_for(lambda: _dead_lettered(sqs, dlq_url, 1), 15, "the message in the DLQ again")
+    sqs.purge_queue(QueueUrl=dlq_url)
     assert _dead_lettered(sqs, dlq_url, 0)
+    sqs.start_message_move_task(SourceArn=dlq_arn)
+    (task, _) = sqs.list_message_move_tasks(SourceArn=dlq_arn, MaxResults=10)["Results"]
+    assert (task["Status"], task["ApproximateNumberOfMessagesMoved"]) == ("COMPLETED", 0)
+    assert "Messages" not in sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1)
     with pytest.raises(ClientError) as err:
         sqs.start_message_move_task(SourceArn=dlq_arn.replace(dlq_arn.rsplit(":", 1)[1], "nope"))
     assert error_code(err) == "ResourceNotFoundException"

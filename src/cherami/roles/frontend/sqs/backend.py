@@ -129,6 +129,9 @@ class Backend:
         """Merge the group's DLQ back into it (its oldest ``most`` messages): how many."""
         return await self.r.controller.move_dlq_cursor(group.dlq, group, most)
 
+    async def purge_dlq(self, group: Group) -> int:
+        return await self.r.controller.move_dlq_cursor(group.dlq, None)
+
     # messages
     async def publish(self, queue: Queue, messages: list[Message], key: ApiKey | None) -> list[str]:
         size = sum(len(m.body) for m in messages)

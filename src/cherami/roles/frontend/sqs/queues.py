@@ -162,7 +162,14 @@ class QueueActions:
         name = queue_name(p)
         c.allow("admin", name)
         await self.find(name)
+        sources = await self.settings.sources_of(name)  # what they dead-lettered to it too
+        for source in sources:
+            c.allow("admin", source)
         await self.backend.delete(name, contents_only=True)
+        for source in sources:
+            found = await self.backend.find(source)
+            if found is not None:
+                await self.backend.purge_dlq(found[1])
         return {}
 
     async def GetQueueAttributes(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
