@@ -498,6 +498,12 @@ def test_redrive_from_the_dlq(sqs: Client) -> None:
     with pytest.raises(ClientError) as err:
         sqs.start_message_move_task(SourceArn=dlq_arn.replace(dlq_arn.rsplit(":", 1)[1], "nope"))
     assert error_code(err) == "ResourceNotFoundException"
+    with pytest.raises(ClientError) as err:
+        sqs.start_message_move_task(SourceArn=dlq_arn, MaxNumberOfMessagesPerSecond=501)
+    assert error_code(err) == "InvalidParameterValue"
+    with pytest.raises(ClientError) as err:
+        sqs.cancel_message_move_task(TaskHandle="not-a-handle")
+    assert error_code(err) == "ResourceNotFoundException"
 
 
 def test_redrive_allow_policy_and_dead_letter_source_pages(sqs: Client) -> None:

@@ -123,8 +123,7 @@ class MoveTasks:
         return tasks[::-1], props
 
     async def running(self, queue: str) -> MoveTask | None:
-        tasks, props = await self.tasks(queue)
-        return next((t for t in tasks if t.key == props.get(MOVING) and t.status == RUNNING), None)
+        return (await self._running(queue))[0]
 
     async def _write(self, queue: str, task: MoveTask, delete: list[str] | None = None) -> None:
         values = {TASK + task.key: msgspec.json.encode(task).decode()}
@@ -215,22 +214,35 @@ class MoveTasks:
             if not await self._pause(queue, self.step_seconds):
                 return
 
+    async def _running(self, queue: str) -> tuple[MoveTask | None, dict[str, str]]:
+        tasks, props = await self.tasks(queue)
+        key = props.get(MOVING)
+        return next((t for t in tasks if t.key == key and t.status == RUNNING), None), props
+
     async def _step(self, queue: str) -> bool:
         """One step of the queue's running task; False when there is none left to run
         here."""
-        tasks, props = await self.tasks(queue)
-        key = props.get(MOVING)
-        task = next((t for t in tasks if t.key == key and t.status == RUNNING), None)
+        task, _ = await self._running(queue)
         if task is None:
             return False
         lease = f"sqs-move:{queue}"
         if await self.metadata.try_lease(lease, self.holder, self.lease_seconds) is None:
             # another frontend runs it: look again when its lease would have run out
             return await self._pause(queue, max(0.0, self.lease_seconds - self.step_seconds))
+        task, props = await self._running(queue)  # as its last runner left it
+        if task is None:
+            return False
         if props.get(CANCEL) == task.key:
             task.status = CANCELLED
-            await self._write(queue, task)
-            return False
+        else:
+            await self._move(task)
+        await self._write(queue, task)
+        if task.status != RUNNING:  # let the next task start anywhere at once
+            await self.metadata.try_lease(lease, self.holder, 0.0)
+        return task.status == RUNNING
+
+    async def _move(self, task: MoveTask) -> None:
+        """Merge the task's rate's worth (or all that is left) from its sources."""
         step = min(task.to_move - task.moved, task.rate or task.to_move)
         moved, found = 0, 0
         for name in task.sources:
@@ -245,5 +257,3 @@ class MoveTasks:
             task.status, task.failure = FAILED, "AWS.SimpleQueueService.NonExistentQueue"
         elif moved == 0 or task.moved >= task.to_move:
             task.status = COMPLETED  # done, or what was left is gone (purged, deleted)
-        await self._write(queue, task)
-        return task.status == RUNNING
