@@ -80,8 +80,13 @@ class SqsEndpoint:
                     self.actions[name] = getattr(group, name)
 
     async def start(self, _: web.Application) -> None:
-        await self.settings.migrate(self.data_dir)
-        await self.tasks.resume()
+        """Move an older sqs.json in, and watch the running move tasks; with the
+        metadata store out, at the next start (a listing watches a task meanwhile)."""
+        try:
+            await self.settings.migrate(self.data_dir)
+            await self.tasks.resume()
+        except CheramiError as err:
+            log.warning("SQS endpoint: the metadata store did not answer at start: %s", err)
 
     async def stop(self, _: web.Application) -> None:
         await self.tasks.close()
