@@ -15,12 +15,12 @@ lists the same ones and they outlive the process that started them:
 | ``sqs.moving`` | the key of the queue's running task (one at a time, as on SQS) |
 | ``sqs.cancel`` | the key of a running task asked to stop |
 
-A running task is run by the frontend that holds the lease ``sqs-move:<queue>``
-(renewed at every step, released when the task ends; the holder is the process's host
-id, which survives a restart). A frontend that starts, and one that lists or cancels
-a running task, watches it: when its runner stops (a crash, a restart), the first of them to take the lease
-goes on from the last step written, so a task resumes after a restart rather than
-failing. Only the watched tasks cost anything: nothing looks at an idle queue."""
+A running task is run by the frontend that holds the lease ``sqs-move:<queue>`` (renewed
+at every step, released when the task ends; the holder is the process's host id, which
+survives a restart). A frontend that starts, and one that lists or cancels a running
+task, watches it: when its runner stops (a crash, a restart), the first of them to take
+the lease goes on from the last step written, so a task resumes after a restart rather
+than failing. Only the watched tasks cost anything: nothing looks at an idle queue."""
 
 from __future__ import annotations
 
