@@ -551,19 +551,26 @@ async def test_hosts_carry_zone_and_latest_load_report(meta: MetadataStore) -> N
     assert [h.id for h in await meta.list_hosts(None, alive_within=None)] == ["i0", "old", "s0"]
 
 
-async def test_sqlite_made_before_zones_gains_the_hosts_columns(tmp_path: Path) -> None:
+def _old_sqlite(path: str, table: str, row: str) -> SqliteMetadataStore:
+    """A store opened on a database an older version made: ``table`` as it was then,
+    holding ``row`` (its values; ? is the time)."""
     import sqlite3
 
-    path = str(tmp_path / "old.db")
     db = sqlite3.connect(path)
-    db.execute(
-        "CREATE TABLE hosts (id TEXT PRIMARY KEY, role TEXT NOT NULL, address TEXT NOT NULL, "
-        "heartbeat_at REAL NOT NULL)"
-    )
-    db.execute("INSERT INTO hosts VALUES ('s0', 'storehost', '127.0.0.1:1', ?)", (time.time(),))
+    db.execute(f"CREATE TABLE {table}")
+    db.execute(f"INSERT INTO {table.split()[0]} VALUES {row}", (time.time(),))
     db.commit()
     db.close()
-    meta = SqliteMetadataStore(path)
+    return SqliteMetadataStore(path)
+
+
+async def test_sqlite_made_before_zones_gains_the_hosts_columns(tmp_path: Path) -> None:
+    meta = _old_sqlite(
+        str(tmp_path / "old.db"),
+        "hosts (id TEXT PRIMARY KEY, role TEXT NOT NULL, address TEXT NOT NULL, "
+        "heartbeat_at REAL NOT NULL)",
+        "('s0', 'storehost', '127.0.0.1:1', ?)",
+    )
     (host,) = await meta.list_hosts("storehost", alive_within=10)
     assert (host.id, host.zone, host.load) == ("s0", "", None)
     await meta.heartbeat(msgspec.structs.replace(host, zone="z", load=LoadReport(cpu=0.5)))
@@ -726,3 +733,38 @@ async def test_queue_properties(metadata_backend: MetadataBackend) -> None:
         await other.put_queue_properties("q1", {"sqs.q.wait": "1"})
     await meta.insert_queue(_queue("q1"))  # a new queue of the name starts with none
     assert await other.get_queue_properties("q1") == {}
+
+
+async def test_a_queue_asks_for_timer_extents_once(meta: MetadataStore) -> None:
+    """``timers``: stored as made, set by want_timers (a change in the change log the
+    first time only), never unset by an update of the config."""
+    await meta.insert_queue(_queue("plain"))
+    await meta.insert_queue(msgspec.structs.replace(_queue("delayed"), timers=True))
+    assert [(q.name, q.timers) for q in await meta.list_queues()] == [
+        ("delayed", True), ("plain", False),
+    ]  # fmt: skip
+    start, _ = await meta.changes_since(-1)
+    await meta.want_timers("plain")
+    at, changed = await meta.changes_since(start)
+    assert changed == {"plain"} and (await meta.get_queue("plain")).timers
+    await meta.want_timers("plain")  # already: nothing written
+    assert await meta.changes_since(at) == (at, set())
+    stale = msgspec.structs.replace(await meta.get_queue("plain"), timers=False)
+    stale.config.retention_seconds = 60
+    await meta.update_queue(stale)  # a PATCH with a queue read before: keeps the flag
+    got = await meta.get_queue("plain")
+    assert got.timers and got.config.retention_seconds == 60
+    with pytest.raises(QueueNotFound):
+        await meta.want_timers("nope")
+
+
+async def test_sqlite_made_before_lazy_timers_keeps_them(tmp_path: Path) -> None:
+    """A queue made when every queue had timer extents keeps them."""
+    meta = _old_sqlite(
+        str(tmp_path / "old.db"),
+        "queues (name TEXT PRIMARY KEY, config TEXT NOT NULL, created_at REAL NOT NULL, "
+        "dlq_of TEXT)",
+        "('old', '{}', ?, NULL)",
+    )
+    assert (await meta.get_queue("old")).timers
+    await meta.close()

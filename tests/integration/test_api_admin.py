@@ -42,7 +42,7 @@ def test_queue_create_is_idempotent_and_conflicts(http: httpx.Client) -> None:
     assert conflict.status_code == 409 and _code(conflict) == "already_exists"
     shown = http.get(f"/v1/queues/{q}").json()
     assert shown["stats"] == {
-        "messages_published": 0, "open_extents": 3, "sealed_extents": 0, "bytes_stored": 0,
+        "messages_published": 0, "open_extents": 2, "sealed_extents": 0, "bytes_stored": 0,
         "unconsumed_bytes": 0,
     }  # fmt: skip
     listed = http.get("/v1/queues", params={"prefix": q}).json()
@@ -55,7 +55,7 @@ def test_queue_patch_and_delete(http: httpx.Client) -> None:
     http.put(f"/v1/queues/{q}")
     patched = http.patch(f"/v1/queues/{q}", json={"retention_seconds": 3600, "min_extents": 2})
     assert patched.status_code == 200 and patched.json()["retention_seconds"] == 3600
-    assert http.get(f"/v1/queues/{q}").json()["stats"]["open_extents"] == 3  # 2 plain + timer
+    assert http.get(f"/v1/queues/{q}").json()["stats"]["open_extents"] == 2  # 2 plain, no timer
     bad = http.patch(f"/v1/queues/{q}", json={"type": "cp"})
     assert bad.status_code == 400 and _code(bad) == "invalid_request"
     assert http.delete(f"/v1/queues/{q}").status_code == 204

@@ -192,15 +192,33 @@ async def test_a_dead_letter_queue_opens_an_extent_at_its_first_dead_letter(
     extent (no timer extent: nothing delayed is published to a dead-letter queue)."""
     q = await _setup(client, "g", "idle", visibility_timeout_seconds=0.3, max_delivery_count=1)
     await client.publish(q, ["first"])
-    assert _open_extents(server, q) == (2, {"g": 0, "idle": 0})  # a plain and a timer one
+    assert _open_extents(server, q) == (1, {"g": 0, "idle": 0})  # a plain one
     await _poison(client, q, "g", 1)
-    assert _open_extents(server, q) == (2, {"g": 1, "idle": 0})
+    assert _open_extents(server, q) == (1, {"g": 1, "idle": 0})
     (dead,) = (await client.dlq(q, "g"))["messages"]
     assert dead["body"] == "first"
     assert (await client.dlq(q, "idle"))["depth"] == 0
     assert await _drain(client, q, "idle", 1) == ["first"]
     assert await client.dlq_merge(q, "g") == 1
     assert await _drain(client, q, "g", 1) == ["first"]
+
+
+async def test_a_queue_opens_its_timer_extent_at_its_first_delayed_message(
+    client: AsyncClient, server: ServerProcess
+) -> None:
+    """Every queue held a timer extent (3 replicas) from its creation, for delayed
+    messages most queues never take: the output host tailed it for every group and the
+    store hosts kept it. A queue now opens one when its first delayed message comes (the
+    publish waits for it), and one made with a delay has it from the start."""
+    q = await _setup(client, "g")
+    await client.publish(q, ["now"])
+    assert _open_extents(server, q) == (1, {"g": 0})
+    await client.publish(q, [OutgoingMessage("later", delay_seconds=0.3)])
+    assert _open_extents(server, q) == (2, {"g": 0})  # the timer extent beside the plain one
+    assert await _drain(client, q, "g", 2) == ["now", "later"]
+    delayed = unique()
+    await client.create_queue(delayed, delay_seconds=0.2)
+    assert _open_extents(server, delayed) == (2, {})
 
 
 async def _poison(client: AsyncClient, q: str, g: str, n: int) -> None:

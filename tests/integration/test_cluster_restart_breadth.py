@@ -4,8 +4,9 @@ restarted, and every message published before is delivered after (issue 34, part
 
 A cluster of role processes on loopback (3 store hosts, 2 controllers, an input host,
 an output host, a frontend; PostgreSQL metadata in a schema of its own) with QUEUES
-queues of 2 groups each: QUEUES * 3 open extents (2 plain and a timer extent per queue;
-a group's dead-letter queue holds none until its first dead letter), 3 replicas each. One message is
+queues of 2 groups each: QUEUES * 2 open extents (2 plain per queue; a timer extent
+opens at a queue's first delayed message, and a group's dead-letter queue holds none
+until its first dead letter), 3 replicas each. One message is
 published to every queue, then, one after another:
 
 1. both controllers SIGKILLed and restarted;

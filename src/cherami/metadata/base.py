@@ -72,7 +72,15 @@ class MetadataStore(Protocol):
         the first ``limit`` of them (None: all). ``dlqs=False`` leaves the groups' DLQs
         out. A page is one index range read, whatever the number of queues."""
 
-    async def update_queue(self, queue: Queue) -> None: ...
+    async def update_queue(self, queue: Queue) -> None:
+        """Stores the queue's config (and its ``timers`` flag, which only ever goes from
+        false to true)."""
+        ...
+
+    async def want_timers(self, name: str) -> None:
+        """The queue keeps timer extents from now on (``Queue.timers``); a change in the
+        change log when it did not already. Raises QueueNotFound."""
+        ...
 
     async def delete_queue(self, name: str) -> None:
         """Deletes the queue, its groups, their ack levels and redeliveries; marks its

@@ -93,6 +93,9 @@ class Queue(msgspec.Struct, kw_only=True):
     config: QueueConfig
     created_at: float
     dlq_of: str | None = None  # "queue/group" when this queue is that group's DLQ
+    # whether the queue keeps timer extents (for delayed messages) beside its plain ones:
+    # set when it is made with a delay or takes its first delayed message, never unset
+    timers: bool = False
 
 
 def min_plain(queue: Queue) -> int:
@@ -102,9 +105,11 @@ def min_plain(queue: Queue) -> int:
 
 
 def wants_timers(queue: Queue) -> bool:
-    """Whether the queue keeps a timer extent beside its plain ones: not a dead-letter
-    queue (only the output host publishes there, never a delayed message)."""
-    return queue.dlq_of is None
+    """Whether the queue keeps a timer extent beside its plain ones: once it was made
+    with a delay or took a delayed message (an input host asks for one then:
+    ``MetadataStore.want_timers``); never a dead-letter queue (only the output host
+    publishes there, never a delayed message)."""
+    return queue.dlq_of is None and queue.timers
 
 
 class GroupConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

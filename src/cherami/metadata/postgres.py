@@ -47,18 +47,20 @@ Pool = AsyncConnectionPool[psycopg.AsyncConnection[Row]]
 POOL_TIMEOUT = 5.0
 
 
+_QUEUE_COLUMNS = "name, config, created_at, dlq_of, timers"
 _EXTENT_COLUMNS = "id, queue, kind, status, input_host, stores, created_at, sealed_seq, predecessor"
 
 _json = msgspec.json.Encoder()
 
 
 def _queue(row: Row) -> Queue:
-    name, config, created_at, dlq_of = row
+    name, config, created_at, dlq_of, timers = row
     return Queue(
         name=name,
         config=msgspec.convert(config, QueueConfig),
         created_at=created_at,
         dlq_of=dlq_of,
+        timers=timers,
     )
 
 
@@ -168,16 +170,20 @@ class PostgresMetadataStore:
     async def insert_queue(self, queue: Queue) -> None:
         try:
             await self._execute(
-                "INSERT INTO queues VALUES (%s, %s, %s, %s)",
-                (queue.name, _config(queue.config), queue.created_at, queue.dlq_of),
+                f"INSERT INTO queues ({_QUEUE_COLUMNS}) VALUES (%s, %s, %s, %s, %s)",
+                (
+                    queue.name,
+                    _config(queue.config),
+                    queue.created_at,
+                    queue.dlq_of,
+                    queue.timers,
+                ),  # fmt: skip
             )
         except psycopg.errors.UniqueViolation:
             raise AlreadyExists(f"queue {queue.name} exists") from None
 
     async def get_queue(self, name: str) -> Queue:
-        row = await self._fetchone(
-            "SELECT name, config, created_at, dlq_of FROM queues WHERE name = %s", (name,)
-        )
+        row = await self._fetchone(f"SELECT {_QUEUE_COLUMNS} FROM queues WHERE name = %s", (name,))
         if row is None:
             raise QueueNotFound(f"no queue {name}")
         return _queue(row)
@@ -193,15 +199,25 @@ class PostgresMetadataStore:
         page, args = page_clause(prefix, after, limit, "%s")
         where = "true" if dlqs else "dlq_of IS NULL"  # the latter: the queues_public index
         rows = await self._fetchall(
-            f"SELECT name, config, created_at, dlq_of FROM queues WHERE {where}{page}", args
+            f"SELECT {_QUEUE_COLUMNS} FROM queues WHERE {where}{page}", args
         )
         return [_queue(r) for r in rows]
 
     async def update_queue(self, queue: Queue) -> None:
         await self._execute(
-            "UPDATE queues SET config = %s WHERE name = %s",
-            (_config(queue.config), queue.name),
+            "UPDATE queues SET config = %s, timers = (timers OR %s) WHERE name = %s",
+            (_config(queue.config), queue.timers, queue.name),
         )
+
+    async def want_timers(self, name: str) -> None:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "UPDATE queues SET timers = true WHERE name = %s AND NOT timers", (name,)
+            )
+            if not cur.rowcount:
+                cur = await conn.execute("SELECT 1 FROM queues WHERE name = %s", (name,))
+                if await cur.fetchone() is None:
+                    raise QueueNotFound(f"no queue {name}")
 
     async def delete_queue(self, name: str) -> None:
         await self._tx(

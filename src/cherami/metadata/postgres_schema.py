@@ -107,6 +107,9 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     );
     CREATE INDEX queue_properties_by_name ON queue_properties (name, value);
     """,
+    # timer extents only for the queues that take delayed messages (Queue.timers); a
+    # queue made before had them all along
+    "ALTER TABLE queues ADD COLUMN timers boolean NOT NULL DEFAULT true;",
 )
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +16,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from cherami.errors import AlreadyExists, Fenced, GroupNotFound, QueueNotFound, Unavailable
+from cherami.errors import AlreadyExists, Fenced, GroupNotFound, QueueNotFound
 from cherami.metadata.base import page_clause
 from cherami.metadata.models import (
     DELETED,
@@ -23,115 +24,91 @@ from cherami.metadata.models import (
     Extent,
     Fence,
     Group,
-    GroupConfig,
     Host,
-    LoadReport,
     Queue,
-    QueueConfig,
     Redelivery,
 )
 from cherami.metadata.properties import find_properties, select_properties, write_properties
-from cherami.metadata.sqlite_schema import create_schema
+from cherami.metadata.sqlite_commit import GroupCommit, connect, unavailable
+from cherami.metadata.sqlite_schema import (
+    EXTENT_COLUMNS,
+    QUEUE_COLUMNS,
+    create_schema,
+    extent_row,
+    group_row,
+    host_row,
+    queue_row,
+)
 
 T = TypeVar("T")
-
-# Result codes that mean "the database cannot be used now" (busy, locked, I/O, full, ...),
-# not "this statement is wrong": calls raise Unavailable for them.
-_UNAVAILABLE_CODES = frozenset({
-    sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_NOMEM, sqlite3.SQLITE_READONLY,
-    sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PROTOCOL,
-})  # fmt: skip
 
 _json = msgspec.json.Encoder()
 
 
-def _queue(row: tuple[Any, ...]) -> Queue:
-    name, config, created_at, dlq_of = row
-    return Queue(
-        name=name,
-        config=msgspec.json.decode(config, type=QueueConfig),
-        created_at=created_at,
-        dlq_of=dlq_of,
-    )
-
-
-def _group(row: tuple[Any, ...]) -> Group:
-    queue, name, config, created_at, start_ms, dlq = row
-    return Group(
-        queue=queue,
-        name=name,
-        config=msgspec.json.decode(config, type=GroupConfig),
-        created_at=created_at,
-        start_ms=start_ms,
-        dlq=dlq,
-    )
-
-
-def _extent(row: tuple[Any, ...]) -> Extent:
-    id_, queue, kind, status, input_host, stores, created_at, sealed_seq, predecessor = row
-    return Extent(
-        id=id_,
-        queue=queue,
-        kind=kind,
-        status=status,
-        input_host=input_host,
-        stores=msgspec.json.decode(stores, type=list[str]),
-        created_at=created_at,
-        sealed_seq=sealed_seq,
-        predecessor=predecessor,
-    )
-
-
-def _host(row: tuple[Any, ...]) -> Host:
-    id_, role, address, heartbeat_at, zone, load = row
-    return Host(
-        id=id_, role=role, address=address, heartbeat_at=heartbeat_at, zone=zone,
-        load=None if load is None else msgspec.json.decode(load, type=LoadReport),
-    )  # fmt: skip
-
-
-_EXTENT_COLUMNS = "id, queue, kind, status, input_host, stores, created_at, sealed_seq, predecessor"
-
-
 class SqliteMetadataStore:
+    """Writes on one thread and connection, committed in groups (sqlite_commit.py); reads
+    on another, so a read never waits for a commit's sync (the log lets readers go on
+    while one writes). ``self._db`` is the connection of the thread it is used on."""
+
     def __init__(self, path: str) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cherami-sqlite")
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        create_schema(self._db)
+        self._local = threading.local()
+        self._writer_db = connect(path)
+        create_schema(self._writer_db)
+        self._executor = ThreadPoolExecutor(
+            1, "cherami-sqlite", initializer=self._bind, initargs=(self._writer_db,)
+        )
+        if path == ":memory:":  # a second connection would open another database
+            self._reader_db, self._reads = self._writer_db, self._executor
+        else:
+            self._reader_db = connect(path)
+            self._reads = ThreadPoolExecutor(
+                1, "cherami-sqlite-read", initializer=self._bind, initargs=(self._reader_db,)
+            )
+        self._commits = GroupCommit(self._writer_db, self._executor)
+
+    def _bind(self, db: sqlite3.Connection) -> None:
+        self._local.db = db
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        db: sqlite3.Connection = self._local.db
+        return db
 
     async def _run(self, fn: Callable[[], T]) -> T:
+        """A read, on the reading thread."""
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+            return await asyncio.get_running_loop().run_in_executor(self._reads, fn)
         except sqlite3.OperationalError as err:
-            if err.sqlite_errorcode & 0xFF in _UNAVAILABLE_CODES:  # the primary result code
-                raise Unavailable(f"metadata database unavailable: {err}") from err
-            raise
+            raise unavailable(err) from err
+
+    async def _write(self, fn: Callable[[], T]) -> T:
+        """A write: ``fn`` runs in the next group commit (sqlite_commit.py), atomically,
+        and this returns once it is committed."""
+        try:
+            result: T = await self._commits.write(fn)
+        except sqlite3.OperationalError as err:
+            raise unavailable(err) from err
+        return result
 
     def _tx(self, statements: list[tuple[str, tuple[Any, ...]]], fence: Fence | None = None) -> int:
-        """Run the statements in one transaction (after checking ``fence``); returns
+        """Run the statements (in a write: atomically) after checking ``fence``; returns
         how many rows the last one changed."""
         db = self._db
-        db.execute("BEGIN IMMEDIATE")
         changed = 0
-        try:
-            if fence is not None:
-                epoch = db.execute("SELECT epoch FROM leases WHERE name = ?", (fence.lease,))
-                row = epoch.fetchone()
-                if row is None or row[0] != fence.epoch:
-                    raise Fenced(f"lease {fence.lease} moved past epoch {fence.epoch}")
-            for sql, args in statements:
-                changed = db.execute(sql, args).rowcount
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        if fence is not None:
+            row = db.execute("SELECT epoch FROM leases WHERE name = ?", (fence.lease,)).fetchone()
+            if row is None or row[0] != fence.epoch:
+                raise Fenced(f"lease {fence.lease} moved past epoch {fence.epoch}")
+        for sql, args in statements:
+            changed = db.execute(sql, args).rowcount
         return changed
 
     async def close(self) -> None:
-        await self._run(self._db.close)
+        loop = asyncio.get_running_loop()
+        if self._reads is not self._executor:
+            await loop.run_in_executor(self._reads, self._reader_db.close)
+            self._reads.shutdown(wait=True)
+        await loop.run_in_executor(self._executor, self._writer_db.close)
         self._executor.shutdown(wait=True)
 
     # queues
@@ -139,21 +116,26 @@ class SqliteMetadataStore:
         def insert() -> None:
             try:
                 self._db.execute(
-                    "INSERT INTO queues VALUES (?, ?, ?, ?)",
-                    (queue.name, _json.encode(queue.config), queue.created_at, queue.dlq_of),
+                    f"INSERT INTO queues ({QUEUE_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+                    (
+                        queue.name,
+                        _json.encode(queue.config),
+                        queue.created_at,
+                        queue.dlq_of,
+                        queue.timers,
+                    ),  # fmt: skip
                 )
             except sqlite3.IntegrityError:
                 raise AlreadyExists(f"queue {queue.name} exists") from None
 
-        await self._run(insert)
+        await self._write(insert)
 
     async def get_queue(self, name: str) -> Queue:
-        row = await self._run(
-            lambda: self._db.execute("SELECT * FROM queues WHERE name = ?", (name,)).fetchone()
-        )
+        sql = f"SELECT {QUEUE_COLUMNS} FROM queues WHERE name = ?"
+        row = await self._run(lambda: self._db.execute(sql, (name,)).fetchone())
         if row is None:
             raise QueueNotFound(f"no queue {name}")
-        return _queue(row)
+        return queue_row(row)
 
     async def list_queues(
         self,
@@ -165,20 +147,30 @@ class SqliteMetadataStore:
     ) -> list[Queue]:
         page, args = page_clause(prefix, after, limit, "?")
         where = "1" if dlqs else "dlq_of IS NULL"  # the latter: the queues_public index
-        sql = f"SELECT * FROM queues WHERE {where}{page}"
+        sql = f"SELECT {QUEUE_COLUMNS} FROM queues WHERE {where}{page}"
         rows = await self._run(lambda: self._db.execute(sql, args).fetchall())
-        return [_queue(r) for r in rows]
+        return [queue_row(r) for r in rows]
 
     async def update_queue(self, queue: Queue) -> None:
-        await self._run(
+        await self._write(
             lambda: self._db.execute(
-                "UPDATE queues SET config = ? WHERE name = ?",
-                (_json.encode(queue.config), queue.name),
+                "UPDATE queues SET config = ?, timers = (timers OR ?) WHERE name = ?",
+                (_json.encode(queue.config), queue.timers, queue.name),
             )
         )
 
+    async def want_timers(self, name: str) -> None:
+        def want() -> None:
+            sql = "UPDATE queues SET timers = 1 WHERE name = ? AND timers = 0"
+            if not self._db.execute(sql, (name,)).rowcount:
+                if self._db.execute("SELECT 1 FROM queues WHERE name = ?", (name,)).fetchone():
+                    return
+                raise QueueNotFound(f"no queue {name}")
+
+        await self._write(want)
+
     async def delete_queue(self, name: str) -> None:
-        await self._run(
+        await self._write(
             lambda: self._tx(
                 [
                     ("DELETE FROM queues WHERE name = ?", (name,)),
@@ -209,7 +201,7 @@ class SqliteMetadataStore:
             except sqlite3.IntegrityError:
                 raise AlreadyExists(f"group {group.name} exists") from None
 
-        await self._run(insert)
+        await self._write(insert)
 
     async def get_group(self, queue: str, name: str) -> Group:
         row = await self._run(
@@ -219,7 +211,7 @@ class SqliteMetadataStore:
         )
         if row is None:
             raise GroupNotFound(f"no group {name} on queue {queue}")
-        return _group(row)
+        return group_row(row)
 
     async def list_groups(
         self, queue: str, prefix: str = "", after: str | None = None, limit: int | None = None
@@ -227,10 +219,10 @@ class SqliteMetadataStore:
         page, args = page_clause(prefix, after, limit, "?")
         sql = f"SELECT * FROM groups WHERE queue = ?{page}"
         rows = await self._run(lambda: self._db.execute(sql, [queue, *args]).fetchall())
-        return [_group(r) for r in rows]
+        return [group_row(r) for r in rows]
 
     async def update_group(self, group: Group) -> None:
-        await self._run(
+        await self._write(
             lambda: self._db.execute(
                 "UPDATE groups SET config = ? WHERE queue = ? AND name = ?",
                 (_json.encode(group.config), group.queue, group.name),
@@ -238,7 +230,7 @@ class SqliteMetadataStore:
         )
 
     async def delete_group(self, queue: str, name: str) -> None:
-        await self._run(
+        await self._write(
             lambda: self._tx(
                 [
                     ("DELETE FROM groups WHERE queue = ? AND name = ?", (queue, name)),
@@ -250,7 +242,7 @@ class SqliteMetadataStore:
 
     # extents
     async def insert_extent(self, extent: Extent, fence: Fence | None = None) -> bool:
-        sql = f"INSERT INTO extents ({_EXTENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        sql = f"INSERT INTO extents ({EXTENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
         args = (
             extent.id, extent.queue, extent.kind, extent.status, extent.input_host,
             _json.encode(extent.stores), extent.created_at, extent.sealed_seq, extent.predecessor,
@@ -263,18 +255,18 @@ class SqliteMetadataStore:
                 return False
             return True
 
-        return await self._run(insert)
+        return await self._write(insert)
 
     async def get_extent(self, extent_id: str) -> Extent | None:
         row = await self._run(
             lambda: self._db.execute(
-                f"SELECT {_EXTENT_COLUMNS} FROM extents WHERE id = ?", (extent_id,)
+                f"SELECT {EXTENT_COLUMNS} FROM extents WHERE id = ?", (extent_id,)
             ).fetchone()
         )
-        return _extent(row) if row else None
+        return extent_row(row) if row else None
 
     async def list_extents(self, queue: str, statuses: tuple[str, ...] = ()) -> list[Extent]:
-        sql = f"SELECT {_EXTENT_COLUMNS} FROM extents WHERE queue = ?"
+        sql = f"SELECT {EXTENT_COLUMNS} FROM extents WHERE queue = ?"
         args: tuple[Any, ...] = (queue,)
         if statuses:
             sql += f" AND status IN ({', '.join('?' * len(statuses))})"
@@ -282,7 +274,7 @@ class SqliteMetadataStore:
         rows = await self._run(
             lambda: self._db.execute(sql + " ORDER BY created_at, id", args).fetchall()
         )
-        return [_extent(r) for r in rows]
+        return [extent_row(r) for r in rows]
 
     async def changes_since(self, after: int) -> tuple[int, set[str] | None]:
         def read() -> tuple[int, set[str] | None]:
@@ -299,11 +291,11 @@ class SqliteMetadataStore:
 
     async def list_extents_in(self, statuses: tuple[str, ...]) -> list[Extent]:
         sql = (
-            f"SELECT {_EXTENT_COLUMNS} FROM extents "
+            f"SELECT {EXTENT_COLUMNS} FROM extents "
             f"WHERE status IN ({', '.join('?' * len(statuses))}) ORDER BY created_at, id"
         )
         rows = await self._run(lambda: self._db.execute(sql, statuses).fetchall())
-        return [_extent(r) for r in rows]
+        return [extent_row(r) for r in rows]
 
     async def set_extent_status(
         self,
@@ -316,7 +308,9 @@ class SqliteMetadataStore:
             "UPDATE extents SET status = ?, sealed_seq = COALESCE(?, sealed_seq) "
             "WHERE id = ? AND status <> ?"  # a deleted extent stays deleted
         )
-        await self._run(lambda: self._tx([(sql, (status, sealed_seq, extent_id, DELETED))], fence))
+        await self._write(
+            lambda: self._tx([(sql, (status, sealed_seq, extent_id, DELETED))], fence)
+        )
 
     # ack levels
     async def get_ack_levels(self, queue: str, group: str) -> list[AckLevel]:
@@ -345,7 +339,7 @@ class SqliteMetadataStore:
             "WHERE excluded.acked >= ack_levels.acked OR excluded.lim > ack_levels.lim "
             "OR (ack_levels.lim IS NULL AND excluded.lim IS NOT NULL)"
         )
-        await self._run(
+        await self._write(
             lambda: self._tx(
                 [(sql, (a.queue, a.group, a.extent, a.level, a.acked, a.limit)) for a in levels],
                 fence,
@@ -354,7 +348,7 @@ class SqliteMetadataStore:
 
     async def delete_ack_levels(self, queue: str, group: str, extents: list[str]) -> None:
         sql = "DELETE FROM ack_levels WHERE queue = ? AND grp = ? AND extent = ?"
-        await self._run(lambda: self._tx([(sql, (queue, group, e)) for e in extents]))
+        await self._write(lambda: self._tx([(sql, (queue, group, e)) for e in extents]))
 
     # redeliveries
     async def get_redeliveries(self, queue: str, group: str) -> list[Redelivery]:
@@ -385,7 +379,7 @@ class SqliteMetadataStore:
         statements += [
             (upsert, (r.queue, r.group, r.extent, r.key, r.count, r.due_ms)) for r in upserts
         ]
-        await self._run(lambda: self._tx(statements, fence))
+        await self._write(lambda: self._tx(statements, fence))
 
     # queue properties
     async def get_queue_properties(self, queue: str, prefix: str = "") -> dict[str, str]:
@@ -398,20 +392,13 @@ class SqliteMetadataStore:
         writes = write_properties(queue, values, delete or [], "?")
 
         def write() -> bool:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                if self._db.execute("SELECT 1 FROM queues WHERE name = ?", (queue,)).fetchone():
-                    for sql, args in writes:
-                        self._db.execute(sql, args)
-                    self._db.execute("COMMIT")
-                    return True
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("ROLLBACK")
-            return False
+            if not self._db.execute("SELECT 1 FROM queues WHERE name = ?", (queue,)).fetchone():
+                return False
+            for sql, args in writes:
+                self._db.execute(sql, args)
+            return True
 
-        if not await self._run(write):
+        if not await self._write(write):
             raise QueueNotFound(f"no queue {queue}")
 
     async def find_queue_properties(self, name: str, value: str | None = None) -> dict[str, str]:
@@ -420,7 +407,7 @@ class SqliteMetadataStore:
 
     # membership and leadership
     async def heartbeat(self, host: Host) -> None:
-        await self._run(
+        await self._write(
             lambda: self._db.execute(
                 "INSERT INTO hosts (id, role, address, heartbeat_at, zone, load) "
                 "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
@@ -447,7 +434,7 @@ class SqliteMetadataStore:
                 (role, role, since),
             ).fetchall()
         )
-        return [_host(row) for row in rows]
+        return [host_row(row) for row in rows]
 
     async def lease_holder(self, name: str) -> str | None:
         row = await self._run(
@@ -477,7 +464,7 @@ class SqliteMetadataStore:
             ).fetchall()
             return {str(name): int(epoch) for name, epoch in rows}
 
-        return await self._run(renew) if names else {}
+        return await self._write(renew) if names else {}
 
     async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> int | None:
         def take() -> int | None:
@@ -491,4 +478,4 @@ class SqliteMetadataStore:
             ).fetchone()
             return int(row[0]) if row else None
 
-        return await self._run(take)
+        return await self._write(take)

@@ -1,14 +1,28 @@
 """The SQLite metadata store's schema (sqlite.py): its tables and indexes, the triggers
-that keep the change log (``MetadataStore.changes_since``), and the columns added to a
-database made before them."""
+that keep the change log (``MetadataStore.changes_since``), the columns added to a
+database made before them, and how its rows are read back."""
 
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
+
+import msgspec
+
+from cherami.metadata.models import (
+    Extent,
+    Group,
+    GroupConfig,
+    Host,
+    LoadReport,
+    Queue,
+    QueueConfig,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS queues (
-    name TEXT PRIMARY KEY, config TEXT NOT NULL, created_at REAL NOT NULL, dlq_of TEXT
+    name TEXT PRIMARY KEY, config TEXT NOT NULL, created_at REAL NOT NULL, dlq_of TEXT,
+    timers INTEGER NOT NULL DEFAULT 1
 );
 -- the queues a listing shows (not the groups' DLQs), in name order
 CREATE INDEX IF NOT EXISTS queues_public ON queues (name) WHERE dlq_of IS NULL;
@@ -84,7 +98,60 @@ def create_schema(db: sqlite3.Connection) -> None:
     leases = [row[1] for row in db.execute("PRAGMA table_info(leases)")]
     if "epoch" not in leases:  # made before lease epochs
         db.execute("ALTER TABLE leases ADD COLUMN epoch INTEGER NOT NULL DEFAULT 1")
+    queues = [row[1] for row in db.execute("PRAGMA table_info(queues)")]
+    if "timers" not in queues:  # made when every queue had timer extents
+        db.execute("ALTER TABLE queues ADD COLUMN timers INTEGER NOT NULL DEFAULT 1")
     hosts = [row[1] for row in db.execute("PRAGMA table_info(hosts)")]
     if "zone" not in hosts:  # made before zones and load reports
         db.execute("ALTER TABLE hosts ADD COLUMN zone TEXT NOT NULL DEFAULT ''")
         db.execute("ALTER TABLE hosts ADD COLUMN load TEXT")
+
+
+def queue_row(row: tuple[Any, ...]) -> Queue:
+    name, config, created_at, dlq_of, timers = row
+    return Queue(
+        name=name,
+        config=msgspec.json.decode(config, type=QueueConfig),
+        created_at=created_at,
+        dlq_of=dlq_of,
+        timers=bool(timers),
+    )
+
+
+def group_row(row: tuple[Any, ...]) -> Group:
+    queue, name, config, created_at, start_ms, dlq = row
+    return Group(
+        queue=queue,
+        name=name,
+        config=msgspec.json.decode(config, type=GroupConfig),
+        created_at=created_at,
+        start_ms=start_ms,
+        dlq=dlq,
+    )
+
+
+def extent_row(row: tuple[Any, ...]) -> Extent:
+    id_, queue, kind, status, input_host, stores, created_at, sealed_seq, predecessor = row
+    return Extent(
+        id=id_,
+        queue=queue,
+        kind=kind,
+        status=status,
+        input_host=input_host,
+        stores=msgspec.json.decode(stores, type=list[str]),
+        created_at=created_at,
+        sealed_seq=sealed_seq,
+        predecessor=predecessor,
+    )
+
+
+def host_row(row: tuple[Any, ...]) -> Host:
+    id_, role, address, heartbeat_at, zone, load = row
+    return Host(
+        id=id_, role=role, address=address, heartbeat_at=heartbeat_at, zone=zone,
+        load=None if load is None else msgspec.json.decode(load, type=LoadReport),
+    )  # fmt: skip
+
+
+QUEUE_COLUMNS = "name, config, created_at, dlq_of, timers"
+EXTENT_COLUMNS = "id, queue, kind, status, input_host, stores, created_at, sealed_seq, predecessor"

@@ -5,7 +5,8 @@ opens and seals extents: ``manage_extents``), so the in-process service is the o
 implementation; a node's is the same. An input host reports a failed extent through the
 metadata store (``report_failing``); the leading controller (leader.py) acts on it. A
 group's dead-letter queue holds no extent until the output host moves its first message
-there (``wake_dead_letter_queue``, also through the metadata store)."""
+there (``wake_dead_letter_queue``, also through the metadata store), and a queue holds no
+timer extent until its first delayed message (``want_timers``)."""
 
 from __future__ import annotations
 
@@ -62,6 +63,16 @@ async def report_failing(metadata: MetadataStore, extent_id: str) -> None:
     extent = await metadata.get_extent(extent_id)
     if extent is not None and extent.status == OPEN:
         await metadata.set_extent_status(extent_id, FAILING)
+
+
+async def want_timers(metadata: MetadataStore, queue: Queue) -> None:
+    """An input host took a delayed message for a queue that keeps no timer extent (it
+    has none until its first one): the leading controller sees the change in the change
+    log and opens one beside each of the queue's plain extents at its next tick, and the
+    publish waits for it meanwhile, as when an extent is replaced."""
+    if queue.dlq_of is None and not queue.timers:
+        await metadata.want_timers(queue.name)
+        queue.timers = True
 
 
 async def wake_dead_letter_queue(metadata: MetadataStore, dlq: str) -> Queue:

@@ -4,6 +4,7 @@ and the queue's own open extents, never by scanning every queue."""
 
 from __future__ import annotations
 
+import bisect
 import random
 import time
 from collections.abc import Callable, Iterable
@@ -23,17 +24,23 @@ class Placements:
     def __init__(self, clock: Callable[[], float] = time.time, keep: int = 1000) -> None:
         self._clock = clock
         self._keep = keep
-        self._made: list[tuple[float, str]] = []
+        self._made: dict[str, list[float]] = {}  # host -> when, oldest first
         self._failed: dict[str, tuple[float, tuple[str, ...]]] = {}  # extent -> when, stores
 
     def add(self, hosts: Iterable[str]) -> None:
         now = self._clock()
-        self._made += [(now, h) for h in hosts]
-        del self._made[: -self._keep]
+        for host in hosts:
+            made = self._made.setdefault(host, [])
+            made.append(max(now, made[-1]) if made else now)  # kept sorted if the clock steps back
+            if len(made) > 2 * self._keep:
+                del made[: -self._keep]
 
     def pending(self, host: Host) -> int:
+        """Placements on ``host`` since its latest report (a search, not a walk of every
+        placement made: it is asked for every host at every extent opened)."""
         since = host.load.at if host.load is not None else 0.0
-        return sum(1 for at, h in self._made if h == host.id and at >= since)
+        made = self._made.get(host.id, [])
+        return len(made) - bisect.bisect_left(made, since)
 
     def failed(self, extent_id: str, stores: Iterable[str]) -> None:
         """An extent failed under a live input host while all its store hosts were live:

@@ -155,7 +155,12 @@ class ControllerService:
         check_extent_bounds(config, self.default_min_extents, dlq_of)
         self._warn_without_spare_store(name, config)
         async with self._lock(name):
-            queue = Queue(name=name, config=config, created_at=time.time(), dlq_of=dlq_of)
+            # timer extents only once it takes a delayed message (an input host asks for
+            # them then), unless every message of it is delayed
+            queue = Queue(
+                name=name, config=config, created_at=time.time(), dlq_of=dlq_of,
+                timers=dlq_of is None and config.delay_seconds > 0,
+            )  # fmt: skip
             try:
                 await self.metadata.insert_queue(queue)
             except AlreadyExists:
@@ -172,6 +177,7 @@ class ControllerService:
         """Store a changed config and open extents up to its min_extents."""
         check_min_replicas(queue.config)
         check_extent_bounds(queue.config, self.default_min_extents, queue.dlq_of)
+        queue.timers = queue.timers or (queue.dlq_of is None and queue.config.delay_seconds > 0)
         async with self._lock(queue.name):
             await self.metadata.update_queue(queue)
             await self._ensure_extents(queue)

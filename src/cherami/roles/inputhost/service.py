@@ -24,6 +24,7 @@ from cherami.membership import STOREHOST
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN, Queue
 from cherami.periodic import Background
+from cherami.roles.controller.client import want_timers
 from cherami.roles.inputhost.dedup import Deduplicator
 from cherami.roles.inputhost.extentwriter import ExtentWriter
 from cherami.roles.storehost.directory import StoreDirectory
@@ -301,6 +302,7 @@ class InputHostService:
                 if writers.timer is not None and not writers.timer.failed:
                     (timer,) = await self._with_room([writers.timer])
                     return timer
+                await want_timers(self.metadata, queue)  # its first delayed message
             else:
                 live = await self._live_plain(queue)
                 if live:
