@@ -6,8 +6,9 @@ together, one sync for all of them, each in a savepoint of its own, so one write
 fails (a name taken, a stale fence) leaves the others whole. A write is answered only
 after the commit that holds it, as before; reads do not wait for writes.
 
-The batch runs on the store's one database thread, as every call does, and a batch is
-one job on it: reads queued meanwhile run between two batches."""
+A batch is one job on the store's writing thread; reads run on a connection and thread
+of their own (sqlite.py). Also here: how the store's connections are opened, and which
+SQLite errors mean the database cannot be used now."""
 
 from __future__ import annotations
 
@@ -110,6 +111,8 @@ def unavailable(err: sqlite3.OperationalError) -> Exception:
 
 
 def connect(path: str) -> sqlite3.Connection:
+    """A connection for either thread: autocommit (writes open their own transaction),
+    the write-ahead log, a sync at every commit, and 5 s of patience with a lock."""
     db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=FULL")
