@@ -32,7 +32,9 @@ class Dlqs:
     def __init__(self, metadata: SqliteMetadataStore, dead: dict[str, int]) -> None:
         self.r = SimpleNamespace(metadata=metadata)
         self.dead = dead
+        self.passed = dict.fromkeys(dead, 100)  # the DLQ cursor: merged or purged before
         self.merges: list[int] = []
+        self.fail_after_merge = 0  # the next merges fail once they are done (a crash)
 
     async def find(self, name: str) -> tuple[Queue, Group] | None:
         if name not in self.dead:
@@ -41,13 +43,17 @@ class Dlqs:
                       start_ms=0, dlq=f"{name}.dlq")  # fmt: skip
         return cast(Queue, None), group
 
-    async def dead_lettered(self, group: Group) -> int:
-        return self.dead[group.queue]
+    async def dlq_position(self, group: Group) -> tuple[int, int]:
+        return self.dead[group.queue], self.passed[group.queue]
 
     async def merge_dlq(self, group: Group, most: int | None = None) -> int:
         n = self.dead[group.queue] if most is None else min(most, self.dead[group.queue])
         self.dead[group.queue] -= n
+        self.passed[group.queue] += n
         self.merges.append(n)
+        if self.fail_after_merge:
+            self.fail_after_merge -= 1
+            raise Unavailable("the answer was lost")
         return n
 
 
@@ -100,6 +106,20 @@ async def test_a_rated_task_moves_its_rate_a_step_until_done(meta: SqliteMetadat
     await tasks.close()
 
 
+async def test_a_step_cut_short_after_its_merge_is_counted_once(
+    meta: SqliteMetadataStore,
+) -> None:
+    """Progress is read from the DLQ cursor: a merge whose step never wrote its count
+    (its answer lost, or the process killed there) is counted, and not moved again."""
+    dlqs = Dlqs(meta, {"src": 5})
+    dlqs.fail_after_merge = 2
+    tasks = tasks_of(dlqs, "a")
+    await tasks.start("dlq", [(await dlqs.find("src"))[1]], ARN, None, 2)  # type: ignore[index]
+    done = await until(lambda: status(tasks, "COMPLETED"), "the task done")
+    assert done["ApproximateNumberOfMessagesMoved"] == 5 and sum(dlqs.merges) == 5
+    await tasks.close()
+
+
 async def test_cancel_stops_it_at_its_next_step(meta: SqliteMetadataStore) -> None:
     dlqs = Dlqs(meta, {"src": 5})
     tasks = tasks_of(dlqs, "a", step=60.0)  # one step, then a long pause a cancel cuts
@@ -138,7 +158,7 @@ async def test_a_task_whose_sources_are_gone_fails(meta: SqliteMetadataStore) ->
     group = (await dlqs.find("src"))[1]  # type: ignore[index]
     del dlqs.dead["src"]
     dlqs.dead["other"] = 0
-    tasks.backend.dead_lettered = lambda g: asyncio.sleep(0, 3)  # type: ignore[method-assign]
+    tasks.backend.dlq_position = lambda g: asyncio.sleep(0, (3, 0))  # type: ignore[method-assign]
     await tasks.start("dlq", [group], ARN, None, 1)
     failed = await until(lambda: status(tasks, "FAILED"), "the task failed")
     assert failed["FailureReason"] == "AWS.SimpleQueueService.NonExistentQueue"

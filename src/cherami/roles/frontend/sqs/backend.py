@@ -99,8 +99,14 @@ class Backend:
 
     async def dead_lettered(self, group: Group) -> int:
         """The messages in the group's DLQ (not merged back or purged)."""
+        return (await self.dlq_position(group))[0]
+
+    async def dlq_position(self, group: Group) -> tuple[int, int]:
+        """The messages in the group's DLQ, and those its cursor has passed (merged
+        back or purged): a move's progress, as durable as the merges."""
         ranges = await self.r.controller.dlq_ranges(group.dlq)
-        return sum(max(0, last - level.acked) for _, level, last in ranges)
+        left = sum(max(0, last - level.acked) for _, level, last in ranges)
+        return left, sum(level.acked for _, level, _ in ranges)
 
     async def counts(self, group: Group) -> Counts:
         dead = await self.dead_lettered(group)

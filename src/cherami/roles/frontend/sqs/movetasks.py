@@ -60,6 +60,7 @@ class MoveTask(msgspec.Struct, kw_only=True, omit_defaults=True):
     rate: int | None = None
     to_move: int = 0
     moved: int = 0
+    passed: int = 0  # the sources' DLQ cursors at the start, summed (dlq_position)
     failure: str | None = None
 
 
@@ -142,7 +143,8 @@ class MoveTasks:
                         sources=[g.queue for g in sources], started_ms=now,
                         destination_arn=destination_arn, rate=rate)  # fmt: skip
         for group in sources:
-            task.to_move += await self.backend.dead_lettered(group)
+            left, passed = await self.backend.dlq_position(group)
+            task.to_move, task.passed = task.to_move + left, task.passed + passed
         if rate is None or task.to_move == 0:  # one merge, now
             for group in sources:
                 task.moved += await self.backend.merge_dlq(group)
@@ -242,18 +244,23 @@ class MoveTasks:
         return task.status == RUNNING
 
     async def _move(self, task: MoveTask) -> None:
-        """Merge the task's rate's worth (or all that is left) from its sources."""
-        step = min(task.to_move - task.moved, task.rate or task.to_move)
-        moved, found = 0, 0
-        for name in task.sources:
-            got = await self.backend.find(name)
-            if got is None:
-                continue
-            found += 1
-            if moved < step:
-                moved += await self.backend.merge_dlq(got[1], step - moved)
-        task.moved += moved
-        if found == 0:
+        """Merge the task's rate's worth (or all that is left) from its sources. What
+        it moved so far is read from the sources' DLQ cursors, not counted: a step cut
+        short after its merge (a crash, an error) is neither lost nor done twice."""
+        groups = [got[1] for name in task.sources if (got := await self.backend.find(name))]
+        if not groups:
             task.status, task.failure = FAILED, "AWS.SimpleQueueService.NonExistentQueue"
-        elif moved == 0 or task.moved >= task.to_move:
+            return
+        left = passed = 0
+        for group in groups:
+            in_dlq, at = await self.backend.dlq_position(group)
+            left, passed = left + in_dlq, passed + at
+        task.moved = min(task.to_move, max(task.moved, passed - task.passed))
+        step = min(task.to_move - task.moved, task.rate or task.to_move, left)
+        moved = 0
+        for group in groups:
+            if moved < step:
+                moved += await self.backend.merge_dlq(group, step - moved)
+        task.moved += moved
+        if moved == 0 or task.moved >= task.to_move:
             task.status = COMPLETED  # done, or what was left is gone (purged, deleted)
