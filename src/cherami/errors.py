@@ -63,8 +63,20 @@ class GroupNotFound(NotFound):
     code = "group_not_found"
 
 
+class MessageNotFound(NotFound):
+    """A cancel named no delayed message pending in the queue."""
+
+    code = "message_not_found"
+
+
 class AlreadyExists(CheramiError):
     code, status = "already_exists", 409
+
+
+class AlreadyDue(CheramiError):
+    """A cancel came when the delayed message was due (or within a second of it)."""
+
+    code, status = "already_due", 409
 
 
 class MessageTooLarge(CheramiError):
@@ -161,7 +173,9 @@ ERRORS_BY_CODE: dict[str, type[CheramiError]] = {
         NotFound,
         QueueNotFound,
         GroupNotFound,
+        MessageNotFound,
         AlreadyExists,
+        AlreadyDue,
         MessageTooLarge,
         Throttled,
         TooManyStreams,

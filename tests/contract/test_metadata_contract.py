@@ -768,3 +768,22 @@ async def test_sqlite_made_before_lazy_timers_keeps_them(tmp_path: Path) -> None
     )
     assert (await meta.get_queue("old")).timers
     await meta.close()
+
+
+async def test_cancelled_delayed_messages_are_kept_while_their_extent_lives(
+    meta: MetadataStore,
+) -> None:
+    await meta.insert_queue(_queue("q1"))
+    assert await meta.insert_extent(_extent("t1"))
+    assert await meta.insert_extent(_extent("t2"))
+    assert await meta.cancelled_scheduled("q1", "t1", 1, 100) == set()
+    await meta.cancel_scheduled("q1", "t1", [5, 7, 1 << 40])
+    await meta.cancel_scheduled("q1", "t1", [5])  # again: no change, no error
+    other = await meta.cancelled_scheduled("q1", "t1", 6, 1 << 41)
+    assert await meta.cancelled_scheduled("q1", "t1", 1, 100) == {5, 7}
+    assert other == {7, 1 << 40}
+    assert await meta.cancelled_scheduled("q1", "t1", 6, 6) == set()
+    await meta.set_extent_status("t1", DELETED)  # retention deleted it
+    await meta.cancel_scheduled("q1", "t2", [6])  # the next cancel drops t1's
+    assert await meta.cancelled_scheduled("q1", "t1", 0, 1 << 62) == set()
+    assert await meta.cancelled_scheduled("q1", "t2", 0, 10) == {6}

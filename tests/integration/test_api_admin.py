@@ -99,7 +99,7 @@ def test_group_lifecycle(http: httpx.Client) -> None:
     shown = http.get(f"/v1/queues/{q}/groups/g1").json()
     assert set(shown["stats"]) == {
         "backlog", "in_flight", "dlq_depth", "oldest_unacked_age_seconds",
-        "delivered", "acked", "redelivered", "top_keys",
+        "delivered", "acked", "redelivered", "top_keys", "expired", "cancelled",
     }  # fmt: skip
     patched = http.patch(f"/v1/queues/{q}/groups/g1", json={"max_delivery_count": 7})
     assert patched.json()["max_delivery_count"] == 7

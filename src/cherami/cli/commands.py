@@ -1,11 +1,12 @@
-"""Client commands of the CLI: ``queue``, ``group``, ``publish``, ``consume``, ``dlq``
-and ``peek``.
+"""Client commands of the CLI: ``queue``, ``group``, ``publish``, ``consume``, ``dlq``,
+``peek`` and ``scheduled``.
 
 Every command takes ``--url`` (``CHERAMI_URL``) and ``--api-key`` (``CHERAMI_API_KEY``).
 ``show``/``list`` print pretty JSON; errors print one line on stderr and exit 1.
 
 Importing this module registers them on ``cli``: admin.py (``queue``, ``group``),
-publish.py, consume.py (``consume``, ``ack``, ``nack``), dlq.py and peek.py; connection.py has
+publish.py, consume.py (``consume``, ``ack``, ``nack``), dlq.py, peek.py and scheduled.py;
+connection.py has
 what they share."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from cherami.cli.consume import ack_command, consume, message_json, nack_command
 from cherami.cli.dlq import dlq
 from cherami.cli.peek import peek
 from cherami.cli.publish import parse_attributes, publish, read_batches
+from cherami.cli.scheduled import scheduled
 
 __all__ = [
     "ClientFactory",
@@ -33,4 +35,5 @@ __all__ = [
     "queue",
     "read_batches",
     "run",
+    "scheduled",
 ]

@@ -44,6 +44,18 @@ def parse_attributes(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--key", default=None, metavar="KEY",
               help="Ordering key of every message: a group gets them one at a time, "
               "in order.")  # fmt: skip
+@click.option(
+    "--expires-in-seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Never deliver after this long (the message's TTL).",
+)
+@click.option(
+    "--expires-at",
+    default=None,
+    metavar="TIME",
+    help="Never deliver at or after TIME (RFC 3339, or ms since the epoch).",
+)
 @click.option("--batch-size", type=click.IntRange(1, 1000), default=STDIN_BATCH,
               show_default=True, help="Messages per batch when reading stdin.")  # fmt: skip
 @connection_options
@@ -54,13 +66,19 @@ def publish(
     attrs: tuple[str, ...],
     delay_seconds: float | None,
     key: str | None,
+    expires_in_seconds: float | None,
+    expires_at: str | None,
     batch_size: int,
 ) -> None:
     """Publish each BODY to QUEUE and print the message ids; without BODY, publish each
     line of stdin (streamed in batches) and print how many were published."""
     attributes = parse_attributes(attrs) or None
+    if expires_in_seconds is not None and expires_at is not None:
+        raise click.UsageError("give at most one of --expires-in-seconds and --expires-at")
+    ttl: dict[str, Any] = {"expires_in_seconds": expires_in_seconds, "expires_at": expires_at}
     if bodies:
-        messages = [OutgoingMessage(body, attributes, delay_seconds, key=key) for body in bodies]
+        messages = [OutgoingMessage(body, attributes, delay_seconds, key=key, **ttl)
+                    for body in bodies]  # fmt: skip
         for message_id in run(client, lambda c: c.publish(queue_name, messages)):
             click.echo(message_id)
         return
@@ -70,7 +88,7 @@ def publish(
     # would abort at exit closing sys.stdin while the thread holds its lock
     stdin = open(sys.stdin.fileno(), "rb", closefd=False)  # noqa: SIM115
     batches = (
-        [OutgoingMessage(body, attributes, delay_seconds, key=key) for body in batch]
+        [OutgoingMessage(body, attributes, delay_seconds, key=key, **ttl) for body in batch]
         for batch in read_batches(stdin, batch_size)
     )
     try:

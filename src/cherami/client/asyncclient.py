@@ -7,7 +7,7 @@ import contextlib
 import os
 import random
 import socket
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -349,15 +349,13 @@ class AsyncClient:
         since the epoch, or RFC 3339 text."""
         params = {"limit": str(limit), "order": order}
         for name, when in (("since", since), ("until", until)):
-            if isinstance(when, datetime):
-                params[name] = str(int(when.timestamp() * 1000))
-            elif when is not None:
-                params[name] = str(when)
+            if when is not None:
+                params[name] = _time_param(when)
         if cursor:
             params["cursor"] = cursor
         return await self.request("GET", self._q(queue) + "/messages", params=params)  # type: ignore[no-any-return]
 
-    async def iter_peek(
+    def iter_peek(
         self, queue: str, since: datetime | int | str | None = None,
         until: datetime | int | str | None = None, order: str = "asc", *,
         limit: int | None = None, page_size: int = PAGE_SIZE,
@@ -365,17 +363,41 @@ class AsyncClient:
         """The queue's retained messages as ``peek`` reads them, each page asked for
         when the one before is used up (``page_size`` at a time, 1 to 1000); every one,
         or the first ``limit``."""
-        left, cursor = limit, None
-        while left is None or left > 0:
-            size = page_size if left is None else min(page_size, left)
-            page = await self.peek(queue, since, until, size, order, cursor)
-            for message in page["messages"]:
-                yield message
-            if left is not None:
-                left -= len(page["messages"])
-            cursor = page["cursor"]
-            if cursor is None:
-                return
+        return _every(
+            lambda size, cursor: self.peek(queue, since, until, size, order, cursor),
+            limit, page_size,
+        )  # fmt: skip
+
+    # scheduled messages (docs/api.md "Scheduled messages")
+    async def scheduled(
+        self, queue: str, until: datetime | int | str | None = None, limit: int = 100,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """One page of the queue's delayed messages not due yet, in due order:
+        ``{"messages": [...], "cursor": ...}`` (each with its ``due_at``); pass ``cursor``
+        back for the next page (None: the last). ``until``: only those due before it."""
+        params = {"limit": str(limit)}
+        if until is not None:
+            params["until"] = _time_param(until)
+        if cursor:
+            params["cursor"] = cursor
+        return await self.request("GET", self._q(queue) + "/scheduled", params=params)  # type: ignore[no-any-return]
+
+    def iter_scheduled(
+        self, queue: str, until: datetime | int | str | None = None, *,
+        limit: int | None = None, page_size: int = PAGE_SIZE,
+    ) -> AsyncGenerator[dict[str, Any], None]:  # fmt: skip
+        """Every delayed message not due yet (or the first ``limit``), in due order, a
+        page at a time."""
+        return _every(
+            lambda size, cursor: self.scheduled(queue, until, size, cursor), limit, page_size
+        )
+
+    async def cancel_scheduled(self, queue: str, message_id: str) -> None:
+        """Cancel a delayed message before it is due: no group ever receives it.
+        MessageNotFound when none such is pending, AlreadyDue when it is due (or due
+        within a second)."""
+        await self.request("DELETE", f"{self._q(queue)}/scheduled/{quote(message_id, safe='')}")
 
     # streams
     def ws_url(self, path: str) -> str:
@@ -418,3 +440,29 @@ def throttle_wait(err: Throttled) -> float:
     """How long to wait before sending a refused batch again: the server's wait, plus up
     to 10% so that producers it refused together do not all come back at once."""
     return err.retry_after * (1 + 0.1 * random.random())
+
+
+def _time_param(when: datetime | int | str) -> str:
+    """A time as a query parameter: ms since the epoch (a naive datetime is local
+    time), or the text given."""
+    return str(int(when.timestamp() * 1000)) if isinstance(when, datetime) else str(when)
+
+
+async def _every(
+    page: Callable[[int, str | None], Awaitable[dict[str, Any]]],
+    limit: int | None,
+    page_size: int,
+) -> AsyncGenerator[dict[str, Any], None]:
+    """Every message of a paged listing (or the first ``limit``), each page asked for
+    (``page(size, cursor)``) when the one before is used up."""
+    left, cursor = limit, None
+    while left is None or left > 0:
+        size = page_size if left is None else min(page_size, left)
+        got = await page(size, cursor)
+        for message in got["messages"]:
+            yield message
+        if left is not None:
+            left -= len(got["messages"])
+        cursor = got["cursor"]
+        if cursor is None:
+            return

@@ -19,6 +19,9 @@ class OutgoingMessage:
     delay_seconds: float | None = None  # None: the queue's default delay
     dedup_id: str | None = None  # the queue stores a repeat within its dedup window once
     key: str | None = None  # ordering key: a group gets a key's messages one at a time, in order
+    # its TTL, at most one of the two: never delivered after it (docs/api.md)
+    expires_in_seconds: float | None = None
+    expires_at: datetime | int | str | None = None  # a datetime, ms or RFC 3339 text
 
     def to_json(self) -> dict[str, Any]:
         """The message as a publish request lists it, for msgspec's JSON encoder (which
@@ -36,7 +39,32 @@ class OutgoingMessage:
             out["dedup_id"] = self.dedup_id
         if self.key is not None:
             out["key"] = self.key
+        if self.expires_in_seconds is not None:
+            out["expires_in_seconds"] = self.expires_in_seconds
+        if self.expires_at is not None:
+            out["expires_at"] = (
+                self.expires_at if isinstance(self.expires_at, str) else str(self.expires_ms())
+            )
         return out
+
+    def stream_ttl(self) -> tuple[int | None, int | None] | tuple[()]:
+        """A ``pub`` frame's ``ttl_ms`` and ``expires_ms``; none without a TTL (a message
+        of five fields, as servers before TTLs take)."""
+        if self.expires_in_seconds is None and self.expires_at is None:
+            return ()
+        ttl = self.expires_in_seconds
+        return (None if ttl is None else max(1, int(ttl * 1000))), self.expires_ms()
+
+    def expires_ms(self) -> int | None:
+        """``expires_at`` in ms since the epoch (a naive datetime is local time)."""
+        when = self.expires_at
+        if when is None or isinstance(when, int):
+            return when
+        if isinstance(when, str):
+            if when.lstrip("-").isdigit():
+                return int(when)
+            when = datetime.fromisoformat(when)
+        return int(when.timestamp() * 1000)
 
 
 _BODIES = (bytes, bytearray, memoryview, str)

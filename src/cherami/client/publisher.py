@@ -37,7 +37,7 @@ def _out(m: OutgoingMessage | bytes | str) -> f.OutMessage:
         return f.OutMessage(m.encode())
     body = m.body.encode() if isinstance(m.body, str) else m.body
     delay = None if m.delay_seconds is None else int(m.delay_seconds * 1000)
-    return f.OutMessage(body, m.attributes, delay, m.dedup_id, m.key)
+    return f.OutMessage(body, m.attributes, delay, m.dedup_id, m.key, *m.stream_ttl())
 
 
 MAX_FRAME_MESSAGES = 1000  # the server's limit per publish frame

@@ -290,6 +290,27 @@ class Client:
             self.aio.iter_peek(queue, since, until, order, limit=limit, page_size=page_size)
         )
 
+    # scheduled messages (docs/api.md "Scheduled messages")
+    def scheduled(
+        self, queue: str, until: datetime | int | str | None = None, limit: int = 100,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """One page of delayed messages not due yet (AsyncClient.scheduled)."""
+        return self._run(self.aio.scheduled(queue, until, limit, cursor))
+
+    def iter_scheduled(
+        self, queue: str, until: datetime | int | str | None = None, *,
+        limit: int | None = None, page_size: int = PAGE_SIZE,
+    ) -> Iterator[dict[str, Any]]:  # fmt: skip
+        """Every delayed message not due yet, in due order, a page at a time."""
+        return self._iterate(
+            self.aio.iter_scheduled(queue, until, limit=limit, page_size=page_size)
+        )
+
+    def cancel_scheduled(self, queue: str, message_id: str) -> None:
+        """Cancel a delayed message before it is due (AsyncClient.cancel_scheduled)."""
+        self._run(self.aio.cancel_scheduled(queue, message_id))
+
     # streams
     def publisher(self, queue: str, max_in_flight: int = 16) -> SyncPublisher:
         """A streaming publisher (use ``with``)."""

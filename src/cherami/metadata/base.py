@@ -172,6 +172,13 @@ class MetadataStore(Protocol):
         """Queue -> value, for every queue that has the property ``name`` (with that
         ``value``, when given): one index read."""
 
+    # cancelled delayed messages (tombstones every group honours when they come due)
+    async def cancel_scheduled(self, queue: str, extent: str, seqs: list[int]) -> None:
+        """Record these messages of a timer extent as cancelled (again: no change)."""
+
+    async def cancelled_scheduled(self, queue: str, extent: str, lo: int, hi: int) -> set[int]:
+        """The cancelled sequence numbers of a timer extent from ``lo`` to ``hi``."""
+
     # membership and leadership
     async def heartbeat(self, host: Host) -> None: ...
 

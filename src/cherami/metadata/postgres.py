@@ -22,6 +22,7 @@ from cherami.errors import (
     QueueNotFound,
 )
 from cherami.metadata.base import page_clause
+from cherami.metadata.cancelled import CancelledMessages
 from cherami.metadata.models import (
     DELETED,
     AckLevel,
@@ -115,7 +116,7 @@ def _config(value: msgspec.Struct) -> Jsonb:
     return Jsonb(value, dumps=_json.encode)
 
 
-class PostgresMetadataStore:
+class PostgresMetadataStore(CancelledMessages):
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
 
@@ -162,6 +163,10 @@ class PostgresMetadataStore:
         async with self._pool.connection() as conn, conn.transaction():
             for query, args in statements:
                 await conn.execute(query, args)
+
+    mark = "%s"  # cancelled.py
+    _write_all = _tx
+    _read_all = _fetchall
 
     async def close(self) -> None:
         await self._pool.close()

@@ -110,6 +110,13 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     # timer extents only for the queues that take delayed messages (Queue.timers); a
     # queue made before had them all along
     "ALTER TABLE queues ADD COLUMN timers boolean NOT NULL DEFAULT true;",
+    # cancelled delayed messages (tombstones every group honours when they come due)
+    """
+    CREATE TABLE cancelled (
+        queue text NOT NULL, extent text COLLATE "C" NOT NULL, seq bigint NOT NULL,
+        PRIMARY KEY (queue, extent, seq)
+    );
+    """,
 )
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")

@@ -18,6 +18,7 @@ import msgspec
 
 from cherami.errors import AlreadyExists, Fenced, GroupNotFound, QueueNotFound
 from cherami.metadata.base import page_clause
+from cherami.metadata.cancelled import CancelledMessages, Statement
 from cherami.metadata.models import (
     DELETED,
     AckLevel,
@@ -45,7 +46,7 @@ T = TypeVar("T")
 _json = msgspec.json.Encoder()
 
 
-class SqliteMetadataStore:
+class SqliteMetadataStore(CancelledMessages):
     """Writes on one thread and connection, committed in groups (sqlite_commit.py); reads
     on another, so a read never waits for a commit's sync (the log lets readers go on
     while one writes). ``self._db`` is the connection of the thread it is used on."""
@@ -89,6 +90,12 @@ class SqliteMetadataStore:
         except sqlite3.OperationalError as err:
             raise unavailable(err) from err
         return result
+
+    async def _write_all(self, statements: list[Statement]) -> None:
+        await self._write(lambda: self._tx(statements))
+
+    async def _read_all(self, query: Any, args: Any) -> list[tuple[Any, ...]]:
+        return await self._run(lambda: self._db.execute(query, args).fetchall())
 
     def _tx(self, statements: list[tuple[str, tuple[Any, ...]]], fence: Fence | None = None) -> int:
         """Run the statements (in a write: atomically) after checking ``fence``; returns

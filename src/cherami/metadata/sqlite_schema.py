@@ -88,6 +88,10 @@ CREATE TABLE IF NOT EXISTS queue_properties (
     queue TEXT NOT NULL, name TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (queue, name)
 );
 CREATE INDEX IF NOT EXISTS queue_properties_by_name ON queue_properties (name, value);
+CREATE TABLE IF NOT EXISTS cancelled (
+    queue TEXT NOT NULL, extent TEXT NOT NULL, seq INTEGER NOT NULL,
+    PRIMARY KEY (queue, extent, seq)
+);
 """
 
 

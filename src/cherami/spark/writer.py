@@ -2,7 +2,8 @@
 
 Columns: ``body`` (string or binary, required), ``attributes`` (map of string to string,
 optional), ``delay_seconds`` (number, optional), ``key`` (string, optional: the
-ordering key, docs/api.md "Ordering keys"); other columns are ignored. Each task
+ordering key, docs/api.md "Ordering keys"), the TTL as ``expires_in_seconds`` (number,
+optional) or ``expires_at`` (timestamp, optional); other columns are ignored. Each task
 publishes its rows through the streaming publisher and returns once every message is
 durable.
 
@@ -27,7 +28,14 @@ from pyspark.sql.datasource import (
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
-from pyspark.sql.types import BinaryType, MapType, NumericType, StringType, StructType
+from pyspark.sql.types import (
+    BinaryType,
+    MapType,
+    NumericType,
+    StringType,
+    StructType,
+    TimestampType,
+)
 
 from cherami.client.models import OutgoingMessage
 from cherami.errors import InvalidRequest
@@ -57,9 +65,11 @@ def check_input(schema: StructType, column: str | None = None) -> None:
         and isinstance(attributes.valueType, StringType)
     ):
         raise InvalidRequest("the 'attributes' column must be a map of string to string")
-    delay = fields.get("delay_seconds")
-    if delay is not None and not isinstance(delay, NumericType):
-        raise InvalidRequest("the 'delay_seconds' column must be a number")
+    for name in ("delay_seconds", "expires_in_seconds"):
+        if name in fields and not isinstance(fields[name], NumericType):
+            raise InvalidRequest(f"the {name!r} column must be a number")
+    if "expires_at" in fields and not isinstance(fields["expires_at"], TimestampType):
+        raise InvalidRequest("the 'expires_at' column must be a timestamp")
     key = fields.get("key")
     if key is not None and not isinstance(key, StringType):
         raise InvalidRequest("the 'key' column must be a string")
@@ -75,19 +85,17 @@ def to_messages(batch: pa.RecordBatch, dedup_ids: list[str] | None = None) -> li
         if "attributes" in names
         else [None] * len(bodies)
     )
-    delays: list[Any] = (
-        batch.column(names.index("delay_seconds")).to_pylist()
-        if "delay_seconds" in names
-        else [None] * len(bodies)
+    delays, ttls, expires = (
+        batch.column(names.index(name)).to_pylist() if name in names else [None] * len(bodies)
+        for name in ("delay_seconds", "expires_in_seconds", "expires_at")
     )
     keys: list[Any] = (
         batch.column(names.index("key")).to_pylist() if "key" in names else [None] * len(bodies)
     )
     ids: list[Any] = dedup_ids if dedup_ids is not None else [None] * len(bodies)
     out = []
-    for body, attributes, delay, dedup_id, key in zip(
-        bodies, attrs, delays, ids, keys, strict=True
-    ):
+    rows = zip(bodies, attrs, delays, ids, keys, ttls, expires, strict=True)
+    for body, attributes, delay, dedup_id, key, ttl, expires_at in rows:
         if body is None:
             raise InvalidRequest("a row to publish has a null body")
         out.append(
@@ -97,7 +105,9 @@ def to_messages(batch: pa.RecordBatch, dedup_ids: list[str] | None = None) -> li
                 float(delay or 0),
                 dedup_id,
                 key or None,
-            )
+                None if ttl is None else float(ttl),
+                expires_at,
+            )  # fmt: skip
         )
     return out
 

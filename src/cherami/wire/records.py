@@ -12,7 +12,8 @@ class Record(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """One message as it is kept in an extent replica.
 
     ``delivery_ms`` equals ``enqueued_ms`` for plain messages; for delayed ones it is
-    the earliest time the message may be delivered. ``orig_id`` is set on messages
+    the earliest time the message may be delivered; ``expires_ms``, when set, the time
+    from which it is never delivered (its TTL, checked at delivery). ``orig_id`` is set on messages
     that were moved to a dead-letter queue, so they keep their id across the move.
     """
 
@@ -24,6 +25,7 @@ class Record(msgspec.Struct, array_like=True, frozen=True, gc=False):
     text: bool | None = None  # published as text (True), as base64 bytes (False), or unknown
     dedup_id: str | None = None  # the producer's deduplication id (roles/inputhost/dedup.py)
     key: str | None = None  # its ordering key (roles/outputhost/keygate.py)
+    expires_ms: int | None = None  # its TTL: never delivered at or after this (epoch ms)
 
 
 class Message(msgspec.Struct, frozen=True, gc=False):
@@ -37,6 +39,7 @@ class Message(msgspec.Struct, frozen=True, gc=False):
     text: bool | None = None
     dedup_id: str | None = None  # a repeat within the queue's dedup window is not stored
     key: str | None = None  # ordering key: one at a time, in publish order, per group
+    expires_ms: int | None = None  # never delivered at or after this time (epoch ms)
 
 
 # an ordering key: 1 to 128 characters, no control characters (docs/api.md, "Ordering keys")
@@ -76,3 +79,8 @@ def message_ids(extent_id: str, first_seq: int, count: int) -> list[str]:
     """``message_id`` of ``count`` messages in a row from ``first_seq``."""
     prefix = f"{extent_id}:"
     return [prefix + str(seq) for seq in range(first_seq, first_seq + count)]
+
+
+def expired(record: Record, now_ms: float) -> bool:
+    """Whether the message's own TTL has passed (it is never delivered then)."""
+    return record.expires_ms is not None and record.expires_ms <= now_ms

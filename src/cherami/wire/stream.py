@@ -14,6 +14,8 @@ class OutMessage(msgspec.Struct, array_like=True, frozen=True, gc=False):
     delay_ms: int | None = None  # None (or left out): the queue's default delay
     dedup_id: str | None = None  # a repeat within the queue's dedup window is not stored
     key: OrderingKey | None = None  # ordering key (docs/protocol.md, "Ordering keys")
+    ttl_ms: int | None = None  # expires this long after the publish (None: never)
+    expires_ms: int | None = None  # or at this time (epoch ms); at most one of the two
 
 
 class Publish(msgspec.Struct, array_like=True, tag="pub", frozen=True, gc=False):

@@ -32,6 +32,7 @@ from cherami.roles.frontend.handlers.messages import MessageHandlers
 from cherami.roles.frontend.handlers.ops import OpsHandlers
 from cherami.roles.frontend.handlers.peek import PeekHandlers
 from cherami.roles.frontend.handlers.queues import QueueHandlers
+from cherami.roles.frontend.handlers.scheduled import ScheduledHandlers
 from cherami.roles.frontend.proxy import Forward, Router, forward
 from cherami.roles.frontend.routing import add_routing_routes
 from cherami.roles.frontend.streams import StreamHandlers
@@ -112,6 +113,7 @@ def build_app(roles: Roles) -> web.Application:
     dlq = DlqHandlers(f, roles.controller, roles.stores)
     peek = PeekHandlers(f, roles.metadata, roles.stores)
     read_grants = GrantHandlers(f, roles.metadata, roles.stores)
+    scheduled = ScheduledHandlers(f, roles.metadata, roles.stores)
     streams = StreamHandlers(f, roles.metadata, roles.keys, throttle, roles.metrics, roles.outputs)
     app[STREAMS] = streams
     roles.metrics.connections = streams.count
@@ -131,6 +133,8 @@ def build_app(roles: Roles) -> web.Application:
         web.post(q + "/messages", messages.publish),
         web.get(q + "/messages", peek.peek),
         web.post(q + "/read-grants", read_grants.read_grants),
+        web.get(q + "/scheduled", scheduled.list_scheduled),
+        web.delete(q + "/scheduled/{id}", scheduled.cancel_scheduled),
         web.get(q + "/publish", streams.publish),
         web.get(q + "/groups", groups.list_groups),
         web.put(g, groups.put_group),

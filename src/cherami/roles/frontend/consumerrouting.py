@@ -254,6 +254,8 @@ class ConsumerRouting:
             acked=sum(p.acked for p in parts),
             redelivered=sum(p.redelivered for p in parts),
             top_keys=s.top_keys([p.top_keys for p in parts], TOP_KEYS),
+            expired=sum(p.expired for p in parts),
+            cancelled=sum(p.cancelled for p in parts),
         )
 
     async def _stats_at(self, router: Router, request: web.Request, address: str) -> s.GroupStats:

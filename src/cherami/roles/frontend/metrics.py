@@ -150,6 +150,10 @@ class _Scrape:
             "nacked": "Nacks since the group was loaded here",
             "redelivered": "Deliveries after the first since the group was loaded here",
             "dead_lettered": "Messages moved to the DLQ since the group was loaded here",
+            "expired": "Messages never delivered, their TTL passed, since the group was "
+            "loaded here",
+            "cancelled": "Delayed messages never delivered, cancelled, since the group was "
+            "loaded here",
         }
         c = {k: counter(f"cherami_group_{k}", doc, QG) for k, doc in counters.items()}
         for state in states:

@@ -15,7 +15,8 @@ from cherami.metadata.models import (
     QueuePatch,
 )
 from cherami.roles.frontend import schemas as s
-from cherami.roles.frontend.handlers import peek
+from cherami.roles.frontend.convert import MS_PATTERN
+from cherami.roles.frontend.handlers import peek, scheduled
 from cherami.roles.frontend.paging import (
     CURSOR_PATTERN,
     DEFAULT_LIMIT,
@@ -29,8 +30,8 @@ _ERROR_TEXT = {
     "400": "invalid_name or invalid_request",
     "401": "unauthorized: an API key is required",
     "403": "forbidden: the key lacks the scope or does not cover the queue",
-    "404": "queue_not_found or group_not_found",
-    "409": "already_exists (with a different config)",
+    "404": "queue_not_found, group_not_found or message_not_found",
+    "409": "already_exists (with a different config), or already_due",
     "413": "message_too_large",
     "429": "throttled, backlog_full or storage_full: send again after Retry-After",
     "503": "unavailable: retry",
@@ -53,7 +54,7 @@ PAGE = (
 )  # fmt: skip
 
 # a peek's page (docs/api.md "Peek"; handlers/peek.py)
-TIME = {"anyOf": [{"type": "string", "pattern": peek.MS_PATTERN},
+TIME = {"anyOf": [{"type": "string", "pattern": MS_PATTERN},
                   {"type": "string", "format": "date-time"}]}  # fmt: skip
 PEEK = (
     PAGE[0],
@@ -66,6 +67,17 @@ PEEK = (
     {"name": "until", "in": "query", "description": "enqueued before (RFC 3339 or ms)",
      "schema": TIME},
 )  # fmt: skip
+
+# a page of scheduled messages (docs/api.md "Scheduled messages"; handlers/scheduled.py)
+SCHEDULED = (
+    PAGE[0],
+    {"name": "cursor", "in": "query", "description": "the cursor of the page before (opaque)",
+     "schema": {"type": "string", "pattern": scheduled.CURSOR_PATTERN}},
+    {"name": "until", "in": "query", "description": "due before (RFC 3339 or ms)",
+     "schema": TIME},
+)  # fmt: skip
+# a message's id (extent:seq)
+MESSAGE_ID = {"type": "string", "pattern": r"^[A-Za-z0-9-]{1,64}:[0-9]{1,19}$"}
 
 
 class Op(msgspec.Struct, frozen=True):
@@ -95,6 +107,11 @@ _OPERATIONS: list[Op] = [
        s.PublishRequest, s.PublishResponse, errors=(*_NAMED, "413", "429")),
     Op(Q + "/messages", "get", "peek", "Read retained messages without consuming them",
        None, peek.PeekResponse, query=PEEK),
+    Op(Q + "/scheduled", "get", "listScheduled",
+       "List delayed messages not due yet, in due order", None, scheduled.ScheduledResponse,
+       query=SCHEDULED),
+    Op(Q + "/scheduled/{id}", "delete", "cancelScheduled",
+       "Cancel a delayed message before it is due", ok=("204",), errors=(*_NAMED, "409")),
     Op(Q + "/publishers", "get", "publishers", "The input hosts to publish a stream to"),
     Op(Q + "/groups", "get", "listGroups", "List consumer groups by name, a page at a time",
        None, s.GroupPage, query=PAGE),
@@ -151,6 +168,9 @@ def openapi_document() -> dict[str, Any]:
     message = components["PublishMessage"]
     text, b64, null = {"type": "string"}, {"type": "string", "pattern": B64}, {"type": "null"}
     message["properties"]["body_b64"] = {"anyOf": [b64, null]}
+    # a TTL: at most one of expires_in_seconds and expires_at, a time as a peek takes it
+    message["properties"]["expires_at"] = {**TIME, "maxLength": 64}
+    message["not"] = {"required": ["expires_in_seconds", "expires_at"]}
     message["oneOf"] = [
         {"required": ["body"], "properties": {"body": text, "body_b64": null}},
         {"required": ["body_b64"], "properties": {"body_b64": b64, "body": null}},
@@ -158,10 +178,12 @@ def openapi_document() -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     for op in _OPERATIONS:
         spec: dict[str, Any] = {"operationId": op.id, "summary": op.summary, "responses": {}}
-        params = [n for n in ("queue", "group") if "{" + n + "}" in op.path]
+        params = [n for n in ("queue", "group", "id") if "{" + n + "}" in op.path]
         parameters = [
-            {"name": n, "in": "path", "required": True, "schema": NAME} for n in params
-        ] + list(op.query)
+            {"name": n, "in": "path", "required": True,
+             "schema": MESSAGE_ID if n == "id" else NAME}
+            for n in params
+        ] + list(op.query)  # fmt: skip
         if parameters:
             spec["parameters"] = parameters
         if op.request is not None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from cherami.wire.grants import DEFAULT_LIFETIME, MAX_LIFETIME
 from cherami.wire.records import OrderingKey
 
 Attributes = dict[str, str]
+MAX_TTL_SECONDS = 10 * 365 * 86400
 
 
 class PublishMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -21,6 +23,9 @@ class PublishMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     )
     dedup_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
     key: OrderingKey | None = None  # docs/api.md, "Ordering keys"
+    # its TTL (at most one of the two; docs/api.md "Per-message TTL")
+    expires_in_seconds: Annotated[float, msgspec.Meta(gt=0, le=MAX_TTL_SECONDS)] | UnsetType = UNSET
+    expires_at: Annotated[str, msgspec.Meta(max_length=64)] | UnsetType = UNSET  # RFC 3339 or ms
 
 
 class PublishRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -50,6 +55,7 @@ class ReceivedMessage(msgspec.Struct, omit_defaults=True):
     body: str | None = None
     body_b64: bytes | None = None  # base64 in JSON (msgspec: C)
     key: str | None = None  # its ordering key, when it has one
+    expires_at: str | None = None  # its TTL, when it has one
 
 
 class ReceiveResponse(msgspec.Struct):
@@ -91,6 +97,7 @@ class DlqMessage(msgspec.Struct, omit_defaults=True):
     enqueued_at: str
     body: str | None = None
     body_b64: bytes | None = None  # base64 in JSON (msgspec: C)
+    expires_at: str | None = None
 
 
 class DlqResponse(msgspec.Struct):
@@ -135,6 +142,8 @@ class GroupStats(msgspec.Struct):
     acked: int
     redelivered: int
     top_keys: list[KeyBacklog] = []  # ordering keys with the most backlog, most first
+    expired: int = 0  # acked past unseen: their own TTL had passed (docs/api.md)
+    cancelled: int = 0  # delayed messages cancelled before they were due
 
 
 def top_keys(parts: list[list[KeyBacklog]], n: int) -> list[KeyBacklog]:

@@ -31,7 +31,7 @@ from cherami.metadata.models import Group, Queue, check_competing
 from cherami.roles.frontend.auth import ApiKey, KeyRing
 from cherami.roles.frontend.consumerrouting import is_direct
 from cherami.roles.frontend.context import Lookup
-from cherami.roles.frontend.convert import check_size
+from cherami.roles.frontend.convert import check_size, stream_expires_ms
 from cherami.roles.frontend.metrics import Metrics
 from cherami.roles.frontend.proxy import Forward, forward
 from cherami.roles.frontend.throttle import Throttle
@@ -189,8 +189,12 @@ class StreamHandlers:
                 if not 1 <= len(frame.messages) <= MAX_BATCH:
                     raise InvalidRequest(f"a batch holds 1 to {MAX_BATCH} messages")
                 _check(queue, frame.messages)
+                now_ms = int(time.time() * 1000)
                 messages = [Message(m.body, m.attributes, m.delay_ms, dedup_id=m.dedup_id,
-                                    key=m.key) for m in frame.messages]  # fmt: skip
+                                    key=m.key,
+                                    expires_ms=stream_expires_ms(i, m.ttl_ms, m.expires_ms, now_ms)
+                                    if m.ttl_ms is not None or m.expires_ms is not None else None)
+                            for i, m in enumerate(frame.messages)]  # fmt: skip
                 key = keys.find(header)  # each batch: a key a reload removed stops here
                 if key is None and keys.enabled:
                     raise Unauthorized("the stream's API key is no longer in the auth file")

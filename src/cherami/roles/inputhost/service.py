@@ -340,7 +340,19 @@ def _split(
     if delays == {0} or (default_delay <= 0 and delays <= {None, 0}):  # none delayed
         encode = encode_record
         plain = [
-            encode(Record(now, now, m.body, m.attributes, m.orig_id, m.text, m.dedup_id, m.key))
+            encode(
+                Record(
+                    now,
+                    now,
+                    m.body,
+                    m.attributes,
+                    m.orig_id,
+                    m.text,
+                    m.dedup_id,
+                    m.key,
+                    m.expires_ms,
+                )
+            )
             for m in messages
         ]
         return list(range(len(messages))), plain, [], [], []
@@ -353,7 +365,9 @@ def _split(
         delay = default_delay if m.delay_ms is None else m.delay_ms
         due = now + delay
         record = encode_record(
-            Record(now, due, m.body, m.attributes, m.orig_id, m.text, m.dedup_id, m.key)
+            Record(
+                now, due, m.body, m.attributes, m.orig_id, m.text, m.dedup_id, m.key, m.expires_ms
+            )
         )
         if delay > 0:
             timer_idx.append(i)

@@ -54,6 +54,8 @@ class GroupState:
     dead_lettered: int
     end_to_end: Histogram  # publish to ack, seconds
     top_keys: list[tuple[str, int]]  # ordering keys with the most backlog here (keygate.py)
+    expired: int = 0  # acked past unseen: their own TTL had passed
+    cancelled: int = 0  # delayed messages acked past unseen: cancelled before due
 
 
 class ConsumeSession(Protocol):
@@ -151,6 +153,7 @@ class LocalOutputHost:
             delivered=consumer.delivered, acked=consumer.acked, nacked=consumer.nacked,
             redelivered=consumer.redelivered, dead_lettered=consumer.dead_lettered,
             end_to_end=consumer.end_to_end, top_keys=consumer.keys.top(),
+            expired=consumer.flight.expired, cancelled=consumer.window.cancelled,
         )  # fmt: skip
 
     async def receive(

@@ -32,12 +32,11 @@ class DeadLetterMover:
         self._metadata = metadata
 
     async def __call__(self, dlq: str, entries: list[Entry]) -> None:
-        messages = [
-            Message(
-                e.record.body, e.record.attributes, 0, e.msg_id, e.record.text, key=e.record.key
-            )
+        messages = [  # keeping each one's TTL: an expired one is never delivered from there
+            Message(e.record.body, e.record.attributes, 0, e.msg_id, e.record.text,
+                    key=e.record.key, expires_ms=e.record.expires_ms)
             for e in entries
-        ]
+        ]  # fmt: skip
         # a dead-letter queue opens its extent at its first dead letter
         await self._inputs.publish(await wake_dead_letter_queue(self._metadata, dlq), messages)
 

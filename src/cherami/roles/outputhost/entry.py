@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 BODY = attrgetter("body")
 ENQUEUED = attrgetter("enqueued_ms")
 DELIVERY = attrgetter("delivery_ms")
+EXPIRES = attrgetter("expires_ms")
 ATTRIBUTES = attrgetter("attributes")
 KEY = attrgetter("key")
 

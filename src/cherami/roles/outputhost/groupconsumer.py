@@ -355,9 +355,9 @@ class GroupConsumer:
 
     def _requeue(self, parked: Parked, entry: Entry, now_ms: int) -> bool:
         """A due parked message: to the DLQ at the delivery limit, forgotten past
-        retention; else True (it is to be delivered again, ``Redeliveries.release``)."""
+        retention or its TTL; else True (delivered again, ``Redeliveries.release``)."""
         retention_ms = self.queue.config.retention_seconds * 1000
-        if now_ms > entry.record.enqueued_ms + retention_ms:
+        if now_ms > entry.record.enqueued_ms + retention_ms or self.flight.outlived(entry):
             self._forget(parked)
         elif parked.count >= self.group.config.max_delivery_count:
             parked.state = OUT

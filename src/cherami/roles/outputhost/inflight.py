@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from bisect import bisect_left, bisect_right
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
@@ -18,7 +19,8 @@ from itertools import accumulate, compress, count, islice, repeat
 from operator import attrgetter, ne, sub
 from typing import TYPE_CHECKING, Any
 
-from cherami.roles.outputhost.entry import BODY, ENQUEUED, Delivered, Entry, Run
+from cherami.roles.outputhost.entry import BODY, ENQUEUED, EXPIRES, Delivered, Entry, Run
+from cherami.wire.records import expired
 
 if TYPE_CHECKING:
     from cherami.roles.outputhost.extentreader import ExtentCursor
@@ -38,7 +40,9 @@ class InFlight:
     numbers (shared by the host's groups: a number names one delivery); ``forget_row``
     drops the redelivery row of a message settled for good; ``freed`` is told when
     messages leave the read window (acked, or expired unread); ``gate`` of messages
-    settled for good that hold their ordering key."""
+    settled for good that hold their ordering key. ``clock`` tells the time (seconds
+    since the epoch) a message's own TTL is compared with; ``expired`` counts the
+    messages acked past unseen because their TTL had passed."""
 
     def __init__(
         self,
@@ -55,12 +59,21 @@ class InFlight:
         self._runs: dict[int, Delivered] = {}  # delivered as runs, by first number
         self._firsts: list[int] = []  # the keys of _runs, in order
         self._timeouts: list[tuple[float, int]] = []  # (deadline, a number), a heap
+        self.clock: Callable[[], float] = time.time
+        self.expired = 0
 
     def __len__(self) -> int:
         return len(self.entries) + sum(run.left for run in self._runs.values())
 
     def __bool__(self) -> bool:
         return bool(self.entries or self._runs or self._timeouts)
+
+    def outlived(self, entry: Entry) -> bool:
+        """Whether the message's own TTL has passed (counted in ``expired``)."""
+        if expired(entry.record, self.clock() * 1000):
+            self.expired += 1
+            return True
+        return False
 
     def next_deadline(self) -> float | None:
         return self._timeouts[0][0] if self._timeouts else None
@@ -88,7 +101,8 @@ class InFlight:
         """Deliver up to ``limit`` messages from the head of ``ready`` (and, with
         ``max_bytes``, no more bodies than fit in that many bytes, but always at least
         one), skipping those of the extents in ``not_acting`` (they stay ready) and
-        acking those enqueued before ``expired_before`` unseen. With ``runs``, messages
+        acking unseen those enqueued before ``expired_before`` and those whose own TTL
+        has passed (counted in ``expired``). With ``runs``, messages
         read in a row and never delivered go as runs. Returns the deliveries, how many
         messages they hold and how many of those were delivered before."""
         taken: list[Entry | Delivered] = []
@@ -100,6 +114,7 @@ class InFlight:
         # deliveries and bytes per cursor, counted for a run of one cursor at a time
         cursor: Any = None
         run = run_bytes = redelivered = 0
+        now_ms = self.clock() * 1000
         while ready and count < limit:
             entry = ready.popleft()
             if not_acting and entry.cursor.id in not_acting:
@@ -116,7 +131,7 @@ class InFlight:
                     ready.extendleft(reversed(few))
                     continue
                 room = max_bytes - size if max_bytes else None
-                fits = self._run_fits(entry, limit - count, room, count, expired_before)
+                fits = self._run_fits(entry, limit - count, room, count, expired_before, now_ms)
                 if fits is None:  # one of them expired: deliver them one by one
                     ready.extendleft(reversed(entry.entries()))
                     continue
@@ -133,20 +148,23 @@ class InFlight:
                 last = made.first + n - 1
                 continue
             record = entry.record
+            expires = record.expires_ms
+            if record.enqueued_ms < expired_before or (expires is not None and expires <= now_ms):
+                # never deliver an expired message (past retention, or its own TTL)
+                self.expired += expires is not None and expires <= now_ms
+                entry.cursor.ack.ack(entry.ordinal)
+                if entry.row is not None:
+                    self._forget_row(entry.row)
+                if self._gate:
+                    self._gate.done([entry])  # its key moves on
+                self._freed()
+                continue
             body = len(record.body)
             if max_bytes:
                 size += body
                 if size > max_bytes and taken:
                     ready.appendleft(entry)
                     break
-            if record.enqueued_ms < expired_before:  # never deliver an expired message
-                entry.cursor.ack.ack(entry.ordinal)
-                if entry.row is not None:
-                    self._forget_row(entry.row)
-                if self._gate:
-                    self._gate.done([entry])
-                self._freed()
-                continue
             no = last = next(numbers)
             entry.no = no
             entry.deadline = deadline
@@ -193,7 +211,7 @@ class InFlight:
 
     @staticmethod
     def _run_fits(
-        run: Run, limit: int, room: int | None, count: int, expired_before: float
+        run: Run, limit: int, room: int | None, count: int, expired_before: float, now_ms: float
     ) -> tuple[int, int] | None:
         """How many of a ready run's next messages to deliver now (at most ``limit``,
         bodies in ``room`` bytes unless ``room`` is None, at least one when nothing was
@@ -201,6 +219,8 @@ class InFlight:
         pos = run.pos
         records = run.records[pos : pos + limit]
         if min(map(ENQUEUED, records)) < expired_before:
+            return None
+        if min(filter(None, map(EXPIRES, records)), default=now_ms + 1) <= now_ms:  # in C
             return None
         sizes = list(accumulate(map(len, map(BODY, records))))
         n = len(records)

@@ -5,19 +5,29 @@ readers talk to it through extentreader.ReadTarget."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
 
 from cherami import timing
+from cherami.errors import CheramiError
 from cherami.metadata.models import Group, Queue
 from cherami.roles.outputhost.entry import DELIVERY, ENQUEUED, KEY, Entry, Run
+from cherami.wire.keys import seq_of
+from cherami.wire.store import TIMER
 
 if TYPE_CHECKING:
     from cherami.roles.outputhost.extentreader import ExtentCursor
     from cherami.roles.outputhost.keygate import KeyGate
     from cherami.roles.outputhost.redelivery import Redeliveries
+
+log = logging.getLogger("cherami.outputhost.readwindow")
+
+# the cancelled sequence numbers of a timer extent from lo to hi: (extent, lo, hi)
+CancelledOf = Callable[[str, int, int], Awaitable[set[int]]]
+RETRY_CANCELLED = 1.0  # seconds before the cancellations are asked again after a failure
 
 
 class ReadWindow:
@@ -47,6 +57,8 @@ class ReadWindow:
         self._room.set()
         self.stopped = False
         self.on_ready: Callable[[], None] = lambda: None
+        self.cancelled_of: CancelledOf | None = None  # cancelled delayed messages
+        self.cancelled = 0  # delayed messages acked past unseen, cancelled
 
     @property
     def delay_ms(self) -> int:
@@ -87,8 +99,10 @@ class ReadWindow:
         start_ms, delay_ms, ready = self.group.start_ms, self.delay_ms, self.ready
         records = run.records
         parked = self._parked
+        gone = await self._cancelled(run)
         if (
-            not parked.skip
+            not gone
+            and not parked.skip
             and not any(map(KEY, records))  # keyed ones go through the gate one by one
             and min(map(ENQUEUED, records)) >= max(start_ms, now_ms - retention_ms)
             and max(map(DELIVERY, records)) + delay_ms <= now_ms
@@ -101,6 +115,10 @@ class ReadWindow:
             entries = parked.pass_over(entries)
         for entry in entries:
             record = entry.record
+            if gone and entry.key in gone:  # cancelled before it was due: never delivered
+                entry.cursor.ack.ack(entry.ordinal)
+                self.cancelled += 1
+                continue
             if record.enqueued_ms < start_ms or now_ms > record.enqueued_ms + retention_ms:
                 entry.cursor.ack.ack(entry.ordinal)
                 continue
@@ -119,6 +137,24 @@ class ReadWindow:
     def read_further(self) -> None:
         if self._gate.pending:
             self._gate.read()
+
+    async def _cancelled(self, run: Run) -> set[bytes]:
+        """The keys of a timer extent's run (due now) whose messages were cancelled; asked
+        again until the metadata store answers (a cancel is never lost to an outage)."""
+        if self.cancelled_of is None or run.cursor.extent.kind != TIMER:
+            return set()
+        keys = run.keys[run.pos :]
+        seqs = list(map(seq_of, keys))
+        while not self.stopped:
+            try:
+                found = await self.cancelled_of(run.cursor.id, min(seqs), max(seqs))
+            except CheramiError as err:
+                log.warning("group %s: cancelled messages of %s not read: %s",
+                            self.key, run.cursor.id, err)  # fmt: skip
+                await asyncio.sleep(RETRY_CANCELLED)
+                continue
+            return {k for k, n in zip(keys, seqs, strict=True) if n in found} if found else set()
+        raise asyncio.CancelledError  # the group stopped
 
     def put_first(self, entries: list[Entry]) -> None:
         """Entries delivered again (parked, now due; the next of a key) go ahead of what

@@ -163,6 +163,7 @@ class OutputHostService:
                 queue_record, group, self.reads, self._dead_letter, self._numbers, acts
             )
             consumer.on_unwritten = partial(self.committer.mark, key)
+            consumer.window.cancelled_of = partial(self.metadata.cancelled_scheduled, queue)
             consumer.start()
             self.groups[key] = consumer
             await self._sync(consumer)

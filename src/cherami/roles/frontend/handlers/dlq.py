@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from aiohttp import web
@@ -12,7 +13,7 @@ from cherami.roles.controller.client import ControllerClient
 from cherami.roles.frontend.context import Lookup
 from cherami.roles.frontend.convert import body_fields, rfc3339
 from cherami.roles.storehost.directory import StoreDirectory
-from cherami.wire.records import decode_record
+from cherami.wire.records import decode_record, expired
 
 
 class DlqHandlers:
@@ -33,6 +34,7 @@ class DlqHandlers:
             raise InvalidRequest("limit must be from 1 to 1000")
         messages: list[dict[str, Any]] = []
         depth = 0
+        now_ms = time.time() * 1000
         for extent, level, last_seq in await self.controller.dlq_ranges(group.dlq):
             depth += max(0, last_seq - level.acked)
             if len(messages) >= limit or last_seq <= level.acked:
@@ -40,12 +42,16 @@ class DlqHandlers:
             batch = await self.stores.read(extent, level.level, limit - len(messages))
             for raw in batch.records:
                 record = decode_record(raw)
+                if expired(record, now_ms):  # never delivered again: not shown
+                    continue
                 messages.append({
                     "id": record.orig_id or "",
                     **body_fields(record.body, record.text),
                     "attributes": record.attributes or {},
                     "enqueued_at": rfc3339(record.enqueued_ms),
                     **({"key": record.key} if record.key is not None else {}),
+                    **({} if record.expires_ms is None
+                       else {"expires_at": rfc3339(record.expires_ms)}),
                 })  # fmt: skip
         return json_response({"messages": messages, "depth": depth})
 

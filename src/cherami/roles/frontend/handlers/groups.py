@@ -103,6 +103,8 @@ class GroupHandlers:
             acked=state.acked,
             redelivered=state.redelivered,
             top_keys=[s.KeyBacklog(k, n) for k, n in state.top_keys],
+            expired=state.expired,
+            cancelled=state.cancelled,
         )
 
     async def _persisted_stats(self, group: Group, dlq_depth: int, read: bool) -> s.GroupStats:

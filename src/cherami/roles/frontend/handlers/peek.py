@@ -15,7 +15,6 @@ import heapq
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime
 
 import msgspec
 from aiohttp import web
@@ -25,7 +24,7 @@ from cherami.httpbase import json_response
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import CONSUMED, FAILING, OPEN, SEALED, Extent
 from cherami.roles.frontend.context import Lookup
-from cherami.roles.frontend.convert import rfc3339, text_or_bytes
+from cherami.roles.frontend.convert import parse_time, rfc3339, text_or_bytes
 from cherami.roles.frontend.paging import MAX_LIMIT, limit_asked
 from cherami.roles.storehost.client import StoreError
 from cherami.roles.storehost.directory import StoreDirectory
@@ -36,7 +35,6 @@ from cherami.wire.store import PLAIN, ReadResult
 # enqueue times are stamped when a publish arrives, and concurrent publishes may append in
 # another order: the start and the end of a time range are looked for this much wider
 SLACK_MS = 60_000
-MS_PATTERN = r"^-?[0-9]{1,15}$"
 _ID = r"[A-Za-z0-9-]{1,64}"
 _AT = _ID + r"_(?:[0-9]{1,19}|x)"
 # order . since . until . floor . positions (see Cursor); any text it matches is a place
@@ -45,12 +43,7 @@ CURSOR_PATTERN = (
     rf"^(?:[ad]\.(?:-?[0-9]{{1,15}})?\.(?:-?[0-9]{{1,15}})?\.(?:[0-9]{{1,18}}_{_ID})?"
     rf"\.(?:{_AT}(?:~{_AT})*)?)?$"
 )
-_MS = re.compile(MS_PATTERN)
 _CURSOR = re.compile(CURSOR_PATTERN)
-_TIME = re.compile(
-    r"([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt]([0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.([0-9]+))?"
-    r"([Zz]|[+-][0-9]{2}:[0-9]{2})"
-)
 _ORDERS = ("asc", "desc")
 
 
@@ -66,27 +59,6 @@ class PeekMessage(msgspec.Struct, omit_defaults=True):
 class PeekResponse(msgspec.Struct):
     messages: list[PeekMessage]
     cursor: str | None  # null: the last page
-
-
-def parse_time(name: str, text: str) -> int:
-    """A ``since`` or ``until``: ms since the epoch, or an RFC 3339 time with its offset."""
-    if _MS.fullmatch(text):
-        return int(text)
-    match = _TIME.fullmatch(text)
-    if match is not None:
-        date, clock, fraction, offset = match.groups()
-        micros = (fraction or "").ljust(6, "0")[:6]
-        offset = "+00:00" if offset in "Zz" else offset
-        try:
-            when = datetime.fromisoformat(f"{date}T{clock}.{micros}{offset}")
-        except ValueError:
-            pass
-        else:
-            return int(when.timestamp() * 1000)
-    raise InvalidRequest(
-        f"{name} must be an RFC 3339 time (2026-11-21T20:38:05Z) or milliseconds since "
-        f"the epoch, not {text!r}"
-    )
 
 
 def _key(extent: Extent) -> tuple[int, str]:

@@ -1,0 +1,44 @@
+"""Cancelled delayed messages (``MetadataStore.cancel_scheduled``): a tombstone row per
+message of a timer extent, which every group's reader asks for when the messages come
+due (roles/outputhost/readwindow.py). Shared by the two stores, which give their
+parameter marker and two calls: write statements in one transaction, read rows.
+
+A cancel also drops, in its transaction, the tombstones of the queue's extents that are
+gone (deleted by retention or with their queue: an extent id is never used again), so
+the table holds what can still matter, plus those of a queue that never cancels again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Statement = tuple[str, tuple[Any, ...]]
+
+
+class CancelledMessages:
+    mark = "?"  # the store's parameter marker
+
+    async def _write_all(self, statements: list[Statement]) -> None:
+        raise NotImplementedError
+
+    async def _read_all(self, query: Any, args: Any) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    async def cancel_scheduled(self, queue: str, extent: str, seqs: list[int]) -> None:
+        m = self.mark
+        gone = (
+            f"DELETE FROM cancelled WHERE queue = {m} AND extent NOT IN "
+            f"(SELECT id FROM extents WHERE queue = {m} AND status <> 'deleted')"
+        )
+        insert = f"INSERT INTO cancelled VALUES ({m}, {m}, {m}) ON CONFLICT DO NOTHING"
+        await self._write_all(
+            [(gone, (queue, queue)), *((insert, (queue, extent, n)) for n in seqs)]
+        )
+
+    async def cancelled_scheduled(self, queue: str, extent: str, lo: int, hi: int) -> set[int]:
+        m = self.mark
+        rows = await self._read_all(
+            f"SELECT seq FROM cancelled WHERE queue = {m} AND extent = {m} "
+            f"AND seq BETWEEN {m} AND {m}",
+            (queue, extent, lo, hi),
+        )
+        return {r[0] for r in rows}
