@@ -67,10 +67,10 @@ def test_pending_messages_join_in_order_once_the_other_extent_is_read_past_them(
     early = _entry(a, 7, "k", enqueued_ms=1500)  # read from a afterwards: k's earlier one
     b.seen_ms = 2002.0
     assert gate.admit([early]) == [early]
-    a.seen_ms = 1999.0
+    a.seen_ms = 2000.0
     gate.read()
-    assert ready == []  # a not yet past 2000
-    a.seen_ms = 2001.0
+    assert ready == []  # a not yet past 2000 (a record stamped at 2000 may follow)
+    a.seen_ms = 2002.0
     gate.read()
     assert _bodies(ready) == ["b/2"]  # j's; k's waits for its holder a/7
     gate.done([early])

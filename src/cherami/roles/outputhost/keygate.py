@@ -21,7 +21,10 @@ in an extent this group has not read as far. So a keyed message read from one ex
 joins its key's line only once every other plain extent of the group here has been
 read past the time it was enqueued (``ExtentCursor.seen_ms``: a record read with a
 later enqueue time was appended after it; a read that came back short when it was
-asked had everything committed before then). Until then it waits in its extent's
+asked had everything committed before then), and once the group's extents were read
+from the metadata store after that time (``known_ms``: an extent made since, not known
+here yet, may hold an earlier message of the key; the output host refreshes 50 ms
+after a keyed message starts waiting for it, service.py). Until then it waits in its extent's
 *pending* queue, in read order. An extent that is read to its end, or was created
 after the message, is not waited for; one whose reader is waiting for new records is
 *probed*: one read that finds nothing after its position moves its ``seen_ms`` to when
@@ -38,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -83,6 +87,11 @@ class KeyGate:
         self._pending: dict[ExtentCursor, deque[Entry]] = {}  # read before the others
         self._probing: dict[str, asyncio.Task[None]] = {}  # extent -> its probe
         self._resolving: set[asyncio.Task[None]] = set()  # loaded parked rows' keys
+        # every extent of the queue made before this time (epoch ms) has a cursor here
+        # (the output host's last extent refresh; service.py), and a callback for when
+        # a message starts waiting in a pending queue (the next refresh looks again)
+        self.known_ms: Callable[[], float] = lambda: math.inf
+        self.on_pending: Callable[[], None] = lambda: None
 
     def __bool__(self) -> bool:
         return bool(self.held)
@@ -107,6 +116,7 @@ class KeyGate:
             or self._behind(cursor, entry.record.enqueued_ms)
         ):
             self._pending.setdefault(cursor, deque()).append(entry)
+            self.on_pending()
             return False
         return self._join(key, where, entry)
 
@@ -176,11 +186,21 @@ class KeyGate:
         return bool(self._pending)
 
     def _behind(self, cursor: ExtentCursor, enqueued_ms: int) -> bool:
-        """Whether another extent may still hold an earlier message of any key (one not
-        read as far as ``enqueued_ms``); those whose readers wait are probed."""
+        """Whether another extent may still hold an earlier message of any key: one not
+        read past ``enqueued_ms`` (those whose readers wait are probed), or one with an
+        earlier keyed message pending (its extent was read past, and the cursor's
+        ``seen_ms`` is moved only once what it read is admitted)."""
+        if enqueued_ms >= self.known_ms():  # an extent made since is not known here yet
+            return True
+        for other, pending in self._pending.items():  # (one stamped in the same ms was
+            # published at about the same time, not before: else the two would wait on
+            # each other)
+            if other is not cursor and pending[0].record.enqueued_ms < enqueued_ms:
+                return True
         behind = False
         for other in self._cursors.values():
-            if other is cursor or other.seen_ms >= enqueued_ms or not _may_hold(other):
+            # strictly past: a record stamped in the same ms may come before it
+            if other is cursor or other.seen_ms > enqueued_ms or not _may_hold(other):
                 continue
             if other.extent.created_at * 1000 > enqueued_ms + CREATED_SLACK_MS:
                 continue
@@ -195,16 +215,20 @@ class KeyGate:
         if self._resolving:
             return
         nexts: list[Entry] = []
-        for cursor in list(self._pending):
-            pending = self._pending[cursor]
-            while pending and not self._behind(cursor, pending[0].record.enqueued_ms):
-                entry = pending.popleft()
-                key = entry.record.key
-                assert key is not None
-                if self._join(key, (cursor.id, entry.key), entry):
-                    nexts.append(entry)
-            if not pending:
-                del self._pending[cursor]
+        moved = True
+        while moved:  # one extent's release may let another's earlier-blocked ones go
+            moved = False
+            for cursor in list(self._pending):
+                pending = self._pending[cursor]
+                while pending and not self._behind(cursor, pending[0].record.enqueued_ms):
+                    entry = pending.popleft()
+                    moved = True
+                    key = entry.record.key
+                    assert key is not None
+                    if self._join(key, (cursor.id, entry.key), entry):
+                        nexts.append(entry)
+                if not pending:
+                    del self._pending[cursor]
         if nexts:
             self._ready(nexts)
 

@@ -35,6 +35,7 @@ log = logging.getLogger("cherami.outputhost.service")
 MOVED_CLOSE = close.RECONFIGURE
 DELETED_CLOSE = close.DELETED
 NOT_ACTING_WAIT = 0.1  # how often a stream or receive looks again while the group moves
+KEYED_REFRESH = 0.05  # a keyed message waiting for the extents to be known: refresh then
 
 # closes a stream with a code and a reason
 Closer = Callable[[int, str], Awaitable[object]]
@@ -77,6 +78,12 @@ class OutputHostService:
         self.committer = AckCommitter(metadata, self.groups, self._holdings, self.riding_out)
         self._seen = -1  # the metadata change log, as far as the refresh has followed it
         self._again: set[str] = set()  # groups whose refresh failed: read them next time
+        # every extent made before this time (epoch ms) is known to every group not in
+        # _again (the start of the last refresh); groups with keyed messages waiting on it
+        self.extents_known_ms = 0.0
+        self._keyed_pending: set[str] = set()
+        self._refreshing = asyncio.Lock()
+        self._soon: asyncio.Task[None] | None = None  # a refresh for keyed messages
         self._refresher = Periodic(
             "extent refresh", timing.current.extent_refresh_interval, self._refresh
         )
@@ -140,6 +147,8 @@ class OutputHostService:
             self._loader.cancel()
             await asyncio.gather(self._loader, return_exceptions=True)
         await self._refresher.stop()
+        if self._soon is not None:
+            self._soon.cancel()
         await self.committer.stop()
         for key, consumer in self.groups.items():
             await self._close_streams(key, close.GOING_AWAY, "server stopping")
@@ -164,6 +173,8 @@ class OutputHostService:
             )
             consumer.on_unwritten = partial(self.committer.mark, key)
             consumer.window.cancelled_of = partial(self.metadata.cancelled_scheduled, queue)
+            consumer.keys.known_ms = partial(self._known_ms, key)
+            consumer.keys.on_pending = partial(self._keyed_waiting, key)
             consumer.start()
             self.groups[key] = consumer
             await self._sync(consumer)
@@ -261,12 +272,32 @@ class OutputHostService:
         groups of the queues written since, and of their dead-letter queues, are read
         again; an idle group costs nothing here. A group whose read failed is read
         again next time; an unknown point in the log reads every group."""
+        async with self._refreshing:
+            await self._refresh_now()
+
+    def _keyed_waiting(self, key: str) -> None:
+        """A keyed message of the group waits for the extents to be known as of its
+        enqueue time: refresh soon, not only at the next tick (cost follows work)."""
+        self._keyed_pending.add(key)
+        if self._soon is None or self._soon.done():
+            self._soon = asyncio.create_task(self._refresh_soon())
+
+    async def _refresh_soon(self) -> None:
+        await asyncio.sleep(KEYED_REFRESH)  # what a burst of reads brings, together
+        try:
+            await self._refresh()
+        except Exception as err:  # the tick tries again
+            log.warning("extent refresh for keyed messages failed: %s", err)
+
+    async def _refresh_now(self) -> None:
         if self.riding_out():
             return
+        started = time.time() * 1000
         latest, changed = await self.metadata.changes_since(self._seen)
         again, self._again = self._again, set()
         if changed is not None and not changed and not again:
             self._seen = latest
+            self._extents_known(started)
             return  # nothing written since: no group to look at (not a walk over them all)
         for key, consumer in list(self.groups.items()):
             group = consumer.group
@@ -274,6 +305,21 @@ class OutputHostService:
             if (stale or key in again) and not await self._sync_quietly(consumer):
                 self._again.add(key)
         self._seen = latest
+        self._extents_known(started)
+
+    def _extents_known(self, at_ms: float) -> None:
+        """A refresh that began at ``at_ms`` is done: keyed messages enqueued before
+        then that waited for it may go on (keygate.py, "Across extents")."""
+        self.extents_known_ms = at_ms
+        for key in list(self._keyed_pending):
+            consumer = self.groups.get(key)
+            if consumer is not None and consumer.keys.pending:
+                consumer.keys.read()
+            if consumer is None or not consumer.keys.pending:
+                self._keyed_pending.discard(key)
+
+    def _known_ms(self, key: str) -> float:
+        return 0.0 if key in self._again else self.extents_known_ms
 
     # ack levels
     async def flushed(self, consumer: GroupConsumer, extents: Iterable[str] | None = None) -> None:

@@ -34,6 +34,7 @@ from cherami.wire.records import (
 from cherami.wire.store import ReadResult
 
 KEEP_BYTES = 8 << 20  # record bytes kept from recent reads, over every extent
+SHORT_BYTES = 1 << 19  # a read's answer under this size was not cut by the store's 1 MiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +90,9 @@ class SharedReads:
             store = self.stores.get(store_id)
             asked = time.time() * 1000
             batch = await store.read(at[0], at[1], max_count, wait_ms=wait_ms, joined=True)
-            short = len(batch.keys) < max_count
+            # short: fewer records than asked, and not for the store's byte cap per read
+            size = len(batch.joined) if batch.joined is not None else sum(map(len, batch.records))
+            short = len(batch.keys) < max_count and size < SHORT_BYTES
             chunk = decode_chunk(store_id, at[0], batch, False, asked if short else 0.0)
         except BaseException:
             # a group waiting for this read tries its own replica instead of taking on
