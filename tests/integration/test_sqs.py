@@ -495,6 +495,23 @@ def test_redrive_from_the_dlq(sqs: Client) -> None:
     (task, _) = sqs.list_message_move_tasks(SourceArn=dlq_arn, MaxResults=10)["Results"]
     assert (task["Status"], task["ApproximateNumberOfMessagesMoved"]) == ("COMPLETED", 0)
     assert "Messages" not in sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1)
+    # to a queue that is not a source: copied there, with its attributes, and dropped
+    other = sqs.create_queue(QueueName=unique("other"))["QueueUrl"]
+    other_arn = dlq_arn.rsplit(":", 1)[0] + ":" + other.rsplit("/", 1)[1]
+    attributes = {"n": {"DataType": "Number", "StringValue": "7"}}
+    sqs.send_message(QueueUrl=url, MessageBody="poison 2", MessageAttributes=attributes)
+    assert sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"]
+    wait_for(lambda: _dead_lettered(sqs, dlq_url, 1), 15, "the second one in the DLQ")
+    sqs.start_message_move_task(SourceArn=dlq_arn, DestinationArn=other_arn)
+    wait_for(
+        lambda: sqs.list_message_move_tasks(SourceArn=dlq_arn)["Results"][0]["Status"]
+        == "COMPLETED",
+        10, "the copy done",
+    )  # fmt: skip
+    (moved,) = sqs.receive_message(QueueUrl=other, WaitTimeSeconds=5,
+                                   MessageAttributeNames=["All"])["Messages"]  # fmt: skip
+    assert (moved["Body"], moved["MessageAttributes"]) == ("poison 2", attributes)
+    assert _dead_lettered(sqs, dlq_url, 0)
     with pytest.raises(ClientError) as err:
         sqs.start_message_move_task(SourceArn=dlq_arn.replace(dlq_arn.rsplit(":", 1)[1], "nope"))
     assert error_code(err) == "ResourceNotFoundException"

@@ -22,6 +22,7 @@ from cherami.metadata.remembered import RememberingReads
 from cherami.metadata.sqlite import SqliteMetadataStore
 from cherami.roles.frontend.sqs import movetasks as mt
 from cherami.roles.frontend.sqs.settings import FILE, QueueSettings, SettingsStore
+from cherami.wire.records import Message, Record
 
 ARN = "arn:aws:sqs:us-east-1:000000000000:dlq"
 
@@ -35,13 +36,26 @@ class Dlqs:
         self.passed = dict.fromkeys(dead, 100)  # the DLQ cursor: merged or purged before
         self.merges: list[int] = []
         self.fail_after_merge = 0  # the next merges fail once they are done (a crash)
+        self.published: list[tuple[str, str]] = []
 
     async def find(self, name: str) -> tuple[Queue, Group] | None:
         if name not in self.dead:
             return None
         group = Group(queue=name, name="sqs", config=GroupConfig(), created_at=0.0,
                       start_ms=0, dlq=f"{name}.dlq")  # fmt: skip
-        return cast(Queue, None), group
+        return Queue(name=name, config=QueueConfig(), created_at=0.0), group
+
+    async def read_dlq(self, group: Group, most: int) -> list[Record]:
+        first = self.passed[group.queue]
+        count = min(most, self.dead[group.queue])
+        return [Record(0, 0, f"m{first + i}".encode()) for i in range(count)]
+
+    async def publish(self, queue: Queue, messages: list[Message], key: Any) -> list[str]:
+        self.published += [(queue.name, m.body.decode()) for m in messages]
+        return [""] * len(messages)
+
+    async def purge_dlq(self, group: Group, most: int | None = None) -> int:
+        return await self.merge_dlq(group, most)
 
     async def dlq_position(self, group: Group) -> tuple[int, int]:
         return self.dead[group.queue], self.passed[group.queue]
@@ -117,6 +131,31 @@ async def test_a_step_cut_short_after_its_merge_is_counted_once(
     await tasks.start("dlq", [(await dlqs.find("src"))[1]], ARN, None, 2)  # type: ignore[index]
     done = await until(lambda: status(tasks, "COMPLETED"), "the task done")
     assert done["ApproximateNumberOfMessagesMoved"] == 5 and sum(dlqs.merges) == 5
+    await tasks.close()
+
+
+async def test_a_move_elsewhere_copies_then_drops_in_steps(meta: SqliteMetadataStore) -> None:
+    dlqs = Dlqs(meta, {"src": 5, "dest": 0})
+    tasks = tasks_of(dlqs, "a")
+    src = (await dlqs.find("src"))[1]  # type: ignore[index]
+    await tasks.start("dlq", [src], ARN, ARN + "-dest", 2, "dest")
+    done = await until(lambda: status(tasks, "COMPLETED"), "the copy done")
+    assert done["ApproximateNumberOfMessagesMoved"] == 5 and dlqs.merges == [2, 2, 1]
+    assert dlqs.published == [("dest", f"m{100 + i}") for i in range(5)]  # oldest first
+    dlqs.dead["src"] = 3
+    small = QueueConfig(max_message_bytes=3)  # smaller than "m105": refused, none copied
+    dlqs.find = lambda name: asyncio.sleep(  # type: ignore[method-assign]
+        0, (Queue(name=name, config=small, created_at=0.0), src)
+    )
+    await tasks.start("dlq", [src], ARN, ARN + "-dest", None, "dest")
+    failed = await until(lambda: status(tasks, "FAILED"), "the copy refused")
+    assert failed["FailureReason"].startswith("message_too_large: a message of 4 bytes")
+    assert len(dlqs.published) == 5 and dlqs.dead["src"] == 3
+    del dlqs.find
+    del dlqs.dead["dest"]  # deleted since
+    await tasks.start("dlq", [src], ARN, ARN + "-dest", None, "dest")
+    failed = await until(lambda: status(tasks, "FAILED"), "the copy failed")
+    assert failed["FailureReason"] == "AWS.SimpleQueueService.NonExistentQueue"
     await tasks.close()
 
 

@@ -25,7 +25,7 @@ from cherami.roles.frontend.sqs.model import Delivery
 from cherami.roles.frontend.throttle import Throttle
 from cherami.roles.inputhost.client import RemoteInputHost
 from cherami.roles.outputhost.client import Settlement
-from cherami.wire.records import Message
+from cherami.wire.records import Message, Record, decode_record
 
 SQS_GROUP = "sqs"
 
@@ -135,8 +135,25 @@ class Backend:
         """Merge the group's DLQ back into it (its oldest ``most`` messages): how many."""
         return await self.r.controller.move_dlq_cursor(group.dlq, group, most)
 
-    async def purge_dlq(self, group: Group) -> int:
-        return await self.r.controller.move_dlq_cursor(group.dlq, None)
+    async def purge_dlq(self, group: Group, most: int | None = None) -> int:
+        """Drop the group's DLQ (its oldest ``most`` messages): how many."""
+        return await self.r.controller.move_dlq_cursor(group.dlq, None, most)
+
+    async def read_dlq(self, group: Group, most: int) -> list[Record]:
+        """Up to the oldest ``most`` messages of the group's DLQ: those a purge of as
+        many drops (an extent is read past only when it was read to its end)."""
+        out: list[Record] = []
+        for extent, level, last_seq in await self.r.controller.dlq_ranges(group.dlq):
+            wanted = min(most - len(out), last_seq - level.acked)
+            if wanted <= 0:
+                if len(out) >= most:
+                    break
+                continue
+            batch = await self.r.stores.read(extent, level.level, wanted)
+            out += [decode_record(raw) for raw in batch.records[:wanted]]
+            if len(batch.records) < wanted:
+                break
+        return out
 
     # messages
     async def publish(self, queue: Queue, messages: list[Message], key: ApiKey | None) -> list[str]:

@@ -35,13 +35,16 @@ from typing import Any
 
 import msgspec
 
-from cherami.errors import CheramiError, QueueNotFound
-from cherami.metadata.models import Group
+from cherami.errors import CheramiError, MessageTooLarge, QueueNotFound
+from cherami.metadata.models import Group, Queue
 from cherami.roles.frontend.sqs.backend import Backend
+from cherami.wire.records import Message
 
 log = logging.getLogger("cherami.frontend.sqs")
 
 TASK, MOVING, CANCEL = "sqs.task.", "sqs.moving", "sqs.cancel"
+COPY_STEP = 100  # messages a step copies to a destination without a rate
+PUBLISH_BYTES = 4 << 20  # a copy publishes up to this much at a time
 KEEP = 10  # tasks remembered per queue (SQS lists the last 10)
 LEASE_SECONDS = 10.0
 STEP_SECONDS = 1.0  # a rated task merges its rate's worth of messages this often
@@ -57,6 +60,7 @@ class MoveTask(msgspec.Struct, kw_only=True, omit_defaults=True):
     started_ms: int
     status: str = RUNNING
     destination_arn: str | None = None
+    destination: str | None = None  # a queue that is not a source: copied there, dropped
     rate: int | None = None
     to_move: int = 0
     moved: int = 0
@@ -136,16 +140,20 @@ class MoveTasks:
 
     async def start(
         self, queue: str, sources: list[Group], source_arn: str, destination_arn: str | None,
-        rate: int | None,
+        rate: int | None, destination: str | None = None,
     ) -> str:  # fmt: skip
+        """Start a task; ``destination``: a queue that is not one of the sources, which
+        the messages are copied to (a running task, in steps of COPY_STEP without a
+        rate) rather than merged back."""
         now = int(time.time() * 1000)
         task = MoveTask(key=f"{now:013d}.{uuid.uuid4().hex[:12]}", source_arn=source_arn,
                         sources=[g.queue for g in sources], started_ms=now,
-                        destination_arn=destination_arn, rate=rate)  # fmt: skip
+                        destination_arn=destination_arn, destination=destination,
+                        rate=rate)  # fmt: skip
         for group in sources:
             left, passed = await self.backend.dlq_position(group)
             task.to_move, task.passed = task.to_move + left, task.passed + passed
-        if rate is None or task.to_move == 0:  # one merge, now
+        if (rate is None and destination is None) or task.to_move == 0:  # one merge, now
             for group in sources:
                 task.moved += await self.backend.merge_dlq(group)
             task.status, task.to_move = COMPLETED, max(task.to_move, task.moved)
@@ -199,41 +207,47 @@ class MoveTasks:
 
     async def _run(self, queue: str) -> None:
         while True:
+            pause: float | None = self.step_seconds
             try:
-                if not await self._step(queue):
-                    return
+                pause = await self._step(queue)
             except QueueNotFound:
                 return  # the dead-letter queue was deleted, and its tasks with it
-            except CheramiError as err:  # the metadata store or a host, for now: again
-                log.warning("message move task on %s: %s; retrying", queue, err)
+            except CheramiError as err:
+                if err.status == 429 or err.status >= 500:  # for now (a host, the store)
+                    log.warning("message move task on %s: %s; retrying", queue, err)
+                else:
+                    await self._fail(queue, f"{err.code}: {err}")
+                    return
             except Exception:
                 log.exception("message move task on %s failed", queue)
-                task = await self.running(queue)
-                if task is not None:
-                    task.status, task.failure = FAILED, "InternalError"
-                    await self._write(queue, task)
+                await self._fail(queue, "InternalError")
                 return
-            if not await self._pause(queue, self.step_seconds):
+            if pause is None or not await self._pause(queue, pause):
                 return
+
+    async def _fail(self, queue: str, why: str) -> None:
+        task = await self.running(queue)
+        if task is not None:
+            task.status, task.failure = FAILED, why
+            await self._write(queue, task)
 
     async def _running(self, queue: str) -> tuple[MoveTask | None, dict[str, str]]:
         tasks, props = await self.tasks(queue)
         key = props.get(MOVING)
         return next((t for t in tasks if t.key == key and t.status == RUNNING), None), props
 
-    async def _step(self, queue: str) -> bool:
-        """One step of the queue's running task; False when there is none left to run
-        here."""
+    async def _step(self, queue: str) -> float | None:
+        """One step of the queue's running task: how long to wait before the next;
+        None when there is none left to run here."""
         task, _ = await self._running(queue)
         if task is None:
-            return False
+            return None
         lease = f"sqs-move:{queue}"
         if await self.metadata.try_lease(lease, self.holder, self.lease_seconds) is None:
-            # another frontend runs it: look again when its lease would have run out
-            return await self._pause(queue, max(0.0, self.lease_seconds - self.step_seconds))
+            return self.lease_seconds  # another frontend runs it: look when it would end
         task, props = await self._running(queue)  # as its last runner left it
         if task is None:
-            return False
+            return None
         if props.get(CANCEL) == task.key:
             task.status = CANCELLED
         else:
@@ -241,7 +255,8 @@ class MoveTasks:
         await self._write(queue, task)
         if task.status != RUNNING:  # let the next task start anywhere at once
             await self.metadata.try_lease(lease, self.holder, 0.0)
-        return task.status == RUNNING
+            return None
+        return self.step_seconds if task.rate else 0.0
 
     async def _move(self, task: MoveTask) -> None:
         """Merge the task's rate's worth (or all that is left) from its sources. What
@@ -256,11 +271,44 @@ class MoveTasks:
             in_dlq, at = await self.backend.dlq_position(group)
             left, passed = left + in_dlq, passed + at
         task.moved = min(task.to_move, max(task.moved, passed - task.passed))
-        step = min(task.to_move - task.moved, task.rate or task.to_move, left)
+        step = min(task.to_move - task.moved, left,
+                   task.rate or (COPY_STEP if task.destination else task.to_move))  # fmt: skip
         moved = 0
-        for group in groups:
-            if moved < step:
-                moved += await self.backend.merge_dlq(group, step - moved)
+        if task.destination is not None:
+            found = await self.backend.find(task.destination)
+            if found is None:
+                task.status, task.failure = FAILED, "AWS.SimpleQueueService.NonExistentQueue"
+                return
+            for group in groups:
+                if moved < step:
+                    moved += await self._copy(group, found[0], step - moved)
+        else:
+            for group in groups:
+                if moved < step:
+                    moved += await self.backend.merge_dlq(group, step - moved)
         task.moved += moved
         if moved == 0 or task.moved >= task.to_move:
             task.status = COMPLETED  # done, or what was left is gone (purged, deleted)
+
+    async def _copy(self, group: Group, destination: Queue, most: int) -> int:
+        """Publish the oldest ``most`` messages of the group's DLQ to ``destination``,
+        then drop them from the DLQ (a crash in between publishes them again: at least
+        once, as every delivery)."""
+        records = await self.backend.read_dlq(group, most)
+        chunk: list[Message] = []
+        size = 0
+        largest = max((len(r.body) for r in records), default=0)
+        if largest > destination.config.max_message_bytes:  # before any is published
+            raise MessageTooLarge(
+                f"a message of {largest} bytes is larger than {destination.name}'s "
+                f"MaximumMessageSize ({destination.config.max_message_bytes})"
+            )
+        for r in records:
+            if chunk and size + len(r.body) > PUBLISH_BYTES:
+                await self.backend.publish(destination, chunk, None)
+                chunk, size = [], 0
+            chunk.append(Message(r.body, r.attributes, 0, None, r.text, None, r.key))
+            size += len(r.body)
+        if chunk:
+            await self.backend.publish(destination, chunk, None)
+        return await self.backend.purge_dlq(group, len(records)) if records else 0

@@ -25,7 +25,6 @@ from cherami.roles.frontend.sqs.errors import (
     no_queue,
     not_found,
     queue_exists,
-    unsupported,
 )
 from cherami.roles.frontend.sqs.movetasks import MoveTasks, as_sqs, parse_handle
 from cherami.roles.frontend.sqs.settings import QueueSettings, SettingsStore, clone
@@ -253,14 +252,16 @@ class QueueActions:
         if not sources:
             raise invalid("Source queue must be configured as a Dead Letter Queue.")
         destination = p.get("DestinationArn")
+        elsewhere = None  # a queue that is not a source: the messages are copied there
         if destination:
             wanted = a.name_of_arn(destination, "DestinationArn")
-            if wanted not in sources:
-                raise unsupported(
-                    "A move to a queue other than the messages' source queue is not "
-                    "supported: Cherami merges a DLQ back into its group."
-                )
-            sources = [wanted]
+            if wanted in sources:
+                sources = [wanted]
+            elif await self.backend.find(wanted) is None:
+                raise not_found(f"The resource {destination} does not exist.")
+            else:
+                c.allow("produce", wanted)
+                elsewhere = wanted
         rate = p.get("MaxNumberOfMessagesPerSecond")
         if rate is not None:
             rate = integer("MaxNumberOfMessagesPerSecond", rate, 1, MAX_MOVE_RATE)
@@ -271,7 +272,7 @@ class QueueActions:
         if await self.tasks.running(dlq) is not None:
             raise invalid("There is already a task running. Only one active task is allowed "
                           "for a source queue.")  # fmt: skip
-        handle = await self.tasks.start(dlq, groups, str(source), destination, rate)
+        handle = await self.tasks.start(dlq, groups, str(source), destination, rate, elsewhere)
         return {"TaskHandle": handle}
 
     async def ListMessageMoveTasks(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
