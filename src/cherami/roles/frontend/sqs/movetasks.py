@@ -307,7 +307,8 @@ class MoveTasks:
             if chunk and size + len(r.body) > PUBLISH_BYTES:
                 await self.backend.publish(destination, chunk, None)
                 chunk, size = [], 0
-            chunk.append(Message(r.body, r.attributes, 0, None, r.text, None, r.key))
+            chunk.append(Message(r.body, r.attributes, delay_ms=0, text=r.text, key=r.key,
+                                 expires_ms=r.expires_ms))  # fmt: skip
             size += len(r.body)
         if chunk:
             await self.backend.publish(destination, chunk, None)
