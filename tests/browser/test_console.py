@@ -311,3 +311,30 @@ def test_a_queues_page_shows_its_newest_messages_without_consuming_them(
         stats = lambda _: http.get(f"/v1/queues/{q}/groups/g").json()["stats"]  # noqa: E731
         wait(d, lambda d: stats(d)["backlog"] == 25)
         assert stats(d)["delivered"] == 0 and stats(d)["in_flight"] == 0
+
+
+def test_a_queues_page_lists_and_cancels_its_scheduled_messages(
+    browser: WebDriver, node: ServerProcess, tmp_path: Path
+) -> None:
+    """The scheduled panel (GET …/scheduled): delayed messages not due yet, the first due
+    first; Cancel (after a confirm) takes one out for good (DELETE …/scheduled/{id})."""
+    d, q = browser, unique("sched")
+    with httpx.Client(base_url=node.url, timeout=30) as http:
+        assert http.put(f"/v1/queues/{q}").status_code == 201
+        messages = [{"body": f"later {i}", "delay_seconds": 3600 - i} for i in range(3)]
+        ids = http.post(f"/v1/queues/{q}/messages", json={"messages": messages}).json()["ids"]
+        d.get(node.url + f"/ui/#/queue/{q}")
+        rows = "tr[data-scheduled]"
+
+        def shown(d: WebDriver) -> list[str]:
+            found = d.find_elements(By.CSS_SELECTOR, rows)
+            return [e.get_attribute("data-scheduled") for e in found]
+
+        wait(d, lambda d: shown(d) == ids[::-1])  # the shortest delay is due first
+        assert "later 2" in texts(d, rows)[0]
+        click(d, By.CSS_SELECTOR, f'tr[data-scheduled="{ids[1]}"] button')
+        assert f"Cancel message {ids[1]}?" in confirm(d)
+        wait(d, lambda d: shown(d) == [ids[2], ids[0]])
+        shot(d, tmp_path, "queue-scheduled")
+        listed = http.get(f"/v1/queues/{q}/scheduled").json()["messages"]
+        assert [m["id"] for m in listed] == [ids[2], ids[0]]

@@ -323,6 +323,7 @@ const pages = {
           h("div", { class: "card" }, h("canvas", { class: "chart", id: "chart-backlog" }))),
         h("h2", {}, "Consumer groups"), h("div", { class: "filter" }, groupList.filter()), h("div", { id: "groups" }),
         h("h2", {}, "Messages"), h("div", { id: "messages" }),
+        h("h2", {}, "Scheduled (delayed, not due yet)"), h("div", { id: "scheduled" }),
         h("h2", {}, "Publish a test message"), h("div", { class: "card" }, publishForm),
         h("h2", {}, "New consumer group"), h("div", { class: "card" }, groupForm),
         h("h2", {}, "Extents"), h("div", { id: "extents" }),
@@ -330,8 +331,9 @@ const pages = {
     },
     async refresh(q) {
       const listing = groupList;
-      const [queue, read, extents, peeked] = await Promise.all([
-        api("GET", qpath(q)), listing.read(), covered(api("GET", `${qpath(q)}/extents`)), covered(newest(q))]);
+      const [queue, read, extents, peeked, scheduled] = await Promise.all([
+        api("GET", qpath(q)), listing.read(), covered(api("GET", `${qpath(q)}/extents`)), covered(newest(q)),
+        covered(scheduledOf(q))]);
       const full = await Promise.all(read.items.map((g) => api("GET", gpath(q, g.name))));
       if (listing.stale(read)) return; // a newer read shows its own
       replace("queue-config", h("div", { id: "queue-config", class: "kv muted" },
@@ -373,6 +375,7 @@ const pages = {
       chart(document.getElementById("chart-rate"), points, "rate", "publish rate (msgs/s)", fmt.rate);
       chart(document.getElementById("chart-backlog"), points, "backlog", "backlog (messages, all groups)", fmt.int);
       replace("messages", messagesPanel(peeked));
+      replace("scheduled", scheduledPanel(q, scheduled));
       const ext = (extents ? extents.extents : []).map((e) => h("tr", { "data-extent": e.id },
         h("td", {}, h("code", {}, e.id.slice(0, 12))), h("td", {}, e.kind),
         h("td", {}, h("span", { class: e.status === "open" ? "badge ok" : e.status === "failing" ? "badge warn" : "badge" }, e.status)),

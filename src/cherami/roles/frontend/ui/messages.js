@@ -38,3 +38,22 @@ function messagesPanel(peeked) {
   return h("div", { id: "messages" }, table("messages-table", ["Message", "Enqueued at", "Attributes", "Body"], rows, empty),
     h("p", { class: "muted" }, "the newest first, read without consuming them (no group sees a change)", more));
 }
+
+// the queue page's scheduled panel: delayed messages not due yet, the first due first,
+// each with a Cancel button (docs/api.md "Scheduled messages")
+async function scheduledOf(q) {
+  return api("GET", `${qpath(q)}/scheduled?limit=${PEEK}`);
+}
+
+function scheduledPanel(q, page) {
+  const rows = (page ? page.messages : []).map((m) => h("tr", { "data-scheduled": m.id },
+    h("td", {}, h("code", {}, m.id)), h("td", {}, fmt.time(m.due_at)), ...messageCells(m),
+    h("td", { class: "actions" }, h("button", { class: "danger", async onclick() {
+      if (!confirm(`Cancel message ${m.id}? No group will receive it.`)) return;
+      await act(() => api("DELETE", `${qpath(q)}/scheduled/${enc(m.id)}`), () => `message ${m.id} cancelled`);
+    } }, "Cancel"))));
+  const empty = page ? "No delayed message is waiting." : "Your key does not cover reading messages (consume scope).";
+  return h("div", { id: "scheduled" },
+    table("scheduled-table", ["Message", "Due at", "Attributes", "Body", ""], rows, empty),
+    h("p", { class: "muted" }, page && page.cursor ? `the first ${PEEK} due; more are waiting` : "the first due first"));
+}
