@@ -19,6 +19,7 @@ import pytest
 from cherami.client.asyncclient import AsyncClient
 from cherami.client.models import OutgoingMessage
 from cherami.client.sync import Client
+from cherami.errors import InvalidRequest
 from tests.integration.test_metrics import scrape, value
 from tests.integration.test_peek import wait_for
 from tests.support.server import ServerProcess, unique
@@ -81,6 +82,7 @@ def test_messages_expiring_in_the_backlog_are_never_delivered(
     server: ServerProcess, http: httpx.Client
 ) -> None:
     q, grp = setup(http)
+    assert http.put(f"/v1/queues/{q}/groups/s").status_code == 201  # consumed on a stream
     until = (datetime.now(UTC) + timedelta(seconds=TTL)).isoformat().replace("+00:00", "Z")
     publish(http, q, [
         *({"body": f"short-{i}", "expires_in_seconds": TTL} for i in range(5)),
@@ -101,6 +103,19 @@ def test_messages_expiring_in_the_backlog_are_never_delivered(
     past(sent + int(TTL * 1000) + 100)
     got = receive_until(http, grp, {"keep-0", "long-0", "stream-keep"})
     assert sorted(m["body"] for m in got) == ["keep-0", "long-0", "stream-keep"]
+
+    async def consumed() -> list[str]:  # a consume stream's deliveries (runs) alike
+        async with AsyncClient(server.url) as c, c.consumer(q, "s", credit=100) as s:
+            bodies: list[str] = []
+            while len(bodies) < 3:
+                batch = await s.get_batch(100, timeout=5)
+                bodies += [m.text for m in batch]
+                if batch:
+                    await s.ack(*batch)
+            return sorted(bodies)
+
+    assert asyncio.run(consumed()) == ["keep-0", "long-0", "stream-keep"]
+    drained(http, f"/v1/queues/{q}/groups/s", expired=13)
     (long,) = [m for m in got if m["body"] == "long-0"]
     assert long["expires_at"].endswith("Z")
     assert "expires_at" not in [m for m in got if m["body"] == "keep-0"][0]
@@ -171,6 +186,13 @@ def test_the_clients_carry_a_ttl_and_bad_ones_are_refused(
         got = c.receive(q, "g", max_messages=10, wait_seconds=5)
         assert sorted(m.body for m in got) == [b"a", b"b"]
         c.ack(q, "g", got)
+
+    async def refused() -> None:  # on a stream, the batch's error frame
+        async with AsyncClient(server.url) as c, c.publisher(q) as pub:
+            with pytest.raises(InvalidRequest, match="at most one of ttl_ms and expires_ms"):
+                await pub.publish([OutgoingMessage("x", expires_in_seconds=1, expires_at=1)])
+
+    asyncio.run(refused())
     url = f"/v1/queues/{q}/messages"
     for bad, says in [
         ({"body": "x", "expires_in_seconds": 1, "expires_at": "2030-01-01T00:00Z"}, "at most"),
