@@ -159,6 +159,20 @@ async def test_a_move_elsewhere_copies_then_drops_in_steps(meta: SqliteMetadataS
     await tasks.close()
 
 
+async def test_of_two_starts_at_once_one_is_refused(meta: SqliteMetadataStore) -> None:
+    dlqs = Dlqs(meta, {"src": 5})
+    here, there = tasks_of(dlqs, "a", step=60.0), tasks_of(dlqs, "b", step=60.0)
+    src = (await dlqs.find("src"))[1]  # type: ignore[index]
+    handles = await asyncio.gather(
+        here.start("dlq", [src], ARN, None, 1), here.start("dlq", [src], ARN, None, 1),
+        there.start("dlq", [src], ARN, None, 1),
+    )  # fmt: skip
+    assert sum(h is not None for h in handles) == 1
+    assert len((await here.tasks("dlq"))[0]) == 1
+    await here.close()
+    await there.close()
+
+
 async def test_cancel_stops_it_at_its_next_step(meta: SqliteMetadataStore) -> None:
     dlqs = Dlqs(meta, {"src": 5})
     tasks = tasks_of(dlqs, "a", step=60.0)  # one step, then a long pause a cancel cuts

@@ -119,6 +119,7 @@ class MoveTasks:
         self._runners: dict[str, asyncio.Task[None]] = {}  # by dead-letter queue
         self._wake: dict[str, asyncio.Event] = {}  # a runner's pause, cut short (a cancel)
         self._stop = asyncio.Event()
+        self._starting = asyncio.Lock()
 
     async def tasks(self, queue: str) -> tuple[list[MoveTask], dict[str, str]]:
         """The queue's tasks, newest first, and its task properties."""
@@ -141,10 +142,34 @@ class MoveTasks:
     async def start(
         self, queue: str, sources: list[Group], source_arn: str, destination_arn: str | None,
         rate: int | None, destination: str | None = None,
-    ) -> str:  # fmt: skip
+    ) -> str | None:  # fmt: skip
         """Start a task; ``destination``: a queue that is not one of the sources, which
         the messages are copied to (a running task, in steps of COPY_STEP without a
-        rate) rather than merged back."""
+        rate) rather than merged back. None when a task of the queue is running, or
+        starting on another frontend: its lease is taken first, so of two starts at
+        once one is refused."""
+        lease = f"sqs-move:{queue}"
+        async with self._starting:  # two starts in this process: one after the other
+            if await self.running(queue) is not None:
+                return None
+            if await self.metadata.try_lease(lease, self.holder, self.lease_seconds) is None:
+                return None
+            try:
+                task = await self._start(queue, sources, source_arn, destination_arn, rate,
+                                         destination)  # fmt: skip
+            except BaseException:
+                await self.metadata.try_lease(lease, self.holder, 0.0)
+                raise
+        if task.status == RUNNING:
+            self.watch(queue)
+        else:
+            await self.metadata.try_lease(lease, self.holder, 0.0)
+        return handle_of(queue, task.key)
+
+    async def _start(
+        self, queue: str, sources: list[Group], source_arn: str, destination_arn: str | None,
+        rate: int | None, destination: str | None,
+    ) -> MoveTask:  # fmt: skip
         now = int(time.time() * 1000)
         task = MoveTask(key=f"{now:013d}.{uuid.uuid4().hex[:12]}", source_arn=source_arn,
                         sources=[g.queue for g in sources], started_ms=now,
@@ -160,9 +185,7 @@ class MoveTasks:
         tasks, _ = await self.tasks(queue)
         old = [TASK + t.key for t in tasks[KEEP - 1 :] if t.status != RUNNING]
         await self._write(queue, task, old)
-        if task.status == RUNNING:
-            self.watch(queue)
-        return handle_of(queue, task.key)
+        return task
 
     async def cancel(self, queue: str, key: str) -> MoveTask | None:
         """Ask the running task to stop (its runner marks it CANCELLED at its next
@@ -230,6 +253,7 @@ class MoveTasks:
         if task is not None:
             task.status, task.failure = FAILED, why
             await self._write(queue, task)
+            await self.metadata.try_lease(f"sqs-move:{queue}", self.holder, 0.0)
 
     async def _running(self, queue: str) -> tuple[MoveTask | None, dict[str, str]]:
         tasks, props = await self.tasks(queue)

@@ -269,10 +269,10 @@ class QueueActions:
         for name in sources:
             c.allow("admin", name)
             groups.append((await self.find(name))[1])
-        if await self.tasks.running(dlq) is not None:
+        handle = await self.tasks.start(dlq, groups, str(source), destination, rate, elsewhere)
+        if handle is None:
             raise invalid("There is already a task running. Only one active task is allowed "
                           "for a source queue.")  # fmt: skip
-        handle = await self.tasks.start(dlq, groups, str(source), destination, rate, elsewhere)
         return {"TaskHandle": handle}
 
     async def ListMessageMoveTasks(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
