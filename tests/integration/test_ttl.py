@@ -118,6 +118,8 @@ def test_messages_expiring_in_the_backlog_are_never_delivered(
     drained(http, f"/v1/queues/{q}/groups/s", expired=13)
     (long,) = [m for m in got if m["body"] == "long-0"]
     assert long["expires_at"].endswith("Z")
+    peeked = http.get(f"/v1/queues/{q}/messages", params={"limit": 100}).json()["messages"]
+    assert [m["expires_at"] for m in peeked if m["body"] == "long-0"] == [long["expires_at"]]
     assert "expires_at" not in [m for m in got if m["body"] == "keep-0"][0]
     drained(http, grp, expired=5 + 3 + 4 + 1)
     samples = scrape(http)

@@ -54,6 +54,7 @@ class PeekMessage(msgspec.Struct, omit_defaults=True):
     body: str | None = None
     body_b64: bytes | None = None  # base64 in JSON
     key: str | None = None  # its ordering key, when it has one
+    expires_at: str | None = None  # its TTL, when it has one
 
 
 class PeekResponse(msgspec.Struct):
@@ -375,4 +376,5 @@ def _message(extent: str, seq: int, record: Record) -> PeekMessage:
         text,
         data,
         record.key,
+        None if record.expires_ms is None else rfc3339(record.expires_ms),
     )
