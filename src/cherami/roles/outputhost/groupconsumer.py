@@ -63,7 +63,9 @@ class GroupConsumer:
         self.parked = Redeliveries(group.queue, group.name, self._covered, self._redeliver)
         self.parked.on_pending = self._unwritten
         self.parked.on_waiting = self._timers_due.set
-        self.keys = KeyGate(lambda e: self.window.put_first(e), self.cursors, lambda: reads.stores)
+        self.keys = KeyGate(
+            lambda e: self.window.put_first(e, True), self.cursors, lambda: reads.stores
+        )
         self.window = ReadWindow(self.key, queue, group, self.cursors, self.parked, self.keys)
         self.flight = InFlight(delivery_numbers, self.parked.forget, self.window.freed, self.keys)
         self.dead = DeadLetters(

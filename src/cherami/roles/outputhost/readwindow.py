@@ -156,10 +156,10 @@ class ReadWindow:
             return {k for k, n in zip(keys, seqs, strict=True) if n in found} if found else set()
         raise asyncio.CancelledError  # the group stopped
 
-    def put_first(self, entries: list[Entry]) -> None:
-        """Entries delivered again (parked, now due; the next of a key) go ahead of what
-        was read."""
-        self.ready.extendleft(reversed(self._gate.admit(entries)))
+    def put_first(self, entries: list[Entry], admitted: bool = False) -> None:
+        """Entries delivered again (parked, now due; ``admitted``: the next of a key,
+        from the gate) go ahead of what was read."""
+        self.ready.extendleft(reversed(entries if admitted else self._gate.admit(entries)))
         self.signal()
 
     def signal(self) -> None:
