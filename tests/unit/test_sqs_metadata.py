@@ -115,6 +115,7 @@ async def test_a_rated_task_moves_its_rate_a_step_until_done(meta: SqliteMetadat
     assert dlqs.merges == [2, 2, 1] and "TaskHandle" not in done
     assert await meta.get_queue_properties("dlq", mt.MOVING) == {}
     assert await meta.try_lease("sqs-move:dlq", "b", 10.0) is not None  # released when done
+    await until(lambda: asyncio.sleep(0, not tasks._runners), "the runner forgotten")
     await tasks.start("dlq", sources, ARN, None, None)  # unrated, nothing left: done at once
     assert (await newest(tasks))["Status"] == "COMPLETED"
     await tasks.close()

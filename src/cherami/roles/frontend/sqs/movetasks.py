@@ -229,6 +229,14 @@ class MoveTasks:
         return not self._stop.is_set()
 
     async def _run(self, queue: str) -> None:
+        try:
+            await self._loop(queue)
+        finally:  # forget the queue (its task, when it runs again, starts another runner)
+            if self._runners.get(queue) is asyncio.current_task():
+                del self._runners[queue]
+                self._wake.pop(queue, None)
+
+    async def _loop(self, queue: str) -> None:
         while True:
             pause: float | None = self.step_seconds
             try:
@@ -249,11 +257,14 @@ class MoveTasks:
                 return
 
     async def _fail(self, queue: str, why: str) -> None:
-        task = await self.running(queue)
-        if task is not None:
-            task.status, task.failure = FAILED, why
-            await self._write(queue, task)
-            await self.metadata.try_lease(f"sqs-move:{queue}", self.holder, 0.0)
+        try:
+            task = await self.running(queue)
+            if task is not None:
+                task.status, task.failure = FAILED, why
+                await self._write(queue, task)
+                await self.metadata.try_lease(f"sqs-move:{queue}", self.holder, 0.0)
+        except CheramiError as err:  # left running: the next watcher tries again
+            log.warning("message move task on %s: not marked failed (%s): %s", queue, why, err)
 
     async def _running(self, queue: str) -> tuple[MoveTask | None, dict[str, str]]:
         tasks, props = await self.tasks(queue)
