@@ -783,7 +783,11 @@ async def test_cancelled_delayed_messages_are_kept_while_their_extent_lives(
     assert await meta.cancelled_scheduled("q1", "t1", 1, 100) == {5, 7}
     assert other == {7, 1 << 40}
     assert await meta.cancelled_scheduled("q1", "t1", 6, 6) == set()
+    assert await meta.cancelled_in("q1") == {"t1": {5, 7, 1 << 40}}
     await meta.set_extent_status("t1", DELETED)  # retention deleted it
+    at, _ = await meta.changes_since(-1)
     await meta.cancel_scheduled("q1", "t2", [6])  # the next cancel drops t1's
+    assert (await meta.changes_since(at))[1] == {"q1"}  # output hosts read them again
+    assert await meta.cancelled_in("q1") == {"t2": {6}}
     assert await meta.cancelled_scheduled("q1", "t1", 0, 1 << 62) == set()
     assert await meta.cancelled_scheduled("q1", "t2", 0, 10) == {6}

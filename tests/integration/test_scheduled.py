@@ -109,7 +109,7 @@ def test_cancelled_messages_never_reach_any_group_across_a_restart(tmp_path: Pat
                     await asyncio.gather(*(c.cancel_scheduled(q, i) for i in cancel))
 
             asyncio.run(cancel_all())
-            assert time.time() < due - 1, "the cancels took too long to prove anything"
+            assert time.time() < due - 2, "the cancels took too long to prove anything"
         node.stop()
         node.start()
         expected = set(ids) - cancel

@@ -104,10 +104,10 @@ async def test_cancelled_messages_of_a_timer_extent_are_acked_past() -> None:
                     stores=["s1"], created_at=0.0)  # fmt: skip
     cursor = consumer.cursors["t1"] = ExtentCursor(extent, AckLevel(queue="q", group="g",
                                                                     extent="t1"))  # fmt: skip
-    asked: list[tuple[str, int, int]] = []
+    asked: list[tuple[str, int, int, int]] = []
 
-    async def cancelled_of(extent_id: str, lo: int, hi: int) -> set[int]:
-        asked.append((extent_id, lo, hi))
+    async def cancelled_of(extent_id: str, lo: int, hi: int, due_ms: int) -> set[int]:
+        asked.append((extent_id, lo, hi, due_ms))
         return {2, 4}
 
     consumer.window.cancelled_of = cancelled_of
@@ -115,7 +115,7 @@ async def test_cancelled_messages_of_a_timer_extent_are_acked_past() -> None:
     keys = [timer_key(NOW_MS - 10, s) for s in (3, 1, 2, 4)]
     records = [Record(NOW_MS - 20, NOW_MS - 10, f"m{s}".encode()) for s in (3, 1, 2, 4)]
     await consumer.window.admit(_run(cursor, keys, records, ["t1:3", "t1:1", "t1:2", "t1:4"]))
-    assert asked == [("t1", 1, 4)]
+    assert asked == [("t1", 1, 4, NOW_MS - 10)]
     assert consumer.window.cancelled == 2
     taken = consumer.take(10, None)
     assert [e.msg_id for e in taken] == ["t1:3", "t1:1"]

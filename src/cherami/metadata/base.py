@@ -179,6 +179,9 @@ class MetadataStore(Protocol):
     async def cancelled_scheduled(self, queue: str, extent: str, lo: int, hi: int) -> set[int]:
         """The cancelled sequence numbers of a timer extent from ``lo`` to ``hi``."""
 
+    async def cancelled_in(self, queue: str) -> dict[str, set[int]]:
+        """Every cancelled sequence number of the queue, by timer extent."""
+
     # membership and leadership
     async def heartbeat(self, host: Host) -> None: ...
 

@@ -13,6 +13,13 @@ from typing import Any
 
 Statement = tuple[str, tuple[Any, ...]]
 
+# A cancel is refused (409 already_due) unless its tombstone is written this long before
+# the message is due. An output host that has followed the change log (which a cancel
+# writes to) from a time at most this long before a message's due time knows every
+# cancel of it without asking (roles/outputhost/service.py), so delayed messages that
+# come due early in a metadata outage are delivered (later ones wait for the store).
+CANCEL_MARGIN_MS = 2000
+
 
 class CancelledMessages:
     mark = "?"  # the store's parameter marker
@@ -42,3 +49,13 @@ class CancelledMessages:
             (queue, extent, lo, hi),
         )
         return {r[0] for r in rows}
+
+    async def cancelled_in(self, queue: str) -> dict[str, set[int]]:
+        m = self.mark
+        rows = await self._read_all(
+            f"SELECT extent, seq FROM cancelled WHERE queue = {m}", (queue,)
+        )
+        found: dict[str, set[int]] = {}
+        for extent, seq in rows:
+            found.setdefault(extent, set()).add(seq)
+        return found

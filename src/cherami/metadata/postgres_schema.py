@@ -117,6 +117,9 @@ MIGRATIONS: tuple[LiteralString, ...] = (
         PRIMARY KEY (queue, extent, seq)
     );
     """,
+    # a cancel is in the change log: output hosts read the queue's tombstones again
+    "CREATE TRIGGER cancelled_changed AFTER INSERT ON cancelled "
+    "FOR EACH ROW EXECUTE FUNCTION note_change();",
 )
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")

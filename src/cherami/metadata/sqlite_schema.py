@@ -92,6 +92,9 @@ CREATE TABLE IF NOT EXISTS cancelled (
     queue TEXT NOT NULL, extent TEXT NOT NULL, seq INTEGER NOT NULL,
     PRIMARY KEY (queue, extent, seq)
 );
+-- a cancel is in the change log: output hosts read the queue's tombstones again
+CREATE TRIGGER IF NOT EXISTS cancel_added AFTER INSERT ON cancelled
+    BEGIN INSERT INTO changes (queue) VALUES (NEW.queue); END;
 """
 
 

@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cherami.outputhost.readwindow")
 
-# the cancelled sequence numbers of a timer extent from lo to hi: (extent, lo, hi)
-CancelledOf = Callable[[str, int, int], Awaitable[set[int]]]
+# the cancelled sequence numbers of a timer extent from lo to hi, of messages due by
+# due_ms: (extent, lo, hi, due_ms)
+CancelledOf = Callable[[str, int, int, int], Awaitable[set[int]]]
 RETRY_CANCELLED = 1.0  # seconds before the cancellations are asked again after a failure
 
 
@@ -147,7 +148,8 @@ class ReadWindow:
         seqs = list(map(seq_of, keys))
         while not self.stopped:
             try:
-                found = await self.cancelled_of(run.cursor.id, min(seqs), max(seqs))
+                due = max(map(DELIVERY, run.records[run.pos :]))
+                found = await self.cancelled_of(run.cursor.id, min(seqs), max(seqs), due)
             except CheramiError as err:
                 log.warning("group %s: cancelled messages of %s not read: %s",
                             self.key, run.cursor.id, err)  # fmt: skip

@@ -18,6 +18,7 @@ from cherami.errors import GroupNotFound, QueueNotFound, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import CONSUMED, FAILING, OPEN, SEALED, Group, Queue
 from cherami.periodic import Periodic
+from cherami.roles.outputhost.cancels import CancelCache
 from cherami.roles.outputhost.committer import AckCommitter, Holdings
 from cherami.roles.outputhost.deadletterqueue import DeadLetterMover
 from cherami.roles.outputhost.entry import Entry
@@ -81,6 +82,7 @@ class OutputHostService:
         # every extent made before this time (epoch ms) is known to every group not in
         # _again (the start of the last refresh); groups with keyed messages waiting on it
         self.extents_known_ms = 0.0
+        self._cancels = CancelCache(metadata)
         self._keyed_pending: set[str] = set()
         self._refreshing = asyncio.Lock()
         self._soon: asyncio.Task[None] | None = None  # a refresh for keyed messages
@@ -172,7 +174,7 @@ class OutputHostService:
                 queue_record, group, self.reads, self._dead_letter, self._numbers, acts
             )
             consumer.on_unwritten = partial(self.committer.mark, key)
-            consumer.window.cancelled_of = partial(self.metadata.cancelled_scheduled, queue)
+            consumer.window.cancelled_of = partial(self._cancels.of, queue)
             consumer.keys.known_ms = partial(self._known_ms, key)
             consumer.keys.on_pending = partial(self._keyed_waiting, key)
             consumer.start()
@@ -295,6 +297,7 @@ class OutputHostService:
         started = time.time() * 1000
         latest, changed = await self.metadata.changes_since(self._seen)
         again, self._again = self._again, set()
+        await self._cancels.follow(changed, started)
         if changed is not None and not changed and not again:
             self._seen = latest
             self._extents_known(started)

@@ -19,6 +19,7 @@ from aiohttp import web
 from cherami.errors import AlreadyDue, InvalidRequest, MessageNotFound
 from cherami.httpbase import json_response
 from cherami.metadata.base import MetadataStore
+from cherami.metadata.cancelled import CANCEL_MARGIN_MS
 from cherami.metadata.models import DELETED, Extent
 from cherami.roles.frontend.context import Lookup
 from cherami.roles.frontend.convert import parse_time, rfc3339, text_or_bytes
@@ -29,7 +30,6 @@ from cherami.wire.keys import MAX_SEQ, seq_of, timer_key
 from cherami.wire.records import Record, decode_record, expired, message_id
 from cherami.wire.store import TIMER
 
-CANCEL_MARGIN_MS = 1000  # a message due sooner than this is not cancelled (409 already_due)
 CHUNK = 500  # records read from a timer extent at a time
 _ID = r"[A-Za-z0-9-]{1,64}"
 # due ms . extent . seq of the last message shown
@@ -171,7 +171,7 @@ class ScheduledHandlers:
         if due - now_ms < CANCEL_MARGIN_MS:
             raise AlreadyDue(f"message {msg_id} is due at {rfc3339(due)}: too late to cancel")
         await self.metadata.cancel_scheduled(queue.name, extent.id, [seq])
-        if time.time() * 1000 >= due:  # the tombstone came too late to be sure
+        if time.time() * 1000 > due - CANCEL_MARGIN_MS:  # written too late to be sure
             raise AlreadyDue(f"message {msg_id} came due while it was being cancelled")
         return web.Response(status=204)
 

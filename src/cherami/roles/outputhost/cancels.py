@@ -1,0 +1,68 @@
+"""What an output host knows of a queue's cancelled delayed messages (docs/api.md
+"Scheduled messages"): every group's reader of a timer extent asks ``of`` when a run of
+it comes due, and the cancelled ones are acked past (readwindow.py).
+
+A queue's tombstones are read from the metadata store the first time a run of it comes
+due, then kept: a cancel writes to the change log, and the host's refresh, which reads
+the log every tick, reads the tombstones of the queues it names again (``follow``), so
+what is kept is known complete as of the start of the last refresh. A run whose due time
+is within CANCEL_MARGIN_MS of that is answered from memory (a cancel is written at least
+that long before its message is due); an older view asks the store, which waits out a
+metadata outage rather than deliver a message that may be cancelled."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from cherami.errors import CheramiError, QueueNotFound
+from cherami.metadata.base import MetadataStore
+from cherami.metadata.cancelled import CANCEL_MARGIN_MS
+
+
+class CancelCache:
+    def __init__(self, metadata: MetadataStore, clock: Callable[[], float] = time.time) -> None:
+        self.metadata = metadata
+        self.clock = clock
+        self._known: dict[str, dict[str, set[int]]] = {}  # queue -> extent -> seqs
+        self._loaded: dict[str, float] = {}  # queue -> ms its tombstones were read from
+        self._frozen: dict[str, float] = {}  # queue -> ms: a read again failed, known as of
+        self._followed = 0.0  # ms the last read of the change log began
+
+    def as_of(self, queue: str) -> float | None:
+        """Every cancel of the queue written before this time (ms) is known (None: none)."""
+        if queue not in self._known:
+            return None
+        return self._frozen.get(queue, max(self._loaded[queue], self._followed))
+
+    async def of(self, queue: str, extent: str, lo: int, hi: int, due_ms: int) -> set[int]:
+        """The cancelled sequence numbers from ``lo`` to ``hi`` of a timer extent whose
+        messages are due by ``due_ms``; raises CheramiError when the store must be asked
+        and does not answer."""
+        as_of = self.as_of(queue)
+        if as_of is None or as_of < due_ms - CANCEL_MARGIN_MS:
+            await self._load(queue)
+        return {n for n in self._known[queue].get(extent, ()) if lo <= n <= hi}
+
+    async def _load(self, queue: str) -> None:
+        started = self.clock() * 1000
+        self._known[queue] = await self.metadata.cancelled_in(queue)
+        self._loaded[queue] = started
+        self._frozen.pop(queue, None)
+
+    async def follow(self, changed: set[str] | None, started_ms: float) -> None:
+        """A read of the change log that began at ``started_ms`` named ``changed`` (None:
+        an unknown point, every queue): the kept queues it names are read again (a
+        deleted one is forgotten), the others are known as of then; nothing is done per
+        queue it does not name."""
+        for queue in list(self._known) if changed is None else changed & self._known.keys():
+            before = self.as_of(queue)
+            try:
+                await self.metadata.get_queue(queue)
+                await self._load(queue)
+            except QueueNotFound:
+                del self._known[queue], self._loaded[queue]
+                self._frozen.pop(queue, None)
+            except CheramiError:
+                self._frozen.setdefault(queue, before or 0.0)  # a run due later asks the store
+        self._followed = started_ms
