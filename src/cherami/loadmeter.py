@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from cherami.metadata.models import ExtentLoad, Host, LoadReport
@@ -43,12 +43,64 @@ REPORT_INTERVAL = 2.0
 Counts = tuple[int, int, int, int]
 
 
+class Activity:
+    """What changed, newest last: a role touches a key (an extent writer, a group's
+    cursor on an extent) when its counters grow, and a load report reads the keys
+    touched since its last look in O(keys touched), so an idle extent costs the reports
+    nothing however many there are."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.version = 0
+        self._at: dict[Hashable, int] = {}  # key -> the version it was last touched at
+        self._gone: dict[Hashable, float] = {}  # keys given up, when
+        self._clock = clock
+
+    def touch(self, key: Hashable) -> None:
+        self.version += 1
+        self._at.pop(key, None)
+        self._at[key] = self.version
+
+    def gone(self, key: Hashable) -> None:
+        """The key's extent is given up: touched once more, so that meters reading it
+        find it gone and forget it, then forgotten here GONE_KEPT seconds later."""
+        self.touch(key)
+        self._gone[key] = self._clock()
+
+    def is_gone(self, key: Hashable) -> bool:
+        return key in self._gone
+
+    def since(self, version: int) -> list[Hashable]:
+        """The keys touched after ``version`` (newest first)."""
+        if self._gone:
+            old = self._clock() - GONE_KEPT
+            for key in [k for k, at in self._gone.items() if at < old]:
+                del self._gone[key]
+                self._at.pop(key, None)
+        keys = []
+        at = self._at
+        for key in reversed(at):
+            if at[key] <= version:
+                break
+            keys.append(key)
+        return keys
+
+
+GONE_KEPT = 60.0  # seconds a key given up is still named to meters (they read every 2 s)
+
+# what changed since a version: (the version now, {key: (extent, its counts cumulative
+# since the extent was opened) or None for a key given up}) (Activity)
+Changes = Callable[[int], tuple[int, dict[Hashable, tuple[str, Counts] | None]]]
+
+
 @dataclass
 class LoadSources:
-    """Where a role's figures come from; a source left None is not reported."""
+    """Where a role's figures come from; a source left None is not reported. A role
+    that keeps an Activity gives ``changes`` (and ``open_extents``) instead of
+    ``counters``: a report then reads only what changed since the last one."""
 
     counters: Callable[[], dict[str, Counts]] = dict
     open_extents: Callable[[], int] | None = None  # None: the extents the counters name
+    changes: Changes | None = None
     connections: Callable[[], int] | None = None
     data_dir: str | None = None
     append_p99_ms: Callable[[], float | None] | None = None
@@ -69,6 +121,8 @@ class LoadMeter:
         self._at = clock()
         self._cpu = cpu_clock()
         self._counts: dict[str, Counts] = {}
+        self._version = 0  # of the source's Activity, at the last report
+        self._seen: dict[Hashable, Counts] = {}  # key -> its counts at the last report
         self.latest: LoadReport | None = None
 
     def report(self) -> LoadReport | None:
@@ -79,27 +133,53 @@ class LoadMeter:
             self.latest = self._compute(now)
         return self.latest
 
+    def _grown(self, now: float) -> tuple[dict[str, Counts], int]:
+        """What each extent's counters grew by since the last report (those that did
+        not grow are left out), and the extents the counters name."""
+        src = self.sources
+        grown: dict[str, Counts] = {}
+        if src.changes is None:
+            counts = src.counters()
+            for extent, c in counts.items():
+                p = self._counts.get(extent, (0, 0, 0, 0))
+                if c != p:
+                    grown[extent] = (c[0] - p[0], c[1] - p[1], c[2] - p[2], c[3] - p[3])
+            self._counts = counts
+            return grown, len(counts)
+        self._version, changed = src.changes(self._version)
+        seen = self._seen
+        for key, change in changed.items():
+            if change is None:  # given up: its last counts were reported
+                seen.pop(key, None)
+                continue
+            extent, c = change
+            p = seen.get(key, (0, 0, 0, 0))
+            seen[key] = c
+            d = grown.get(extent, (0, 0, 0, 0))
+            grown[extent] = tuple(  # type: ignore[assignment]
+                a + max(0, b - q) for a, b, q in zip(d, c, p, strict=True)
+            )  # a key whose extent was opened again counts from 0 again
+        return {e: g for e, g in grown.items() if any(g)}, 0
+
     def _compute(self, now: float) -> LoadReport:
         src = self.sources
         elapsed = max(now - self._at, 1e-6)
         cpu = self._cpu_clock()
-        counts = src.counters()
-        extents: dict[str, ExtentLoad] = {}
-        for extent, (m_in, b_in, m_out, b_out) in counts.items():
-            p_in, pb_in, p_out, pb_out = self._counts.get(extent, (0, 0, 0, 0))
-            if (m_in, b_in, m_out, b_out) == (p_in, pb_in, p_out, pb_out):
-                continue  # idle: left out (a rate of 0)
-            extents[extent] = ExtentLoad(
-                msgs_in=round(max(0, m_in - p_in) / elapsed, 1),
-                bytes_in=round(max(0, b_in - pb_in) / elapsed, 1),
-                msgs_out=round(max(0, m_out - p_out) / elapsed, 1),
-                bytes_out=round(max(0, b_out - pb_out) / elapsed, 1),
+        grown, named = self._grown(now)
+        extents = {
+            extent: ExtentLoad(
+                msgs_in=round(max(0, m_in) / elapsed, 1),
+                bytes_in=round(max(0, b_in) / elapsed, 1),
+                msgs_out=round(max(0, m_out) / elapsed, 1),
+                bytes_out=round(max(0, b_out) / elapsed, 1),
             )
+            for extent, (m_in, b_in, m_out, b_out) in grown.items()
+        }
         report = LoadReport(
             at=now,
             interval=round(elapsed, 3),
             cpu=round(max(0.0, cpu - self._cpu) / elapsed, 3),
-            open_extents=src.open_extents() if src.open_extents else len(counts),
+            open_extents=src.open_extents() if src.open_extents else named,
             connections=src.connections() if src.connections else None,
             append_p99_ms=src.append_p99_ms() if src.append_p99_ms else None,
             extents=extents,
@@ -111,7 +191,7 @@ class LoadMeter:
                 pass
             else:
                 report.disk_free_bytes, report.disk_total_bytes = usage.free, usage.total
-        self._at, self._cpu, self._counts = now, cpu, counts
+        self._at, self._cpu = now, cpu
         return report
 
 

@@ -141,9 +141,12 @@ class Node:
         address = f"{cfg.host}:{self.port}"
         data = cfg.data_dir
         assert roles.inputs is not None and roles.outputs is not None
-        extent_counts = roles.inputs.extent_counts
-        inputs = LoadSources(counters=extent_counts, data_dir=data)
-        outputs = LoadSources(counters=roles.outputs.delivered_counts, data_dir=data)
+        changes, opened = roles.inputs.extent_changes, roles.inputs.open_extents
+        inputs = LoadSources(changes=changes, open_extents=opened, data_dir=data)
+        outputs = LoadSources(
+            changes=roles.outputs.delivered_changes, open_extents=roles.outputs.open_extents,
+            data_dir=data,
+        )  # fmt: skip
         interval = cfg.load_report_interval
         hosts = [
             (Host(id=host_id, role=role, address=address, heartbeat_at=0.0, zone=cfg.zone),
@@ -157,7 +160,8 @@ class Node:
         ]  # fmt: skip
         for proc in self.store_processes:
             meter = LoadMeter(
-                LoadSources(counters=partial(extent_counts, proc.store_id),
+                LoadSources(changes=partial(changes, store=proc.store_id),
+                            open_extents=partial(opened, proc.store_id),
                             data_dir=proc.data_dir),
                 interval, cpu_clock=partial(_cpu_seconds, proc),
             )  # fmt: skip

@@ -132,10 +132,12 @@ class RoleProcess:
             frozenset({self.role}),
         )  # fmt: skip
         self.controller = roles.controller
+        src = self._load_sources
         if roles.inputs is not None:
-            self._load_sources.counters = roles.inputs.extent_counts
+            src.changes, src.open_extents = roles.inputs.extent_changes, roles.inputs.open_extents
         if roles.outputs is not None:
-            self._load_sources.counters = roles.outputs.delivered_counts
+            src.changes = roles.outputs.delivered_changes
+            src.open_extents = roles.outputs.open_extents
         await roles.start()
         self._stoppers.append(roles.stop)
         app = roles.app

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cherami.errors import ExtentSealed, StorageFull, Unavailable
+from cherami.loadmeter import Activity
 from cherami.metadata.models import Extent
 from cherami.roles.storehost.client import StoreClient, check_appended
 from cherami.telemetry import PROCESS
@@ -28,6 +29,7 @@ class ExtentWriter:
         self.next_seq = 1
         self.failed = False
         self.appended = self.appended_bytes = 0  # acked by every replica (load reports)
+        self.activity: Activity | None = None  # told of each append (load reports)
 
     @property
     def id(self) -> str:
@@ -79,6 +81,8 @@ class ExtentWriter:
                 replica.commit_nowait(self.id, first + len(records) - 1)
             self.appended += len(records)
             self.appended_bytes += len(packed)
+            if self.activity is not None:
+                self.activity.touch(self.extent.id)
         except StorageFull:
             self.failed = True  # some replicas may hold the append: seal, never extend
             raise

@@ -9,7 +9,8 @@ import logging
 import operator
 import time
 import zlib
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 
 from cherami import timing
 from cherami.errors import (
@@ -19,7 +20,7 @@ from cherami.errors import (
     StorageFull,
     Unavailable,
 )
-from cherami.loadmeter import has_room
+from cherami.loadmeter import Activity, Counts, has_room
 from cherami.membership import STOREHOST
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN, Queue
@@ -37,6 +38,9 @@ MAX_ATTEMPTS = 5
 ROOM_CHECK_INTERVAL = 1.0  # how often the store hosts' free disk is looked at
 RETIRED_KEPT = 10.0  # seconds an extent given up stays in the load reports' counts
 STORAGE_FULL_RETRY = 2.0  # seconds a publish refused storage_full is told to wait
+
+
+Changed = dict[Hashable, tuple[str, Counts] | None]
 
 
 class _QueueWriters:
@@ -73,6 +77,11 @@ class InputHostService:
         self._full: set[str] = set()  # store hosts below their free-disk floor
         # extents given up lately: (when, messages and bytes appended, their store hosts)
         self._retired: dict[str, tuple[float, int, int, tuple[str, ...]]] = {}
+        # the open extents' writers by id, how many have a replica on each store host,
+        # and which of them appended since a load report's last look (loadmeter.py)
+        self._by_id: dict[str, ExtentWriter] = {}
+        self._on_store: Counter[str] = Counter()
+        self.activity = Activity()
         self._live_stores: set[str] = set()  # as the last look at the reports saw them
         self._full_checked = -ROOM_CHECK_INTERVAL
         self._every_store_full = False  # no new extent can be placed either
@@ -88,26 +97,38 @@ class InputHostService:
         writers = await self._writers(queue)
         return bool(writers.plain or writers.timer)
 
-    def extent_counts(self, store: str | None = None) -> dict[str, tuple[int, int, int, int]]:
-        """Messages and bytes appended to each open extent here (for load reports), and
-        to each given up in the last RETIRED_KEPT seconds (its last appends count in the
-        next report: an extent that rolled over dropped out of them, and a queue rolling
-        over every few seconds read slower than it was); with ``store``, to the extents
-        with a replica on that store host."""
+    def extent_changes(self, version: int, store: str | None = None) -> tuple[int, Changed]:
+        """Messages and bytes appended to each extent that took appends since
+        ``version`` of the activity (for load reports, loadmeter.py), also to one given
+        up in the last RETIRED_KEPT seconds (its last appends count in the next report: an
+        extent that rolled over dropped out of them, and a queue rolling over every few
+        seconds read slower than it was); with ``store``, of the extents with a replica on
+        that store host. O(extents that took appends): an idle one costs nothing."""
         now = time.monotonic()
-        self._retired = {i: r for i, r in self._retired.items() if r[0] > now - RETIRED_KEPT}
-        counts = {
-            i: (appended, size, 0, 0)
-            for i, (_, appended, size, stores) in self._retired.items()
-            if store is None or store in stores
-        }
-        counts.update({
-            w.id: (w.appended, w.appended_bytes, 0, 0)
-            for writers in self._queues.values()
-            for w in [*writers.plain, writers.timer]
-            if w is not None and (store is None or store in w.extent.stores)
-        })  # fmt: skip
-        return counts
+        for gone in [i for i, r in self._retired.items() if r[0] <= now - RETIRED_KEPT]:
+            del self._retired[gone]
+            self.activity.gone(gone)
+        changed: Changed = {}
+        for key in self.activity.since(version):
+            eid = str(key)
+            writer = self._by_id.get(eid)
+            if writer is not None:
+                stores: Iterable[str] = writer.extent.stores
+                counts = (writer.appended, writer.appended_bytes, 0, 0)
+            elif (retired := self._retired.get(eid)) is not None:
+                stores, counts = retired[3], (retired[1], retired[2], 0, 0)
+            else:
+                changed[key] = None
+                continue
+            if store is None or store in stores:
+                changed[key] = (eid, counts)
+        return self.activity.version, changed
+
+    def open_extents(self, store: str | None = None) -> int:
+        """The extents open here (with a replica on ``store``), and those given up in
+        the last RETIRED_KEPT seconds."""
+        retired = sum(store is None or store in r[3] for r in self._retired.values())
+        return (len(self._by_id) if store is None else self._on_store[store]) + retired
 
     def _fresh(self, writers: _QueueWriters) -> bool:
         # the controller seals, opens and moves extents: look again often
@@ -130,6 +151,7 @@ class InputHostService:
                 writer = known.get(extent.id)
                 if writer is None or writer.failed:
                     writer = ExtentWriter(extent, [self.stores.get(s) for s in extent.stores])
+                    writer.activity = self.activity
                     try:
                         await writer.open()
                     except Unavailable as err:
@@ -147,6 +169,13 @@ class InputHostService:
                 w = known[gone]
                 self._retired[gone] = (time.monotonic(), w.appended, w.appended_bytes,
                                        tuple(w.extent.stores))  # fmt: skip
+            for old in [*writers.plain, writers.timer]:
+                if old is not None and self._by_id.pop(old.id, None) is not None:
+                    self._on_store.subtract(old.extent.stores)
+            for new in [*plain, timer]:
+                if new is not None:
+                    self._by_id[new.id] = new
+                    self._on_store.update(new.extent.stores)
             writers.plain, writers.timer = plain, timer
             writers.created_at = (await self.metadata.get_queue(queue)).created_at
             writers.loaded = True

@@ -10,7 +10,7 @@ to an output host that does, as HTTP or as the WebSocket itself."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -19,6 +19,7 @@ from cherami.loadmeter import Counts
 from cherami.metadata.models import Group, Queue
 from cherami.roles.outputhost.consumestream import ConsumeStream, StreamSocket
 from cherami.roles.outputhost.entry import Entry
+from cherami.roles.outputhost.extentreader import ExtentCursor
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
 from cherami.roles.outputhost.keygate import TOP_KEYS
 from cherami.roles.outputhost.ownership import group_leases
@@ -98,7 +99,13 @@ class OutputHostClient(Protocol):
 
     async def open_stream(self, group: Group, ws: StreamSocket) -> ConsumeSession | None: ...
 
-    def delivered_counts(self) -> dict[str, Counts]: ...
+    def delivered_changes(
+        self, version: int
+    ) -> tuple[int, dict[Hashable, tuple[str, Counts] | None]]:
+        """For load reports (loadmeter.Changes): the cursors that delivered since."""
+        ...
+
+    def open_extents(self) -> int: ...
 
     def update_queue(self, queue: Queue) -> None: ...
 
@@ -183,14 +190,25 @@ class LocalOutputHost:
         await stream.start()
         return stream
 
-    def delivered_counts(self) -> dict[str, Counts]:
-        """Messages and bytes delivered from each extent, over every group served here."""
-        counts: dict[str, Counts] = {}
-        for consumer in self.service.groups.values():
-            for cursor in consumer.cursors.values():
-                _, _, n, b = counts.get(cursor.id, (0, 0, 0, 0))
-                counts[cursor.id] = (0, 0, n + cursor.delivered, b + cursor.delivered_bytes)
-        return counts
+    def delivered_changes(
+        self, version: int
+    ) -> tuple[int, dict[Hashable, tuple[str, Counts] | None]]:
+        """Messages and bytes delivered from each extent by each group's cursor that
+        delivered since ``version`` of the host's activity (load reports, loadmeter.py;
+        O(cursors that delivered): an idle group costs nothing)."""
+        activity = self.service.activity
+        changed: dict[Hashable, tuple[str, Counts] | None] = {}
+        for cursor in activity.since(version):
+            assert isinstance(cursor, ExtentCursor)
+            changed[cursor] = (
+                None if activity.is_gone(cursor)
+                else (cursor.id, (0, 0, cursor.delivered, cursor.delivered_bytes))
+            )  # fmt: skip
+        return activity.version, changed
+
+    def open_extents(self) -> int:
+        """The extents the groups served here read."""
+        return sum(len(c.cursors) for c in self.service.groups.values())
 
     def update_queue(self, queue: Queue) -> None:
         self.service.update_queue(queue)

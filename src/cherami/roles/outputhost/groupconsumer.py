@@ -131,9 +131,10 @@ class GroupConsumer:
 
     async def stop(self) -> None:
         self.window.stop()
+        for cursor in self.cursors.values():
+            self.flight.activity.gone(cursor)
         tasks = [c.task for c in self.cursors.values() if c.task] + [self._ticker, self.dead.task]
-        tasks += self._reading
-        tasks += self.keys.stop()
+        tasks += [*self._reading, *self.keys.stop()]
         live = [t for t in tasks if t is not None]
         for task in live:
             task.cancel()
@@ -178,6 +179,7 @@ class GroupConsumer:
         for gone in [c for i, c in self.cursors.items() if i not in current]:
             if gone.read_done and not gone.ack.window():  # deleted by retention, all acked
                 del self.cursors[gone.id]
+                self.flight.activity.gone(gone)
         for extent in extents:
             level = levels.get(extent.id) or AckLevel(
                 queue=self.group.queue, group=self.group.name, extent=extent.id
@@ -225,6 +227,7 @@ class GroupConsumer:
         cursor = self.cursors.pop(extent_id, None)
         if cursor is None:
             return
+        self.flight.activity.gone(cursor)
         if cursor.task is not None:
             cursor.task.cancel()
         self.window.drop([cursor])

@@ -19,6 +19,7 @@ from itertools import accumulate, compress, count, islice, repeat
 from operator import attrgetter, ne, sub
 from typing import TYPE_CHECKING, Any
 
+from cherami.loadmeter import Activity
 from cherami.roles.outputhost.entry import BODY, ENQUEUED, EXPIRES, Delivered, Entry, Run
 from cherami.wire.records import expired
 
@@ -61,6 +62,8 @@ class InFlight:
         self._timeouts: list[tuple[float, int]] = []  # (deadline, a number), a heap
         self.clock: Callable[[], float] = time.time
         self.expired = 0
+        # told of each cursor that delivers (load reports; the host's, set by service.py)
+        self.activity = Activity()
 
     def __len__(self) -> int:
         return len(self.entries) + sum(run.left for run in self._runs.values())
@@ -179,12 +182,14 @@ class InFlight:
                 if cursor is not None:
                     cursor.delivered += run
                     cursor.delivered_bytes += run_bytes
+                    self.activity.touch(cursor)
                 cursor, run, run_bytes = entry.cursor, 0, 0
             run += 1
             run_bytes += body
         if cursor is not None:
             cursor.delivered += run
             cursor.delivered_bytes += run_bytes
+            self.activity.touch(cursor)
         if passed:
             ready.extendleft(reversed(passed))
         if taken:
@@ -207,6 +212,7 @@ class InFlight:
         cursor.ack.hold(made.ordinal, [made] * n)
         cursor.delivered += n
         cursor.delivered_bytes += body_bytes
+        self.activity.touch(cursor)
         return made
 
     @staticmethod

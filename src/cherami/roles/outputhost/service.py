@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from cherami import timing
 from cherami.errors import GroupNotFound, QueueNotFound, Unavailable
+from cherami.loadmeter import Activity
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import CONSUMED, FAILING, OPEN, SEALED, Group, Queue
 from cherami.periodic import Periodic
@@ -76,6 +77,7 @@ class OutputHostService:
         self.groups: dict[str, GroupConsumer] = {}
         self._loading: dict[str, asyncio.Lock] = {}
         self._loader: asyncio.Task[None] | None = None
+        self.activity = Activity()  # the cursors that delivered (load reports)
         self.committer = AckCommitter(metadata, self.groups, self._holdings, self.riding_out)
         self._seen = -1  # the metadata change log, as far as the refresh has followed it
         self._again: set[str] = set()  # groups whose refresh failed: read them next time
@@ -177,6 +179,7 @@ class OutputHostService:
             consumer.window.cancelled_of = partial(self._cancels.of, queue)
             consumer.keys.known_ms = partial(self._known_ms, key)
             consumer.keys.on_pending = partial(self._keyed_waiting, key)
+            consumer.flight.activity = self.activity
             consumer.start()
             self.groups[key] = consumer
             await self._sync(consumer)
