@@ -60,11 +60,12 @@ class Activity:
         self._at.pop(key, None)
         self._at[key] = self.version
 
-    def gone(self, key: Hashable) -> None:
-        """The key's extent is given up: touched once more, so that meters reading it
-        find it gone and forget it, then forgotten here GONE_KEPT seconds later."""
-        self.touch(key)
-        self._gone[key] = self._clock()
+    def gone(self, *keys: Hashable) -> None:
+        """The keys' extents are given up: touched once more, so that meters reading
+        them find them gone and forget them, then forgotten here GONE_KEPT seconds later."""
+        for key in keys:
+            self.touch(key)
+            self._gone[key] = self._clock()
 
     def is_gone(self, key: Hashable) -> bool:
         return key in self._gone

@@ -131,11 +131,9 @@ class GroupConsumer:
 
     async def stop(self) -> None:
         self.window.stop()
-        for cursor in self.cursors.values():
-            self.flight.activity.gone(cursor)
-        tasks = [c.task for c in self.cursors.values() if c.task] + [self._ticker, self.dead.task]
-        tasks += [*self._reading, *self.keys.stop()]
-        live = [t for t in tasks if t is not None]
+        self.flight.activity.gone(*self.cursors.values())
+        tasks = [c.task for c in self.cursors.values()] + [self._ticker, self.dead.task]
+        live = [t for t in [*tasks, *self._reading, *self.keys.stop()] if t is not None]
         for task in live:
             task.cancel()
         if live:
@@ -224,8 +222,7 @@ class GroupConsumer:
         """This host no longer holds the extent: its reader stops, and its ready and
         in-flight messages and parked rows are forgotten here (their deliveries' handles
         and receipts go stale); the new holder delivers them from the persisted state."""
-        cursor = self.cursors.pop(extent_id, None)
-        if cursor is None:
+        if (cursor := self.cursors.pop(extent_id, None)) is None:
             return
         self.flight.activity.gone(cursor)
         if cursor.task is not None:
