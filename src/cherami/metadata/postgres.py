@@ -57,39 +57,25 @@ _json = msgspec.json.Encoder()
 def _queue(row: Row) -> Queue:
     name, config, created_at, dlq_of, timers = row
     return Queue(
-        name=name,
-        config=msgspec.convert(config, QueueConfig),
-        created_at=created_at,
-        dlq_of=dlq_of,
-        timers=timers,
-    )
+        name=name, config=msgspec.convert(config, QueueConfig), created_at=created_at,
+        dlq_of=dlq_of, timers=timers,
+    )  # fmt: skip
 
 
 def _group(row: Row) -> Group:
     queue, name, config, created_at, start_ms, dlq = row
     return Group(
-        queue=queue,
-        name=name,
-        config=msgspec.convert(config, GroupConfig),
-        created_at=created_at,
-        start_ms=start_ms,
-        dlq=dlq,
-    )
+        queue=queue, name=name, config=msgspec.convert(config, GroupConfig),
+        created_at=created_at, start_ms=start_ms, dlq=dlq,
+    )  # fmt: skip
 
 
 def _extent(row: Row) -> Extent:
     id_, queue, kind, status, input_host, stores, created_at, sealed_seq, predecessor = row
     return Extent(
-        id=id_,
-        queue=queue,
-        kind=kind,
-        status=status,
-        input_host=input_host,
-        stores=stores,
-        created_at=created_at,
-        sealed_seq=sealed_seq,
-        predecessor=predecessor,
-    )
+        id=id_, queue=queue, kind=kind, status=status, input_host=input_host, stores=stores,
+        created_at=created_at, sealed_seq=sealed_seq, predecessor=predecessor,
+    )  # fmt: skip
 
 
 def _host(row: Row) -> Host:
