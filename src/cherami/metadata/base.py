@@ -110,6 +110,12 @@ class MetadataStore(Protocol):
 
     async def get_extent(self, extent_id: str) -> Extent | None: ...
 
+    async def purge_extent(self, extent_id: str, queue: str) -> bool:
+        """Delete the row of an extent marked deleted whose replicas are all dropped, and
+        the ack levels, parked rows and unit leases of ``queue``'s groups that still name
+        it (purge.py); True when the row went. A row not marked deleted stays, and so
+        does a successor's while its predecessor's row is there."""
+
     async def list_extents(self, queue: str, statuses: tuple[str, ...] = ()) -> list[Extent]: ...
 
     async def changes_since(self, after: int) -> tuple[int, set[str] | None]:

@@ -39,6 +39,7 @@ from cherami.metadata.models import (
 from cherami.metadata.postgres_failover import EPOCH_FLOOR, FailoverPool, failover_conninfo
 from cherami.metadata.postgres_schema import NOW, check_schema, migrate, with_search_path
 from cherami.metadata.properties import find_properties, select_properties, write_properties
+from cherami.metadata.purge import dlq_leases, purge_extent, queue_leases
 
 Row = tuple[Any, ...]
 Pool = AsyncConnectionPool[psycopg.AsyncConnection[Row]]
@@ -219,6 +220,7 @@ class PostgresMetadataStore(CancelledMessages):
                 ("DELETE FROM redeliveries WHERE queue = %s", (name,)),
                 ("DELETE FROM queue_properties WHERE queue = %s", (name,)),
                 ("UPDATE extents SET status = %s WHERE queue = %s", (DELETED, name)),
+                queue_leases(name, "%s"),
             ]
         )
 
@@ -269,6 +271,7 @@ class PostgresMetadataStore(CancelledMessages):
     async def delete_group(self, queue: str, name: str) -> None:
         await self._tx(
             [
+                dlq_leases(queue, name, "%s"),
                 ("DELETE FROM groups WHERE queue = %s AND name = %s", (queue, name)),
                 ("DELETE FROM ack_levels WHERE queue = %s AND grp = %s", (queue, name)),
                 ("DELETE FROM redeliveries WHERE queue = %s AND grp = %s", (queue, name)),
@@ -296,6 +299,14 @@ class PostgresMetadataStore(CancelledMessages):
             f"SELECT {_EXTENT_COLUMNS} FROM extents WHERE id = %s", (extent_id,)
         )
         return _extent(row) if row else None
+
+    async def purge_extent(self, extent_id: str, queue: str) -> bool:
+        first, *rest = purge_extent(extent_id, queue, "%s")
+        async with self._pool.connection() as conn, conn.transaction():
+            purged = (await conn.execute(*first)).rowcount > 0
+            for query, args in rest:
+                await conn.execute(query, args)
+        return purged
 
     async def list_extents(self, queue: str, statuses: tuple[str, ...] = ()) -> list[Extent]:
         query = f"SELECT {_EXTENT_COLUMNS} FROM extents WHERE queue = %s"

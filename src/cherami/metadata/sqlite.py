@@ -30,6 +30,7 @@ from cherami.metadata.models import (
     Redelivery,
 )
 from cherami.metadata.properties import find_properties, select_properties, write_properties
+from cherami.metadata.purge import dlq_leases, purge_extent, queue_leases
 from cherami.metadata.sqlite_commit import GroupCommit, connect, unavailable
 from cherami.metadata.sqlite_schema import (
     EXTENT_COLUMNS,
@@ -186,6 +187,7 @@ class SqliteMetadataStore(CancelledMessages):
                     ("DELETE FROM redeliveries WHERE queue = ?", (name,)),
                     ("DELETE FROM queue_properties WHERE queue = ?", (name,)),
                     ("UPDATE extents SET status = ? WHERE queue = ?", (DELETED, name)),
+                    queue_leases(name, "?"),
                 ]
             )
         )
@@ -240,6 +242,7 @@ class SqliteMetadataStore(CancelledMessages):
         await self._write(
             lambda: self._tx(
                 [
+                    dlq_leases(queue, name, "?"),
                     ("DELETE FROM groups WHERE queue = ? AND name = ?", (queue, name)),
                     ("DELETE FROM ack_levels WHERE queue = ? AND grp = ?", (queue, name)),
                     ("DELETE FROM redeliveries WHERE queue = ? AND grp = ?", (queue, name)),
@@ -271,6 +274,17 @@ class SqliteMetadataStore(CancelledMessages):
             ).fetchone()
         )
         return extent_row(row) if row else None
+
+    async def purge_extent(self, extent_id: str, queue: str) -> bool:
+        statements = purge_extent(extent_id, queue, "?")
+
+        def purge() -> bool:
+            purged = self._db.execute(*statements[0]).rowcount > 0
+            for sql, args in statements[1:]:
+                self._db.execute(sql, args)
+            return purged
+
+        return await self._write(purge)
 
     async def list_extents(self, queue: str, statuses: tuple[str, ...] = ()) -> list[Extent]:
         sql = f"SELECT {EXTENT_COLUMNS} FROM extents WHERE queue = ?"

@@ -130,6 +130,7 @@ async def assemble(s: Surroundings, roles: frozenset[str]) -> Assembly:
         inputs = InputHostService(
             s.ids[INPUTHOST], s.reads, s.stores, failed, serves_every_queue=alone
         )
+        controller.deleted.append(inputs.forget)  # a node's; a cluster's forgets itself
     leader = None
     if CONTROLLER in roles:
         leader = Leader(

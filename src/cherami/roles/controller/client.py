@@ -10,6 +10,7 @@ timer extent until its first delayed message (``want_timers``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from cherami.metadata.base import MetadataStore
@@ -37,6 +38,12 @@ class ControllerClient(Protocol):
     async def update_queue(self, queue: Queue) -> None: ...
 
     async def delete_queue(self, name: str, contents_only: bool = False) -> None: ...
+
+    @property
+    def deleted(self) -> list[Callable[[str], None]]:
+        """Told the name of each queue it deletes (a group's dead-letter queue too): what
+        this process keeps per queue forgets it."""
+        ...
 
     async def create_group(
         self, queue_name: str, name: str, config: GroupConfig

@@ -56,9 +56,16 @@ class Retention:
         except CheramiError as err:
             log.warning("retention: rolling extents over: %s", err)
         sealed: dict[str, list[Extent]] = {}
-        for extent in await self.metadata.list_extents_in((SEALED,)):
-            if extent.queue in kept:
+        for extent in await self.metadata.list_extents_in((SEALED, DELETED)):
+            if extent.status == DELETED:  # a store host missed its drop: again
+                await self.controller.drop_replicas(extent)
+                self._consumed_since.pop(extent.id, None)
+            elif extent.queue in kept:
                 sealed.setdefault(extent.queue, []).append(extent)
+        looked_at = {e.id for es in sealed.values() for e in es}  # the others went
+        self._consumed_since = {
+            e: t for e, t in self._consumed_since.items() if e in looked_at
+        }  # fmt: skip
         for name, extents in sorted(sealed.items()):
             try:
                 await self._free(kept[name], extents)

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import secrets
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 
 from cherami.errors import (
@@ -125,7 +126,11 @@ class ControllerService:
         self.placed = Placements()  # placements the hosts' load reports do not show yet
         # open extents with fewer replicas than their queue's (extent id -> queue)
         self.degraded: dict[str, str] = {}
-        self._queue_locks: dict[str, asyncio.Lock] = {}
+        # a queue's lock while anything holds or awaits it (none kept for a queue at rest)
+        self._queue_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
+        self.deleted: list[Callable[[str], None]] = []  # ControllerClient.deleted
         # the leading controller's lease fence: extent changes it makes are refused by
         # the metadata store once another controller leads (None: unfenced, one node)
         self.fence: Fence | None = None
@@ -136,7 +141,10 @@ class ControllerService:
         self.dlq_cursors = DlqCursor(metadata, stores)
 
     def _lock(self, queue: str) -> asyncio.Lock:
-        return self._queue_locks.setdefault(queue, asyncio.Lock())
+        lock = self._queue_locks.get(queue)
+        if lock is None:
+            lock = self._queue_locks[queue] = asyncio.Lock()
+        return lock
 
     def default_replicas(self) -> int:
         return min(3, len(self.stores.ids())) or 1
@@ -203,16 +211,25 @@ class ControllerService:
         if not contents_only:
             for group in groups:
                 await self._delete_dlq(group)
+            for forget in self.deleted:
+                forget(name)
 
     async def drop_replicas(self, extent: Extent) -> None:
-        """Drop the extent's replicas, on every store host at once."""
-        await asyncio.gather(*(self._drop(extent.id, s) for s in extent.stores))
+        """Drop the extent's replicas, on every store host at once; once every one is
+        dropped, its row goes from the metadata (purge_extent). One a store host did not
+        drop stays marked deleted, and retention drops it again later
+        (``drop_deleted``)."""
+        dropped = await asyncio.gather(*(self._drop(extent.id, s) for s in extent.stores))
+        if all(dropped):
+            await self.metadata.purge_extent(extent.id, extent.queue)
 
-    async def _drop(self, extent_id: str, store_id: str) -> None:
+    async def _drop(self, extent_id: str, store_id: str) -> bool:
         try:
             await self.stores.get(store_id).drop(extent_id)
-        except Unavailable as err:
+        except CheramiError as err:
             log.warning("could not drop extent %s on %s: %s", extent_id, store_id, err)
+            return False
+        return True
 
     # groups
     async def create_group(

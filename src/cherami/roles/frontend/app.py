@@ -101,6 +101,7 @@ def build_app(roles: Roles) -> web.Application:
         roles.metadata, roles.stores, roles.inputs.host_id if roles.inputs else None,
         roles.metrics.refused,
     )  # fmt: skip
+    roles.controller.deleted.extend((throttle.forget, roles.metrics.forget))
     routing = ConsumerRouting(f)
     ops = OpsHandlers(f, roles.metadata, roles.ready, partial(roles.metrics.scrape, f))
     queues = QueueHandlers(

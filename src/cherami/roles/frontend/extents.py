@@ -9,6 +9,7 @@ extents only."""
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import Any
 
 from aiohttp import web
@@ -51,7 +52,10 @@ def advance(
 class StreamGroupRoutes:
     def __init__(self, frontend: Frontend) -> None:
         self.f = frontend
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        # a group's lock while a commit holds or awaits it (none kept for a group at rest)
+        self._locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
 
     async def _last_seq(self, extent: Extent) -> int:
         """How far every reachable replica holds the extent: what was acked to producers."""
@@ -128,7 +132,10 @@ class StreamGroupRoutes:
             raise InvalidRequest(f"not a plain extent of queue {group.queue}: {', '.join(unknown)}")
         metadata = self.f.r.metadata
         # one writer at a time per group, so two commits cannot interleave and move a level back
-        async with self._locks.setdefault((group.queue, group.name), asyncio.Lock()):
+        lock = self._locks.get((group.queue, group.name))
+        if lock is None:
+            lock = self._locks[group.queue, group.name] = asyncio.Lock()
+        async with lock:
             current = {a.extent: a for a in await metadata.get_ack_levels(group.queue, group.name)}
             rows = advance(current, body.offsets, group.queue, group.name)
             if rows:

@@ -42,6 +42,14 @@ class Metrics:
             )
             hist.observe(seconds)
 
+    def forget(self, queue: str) -> None:
+        """The queue was deleted: its counts go (a queue made again under its name
+        counts from 0)."""
+        self._published.pop(queue, None)
+        self._publish_seconds.pop(queue, None)
+        for key in [k for k in self._refused if k[0] == queue]:
+            del self._refused[key]
+
     def refused(self, queue: str, code: str, n: int) -> None:
         self._refused[queue, code] = self._refused.get((queue, code), 0) + n
 

@@ -127,6 +127,10 @@ class Throttle:
         self._queues: dict[str, _Queue] = {}
         self._keys: dict[bytes, dict[str, TokenBucket]] = {}
 
+    def forget(self, queue: str) -> None:
+        """The queue was deleted: its limits' state goes."""
+        self._queues.pop(queue, None)
+
     async def admit(
         self, queue: Queue, key: ApiKey | None, messages: int, size: int, fresh: bool
     ) -> None:

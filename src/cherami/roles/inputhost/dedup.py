@@ -72,6 +72,10 @@ class Deduplicator:
         self._windows: dict[str, Window] = {}
         self.dropped = 0  # repeats not stored again, since start
 
+    def forget(self, queue: str) -> None:
+        """The queue was deleted: its window goes."""
+        self._windows.pop(queue, None)
+
     def stale(self, queue: str) -> None:
         """The queue's extents changed (one may have come from another input host)."""
         window = self._windows.get(queue)

@@ -130,6 +130,17 @@ class InputHostService:
         retired = sum(store is None or store in r[3] for r in self._retired.values())
         return (len(self._by_id) if store is None else self._on_store[store]) + retired
 
+    def forget(self, queue: str) -> None:
+        """The queue was deleted (its extents with it): what is kept for it goes. (An
+        input host of a cluster, told by no one, forgets it at its next look at the
+        queue.)"""
+        writers = self._queues.pop(queue, None)
+        for w in [*writers.plain, writers.timer] if writers else []:
+            if w is not None:
+                self._retired[w.id] = (time.monotonic(), w.appended, w.appended_bytes,
+                                       tuple(w.extent.stores))  # fmt: skip
+        self.dedup.forget(queue)
+
     def _fresh(self, writers: _QueueWriters) -> bool:
         # the controller seals, opens and moves extents: look again often
         age = time.monotonic() - writers.loaded_at
@@ -177,7 +188,12 @@ class InputHostService:
                     self._by_id[new.id] = new
                     self._on_store.update(new.extent.stores)
             writers.plain, writers.timer = plain, timer
-            writers.created_at = (await self.metadata.get_queue(queue)).created_at
+            try:
+                writers.created_at = (await self.metadata.get_queue(queue)).created_at
+            except QueueNotFound:
+                if self._queues.get(queue) is writers:
+                    self.forget(queue)
+                raise
             writers.loaded = True
             writers.loaded_at = time.monotonic()
         return writers

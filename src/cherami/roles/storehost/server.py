@@ -334,6 +334,7 @@ class StoreHostService:
         if isinstance(request, w.Drop):
             await self._write(store.drop, request.extent)
             self._counts.pop(request.extent, None)
+            self._committed.pop(request.extent, None)
             self._wake(request.extent)
             return w.Done(request.rid)
         raise StorageError("invalid_request", f"unexpected frame {type(request).__name__}")
