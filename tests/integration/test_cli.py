@@ -200,3 +200,19 @@ def test_url_works_before_the_command_too(server: ServerProcess) -> None:
     assert q in listed.stdout
     bad = cherami(None, "--url", "ftp://x", "queue", "list")
     assert bad.returncode == 2 and "must start with http:// or https://" in bad.stderr
+
+
+def test_publish_with_an_ordering_key(server: ServerProcess) -> None:
+    queue = unique("q")
+    ok(server, "queue", "create", queue)
+    ok(server, "publish", queue, "created", "paid", "--key", "order-17")
+    assert ok(server, "publish", queue, "--key", "order-18", stdin="a\nb\n").strip() == (
+        "published 2 messages"
+    )
+    with Client(server.url) as c:
+        page = c.peek(queue)
+    assert [(m["body"], m.get("key")) for m in page["messages"]] == [
+        ("created", "order-17"), ("paid", "order-17"), ("a", "order-18"), ("b", "order-18")
+    ]  # fmt: skip
+    bad = cherami(server, "publish", queue, "x", "--key", "x" * 129)
+    assert bad.returncode == 1 and "key" in bad.stderr, bad.stderr
