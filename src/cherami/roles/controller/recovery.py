@@ -42,7 +42,7 @@ class Recovery:
         stores: StoreDirectory,
         seal_extent: Callable[[Extent], Awaitable[int]],
         lock: Callable[[str], asyncio.Lock],
-        ensure_extents: Callable[[str], Awaitable[None]],
+        ensure_extents: Callable[[str], Awaitable[object]],
     ) -> None:
         """``seal_extent`` seals a broken extent, under ``lock`` (its queue's);
         ``ensure_extents`` then opens what the queue needs."""

@@ -442,17 +442,19 @@ class ControllerService:
 
     async def ensure_extents(
         self, queue_name: str, patience: float = 10.0, at_least: int = 0
-    ) -> None:
+    ) -> int:
         """Open plain extents up to the queue's minimum (or ``at_least``, up to its
         maximum), waiting for store hosts to come back (a restarted store host is back
-        within a second) for up to ``patience`` seconds."""
+        within a second) for up to ``patience`` seconds; how many extents it opened."""
         deadline = asyncio.get_running_loop().time() + patience
         while True:
             try:
                 async with self._lock(queue_name):
                     queue = await self.metadata.get_queue(queue_name)
-                    await self._ensure_extents(queue, min(at_least, queue.config.max_extents))
-                return
+                    opened = await self._ensure_extents(
+                        queue, min(at_least, queue.config.max_extents)
+                    )
+                return len(opened)
             except Unavailable as err:
                 if asyncio.get_running_loop().time() >= deadline:
                     raise

@@ -32,16 +32,16 @@ or was slow, or that has just started, renews only its own leases for that long)
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from cherami import timing
+from cherami.bounded import each
 from cherami.errors import GroupNotFound, QueueNotFound
 from cherami.membership import OUTPUTHOST, live_hosts
 from cherami.metadata.base import MetadataStore
@@ -61,7 +61,9 @@ TICK = timing.DEFAULT.ownership_tick
 # each unit goes back to the holder that has its acks in memory, not to whichever host
 # ticks first (that would deliver them all again), and a holder that rode the outage out
 # on its peers' word (outage.py) has stopped or renewed before anyone takes its units
-READS_AT_ONCE = 8  # queues the tick reads at once (the metadata pool has 10 connections)
+# queues a tick reads at once: after a power loss the change log names every queue, and
+# read one after another (a few calls each) a tick took 5-8 s with 100 on a loaded machine
+READS_AT_ONCE = 8
 WHOLE = "*"  # the extent of a unit that is the whole group
 LEASES = "group:"  # the prefix of every unit's lease
 
@@ -74,23 +76,9 @@ def orphan_after() -> float:
 
 
 T = TypeVar("T")
-A = TypeVar("A")
 Unit = tuple[str, str, str]  # queue, group, extent id (or WHOLE)
 # a queue's units with their extents' kinds, its groups, and its groups' dead-letter queues
 _QueueUnits = tuple[dict[Unit, str], set[tuple[str, str]], set[str]]
-
-
-async def _each(items: Sequence[A], read: Callable[[A], Awaitable[T]]) -> list[T]:
-    """``read`` of every item, READS_AT_ONCE at a time, in the items' order. After a power
-    loss the change log names every queue: read one after another (a few calls each),
-    a tick took 5-8 s on a loaded machine and the successors waited for it."""
-    limit = asyncio.Semaphore(READS_AT_ONCE)
-
-    async def one(item: A) -> T:
-        async with limit:
-            return await read(item)
-
-    return list(await asyncio.gather(*(one(item) for item in items)))
 
 
 def unit_lease(queue: str, group: str, extent: str) -> str:
@@ -279,8 +267,10 @@ class ExtentOwnership:
             names = changed | {self._dlq_of[n] for n in changed if n in self._dlq_of}
             for name in names:
                 self._catalog.pop(name, None)
-            queues = [q for q in await _each(sorted(names), self._changed_queue) if q]
-        for queue, read in zip(queues, await _each(queues, self._queue_units), strict=True):
+            queues = [q for q in await each(sorted(names), self._changed_queue, READS_AT_ONCE) if q]
+        for queue, read in zip(
+            queues, await each(queues, self._queue_units, READS_AT_ONCE), strict=True
+        ):
             self._catalog[queue.name] = read
         self._seen = latest
         self._dlq_of = {dlq: name for name, (_, _, dlqs) in self._catalog.items() for dlq in dlqs}
