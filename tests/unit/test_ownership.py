@@ -356,6 +356,57 @@ async def test_many_quick_calls_are_no_outage_one_slow_call_is(
     assert a._taking_after == (0.0 if takes else clock.now + timing.current.recovery_grace)
 
 
+async def test_units_held_keep_acting_while_a_tick_takes_many(
+    meta: SqliteMetadataStore,
+) -> None:
+    """After a power loss a tick takes hundreds of new units, a lease call each: the units
+    it held before are renewed as their windows near their end, not only at the tick's
+    end (they stopped acting meanwhile: acks refused, nothing delivered)."""
+    await _queue(meta, "q", ["g"], [PLAIN])
+    clock = _Clock()
+    loaded = _Loaded(meta, clock, 0.0)
+    a = ExtentOwnership(_Outputs(), loaded, "outputhost-a", clock=clock)  # type: ignore[arg-type]
+    await _alive(meta, a.id)
+    a._taking_after = 0.0
+    await a.tick()
+    old = next(iter(a.held))
+    for i in range(30):  # the successors the leader opened
+        await meta.insert_extent(
+            Extent(
+                id=f"q-n{i}",
+                queue="q",
+                kind=PLAIN,
+                status=OPEN,
+                input_host="in",
+                stores=["s"],
+                created_at=time.time(),
+            )
+        )
+    acting: list[bool] = []
+    take = meta.try_lease
+
+    async def noting(name: str, holder: str, ttl: float) -> int | None:
+        acting.append(a.acting(*old))
+        return await take(name, holder, ttl)
+
+    loaded.each = 0.2  # each call 0.2 s: 30 takes are 6 s, past the 2.5 s acting window
+    loaded.meta = _Patched(meta, try_lease=noting)  # type: ignore[assignment]
+    await _alive(meta, a.id)
+    await a.tick()
+    assert len(a.held) == 31 and len(acting) == 30
+    assert all(acting)
+
+
+class _Patched:
+    """A store with some calls replaced."""
+
+    def __init__(self, meta: SqliteMetadataStore, **calls: Any) -> None:
+        self.meta, self.calls = meta, calls
+
+    def __getattr__(self, name: str) -> Any:
+        return self.calls.get(name) or getattr(self.meta, name)
+
+
 async def test_an_only_output_host_does_not_act_on(meta: SqliteMetadataStore) -> None:
     await _queue(meta, "q", ["g"], [PLAIN])
     a = _host(meta, "outputhost-a")

@@ -64,6 +64,7 @@ TICK = timing.DEFAULT.ownership_tick
 # queues a tick reads at once: after a power loss the change log names every queue, and
 # read one after another (a few calls each) a tick took 5-8 s with 100 on a loaded machine
 READS_AT_ONCE = 8
+RENEW_WITHIN = 1.0  # a tick still taking units renews those it held this near their end
 WHOLE = "*"  # the extent of a unit that is the whole group
 LEASES = "group:"  # the prefix of every unit's lease
 
@@ -368,6 +369,7 @@ class ExtentOwnership:
                 full = mine >= fair_here or (len(self.held) >= fair and mine >= floor)
                 if not orphaned and full:
                     continue
+                await self._renew_soon(before)
                 asked = self.clock()
                 ttl, margin = timing.current.lease_ttl, timing.current.lease_margin
                 epoch = await self._ask(self.metadata.try_lease(unit_lease(*unit), self.id, ttl))
@@ -382,6 +384,18 @@ class ExtentOwnership:
         await self._renew([unit for unit in before if unit in self.held])
         for key in sorted(taken):
             await self.outputs.took(*key)
+
+    async def _renew_soon(self, before: list[Unit]) -> None:
+        """Renew the units held before this tick while it is still taking others, once
+        an acting window is within RENEW_WITHIN of its end. After a power loss a tick
+        takes hundreds of units, a lease call each (about 25 a second on a loaded
+        machine): renewed only at the tick's end, every unit held stopped acting
+        meanwhile, its acks refused ("moving to another output host") and its messages
+        not delivered."""
+        held = [u for u in before if u in self.held]
+        ends = min((self.held[u].acting_until for u in held), default=math.inf)
+        if self.clock() > ends - RENEW_WITHIN:
+            await self._renew(held)
 
     async def _renew(self, units: list[Unit]) -> None:
         """Renew the leases of ``units`` in one statement; drop those lost (another host
