@@ -74,7 +74,7 @@ class AlreadyExists(CheramiError):
 
 
 class AlreadyDue(CheramiError):
-    """A cancel came when the delayed message was due (or within 2 s of it)."""
+    """A cancel came when the delayed message was due (or within 5 s of it)."""
 
     code, status = "already_due", 409
 

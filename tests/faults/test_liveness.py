@@ -318,8 +318,10 @@ async def test_metadata_outage_deliveries_and_acks_go_on(
             with contextlib.suppress(CheramiError):
                 await receive_and_ack()
 
-        # a backlog that comes due just after the database stops (delayed messages): it
-        # is delivered in the outage, by one host at a time
+        # a backlog that comes due just after the database stops (delayed messages): what
+        # is due within 5 s of the output hosts' last read of the change log is delivered
+        # in the outage, by one host at a time; the rest once the store is back (a cancel
+        # must be seen: docs/design/metadata-outage.md)
         burst = [f"burst-{i}" for i in range(40_000)]
         h.attempted.update(burst)
         due = time.time() + BURST_DELAY
@@ -379,6 +381,8 @@ async def test_metadata_outage_deliveries_and_acks_go_on(
         delivered_in_outage=sum(1 for d in h.deliveries if stopped_at < d.at < started_at),
         delivered_past_lease_ttl_in_outage=len(ridden),
         burst_delivered_in_outage=len({d.body for d in ridden if d.body.startswith("burst")}),
+        burst_any_in_outage=len({d.body for d in h.deliveries
+                                 if stopped_at < d.at < started_at and d.body.startswith("burst")}),
         published_in_outage=published_in_outage, tail_acked=len(tail),
         all_delivered=complete, lost_sample=h.lost_bodies(), dead=cluster.dead(),
     )  # fmt: skip

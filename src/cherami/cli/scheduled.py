@@ -41,7 +41,7 @@ def list_scheduled(
 def cancel(client: ClientFactory, queue_name: str, ids: tuple[str, ...]) -> None:
     """Cancel delayed messages of QUEUE by id before they are due: no group receives
     them. Prints each id cancelled; stops at the first that cannot be (not pending, or
-    due within 2 s)."""
+    due within 5 s)."""
 
     async def each(c: AsyncClient) -> None:
         for message_id in ids:

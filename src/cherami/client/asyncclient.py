@@ -396,7 +396,7 @@ class AsyncClient:
     async def cancel_scheduled(self, queue: str, message_id: str) -> None:
         """Cancel a delayed message before it is due: no group ever receives it.
         MessageNotFound when none such is pending, AlreadyDue when it is due (or due
-        within 2 s)."""
+        within 5 s)."""
         await self.request("DELETE", f"{self._q(queue)}/scheduled/{quote(message_id, safe='')}")
 
     # streams

@@ -18,7 +18,7 @@ Statement = tuple[str, tuple[Any, ...]]
 # writes to) from a time at most this long before a message's due time knows every
 # cancel of it without asking (roles/outputhost/service.py), so delayed messages that
 # come due early in a metadata outage are delivered (later ones wait for the store).
-CANCEL_MARGIN_MS = 2000
+CANCEL_MARGIN_MS = 5000
 
 
 class CancelledMessages:

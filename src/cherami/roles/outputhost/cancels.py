@@ -44,6 +44,12 @@ class CancelCache:
             await self._load(queue)
         return {n for n in self._known[queue].get(extent, ()) if lo <= n <= hi}
 
+    async def known(self, queue: str) -> None:
+        """Read the queue's tombstones unless kept already (when the host sees its first
+        timer extent: a run that comes due in a metadata outage finds them here)."""
+        if queue not in self._known:
+            await self._load(queue)
+
     async def _load(self, queue: str) -> None:
         started = self.clock() * 1000
         self._known[queue] = await self.metadata.cancelled_in(queue)

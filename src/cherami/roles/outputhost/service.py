@@ -28,6 +28,7 @@ from cherami.roles.outputhost.receipts import ReceiptSigner
 from cherami.roles.outputhost.sharedreads import SharedReads
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.wire import close
+from cherami.wire.store import TIMER
 
 if TYPE_CHECKING:
     from cherami.roles.inputhost.client import InputHostClient
@@ -199,6 +200,8 @@ class OutputHostService:
         loaded = consumer.parked.loaded
         fetched = {e.id for e in extents if self.holds(group.queue, group.name, e.id)} - loaded
         rows = await self.metadata.get_redeliveries(group.queue, group.name) if fetched else []
+        if any(e.kind == TIMER for e in extents):  # its cancels, known before any is due
+            await self._cancels.known(group.queue)
         if consumer.stopped:
             return
         # what it holds now (it may have dropped or taken extents meanwhile); an extent
