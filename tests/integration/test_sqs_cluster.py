@@ -196,20 +196,20 @@ def test_two_frontends_share_settings_redrive_and_move_tasks(tmp_path: Path) -> 
         wait_for(receive_all, 20, "every message received once through B")
         wait_for(lambda: _dead_lettered(b, dlq_b, 6), 20, "six messages dead-lettered")
 
-        # a move task at 1 msg/s started on A, seen on B, resumed by A after its restart
+        # a move task at 1 msg/s started on A, A killed at once (the task 5 s or more
+        # from its end), seen running on B, resumed by A after its restart
         handle = a.start_message_move_task(SourceArn=arn, MaxNumberOfMessagesPerSecond=1)[
             "TaskHandle"
         ]
+        cluster.kill("frontend-0")
         task = _move_task(b, arn)
         assert (task["Status"], task["TaskHandle"], task["ApproximateNumberOfMessagesToMove"]) == (
             "RUNNING", handle, 6,
         )  # fmt: skip
+        assert task["ApproximateNumberOfMessagesMoved"] < 6
         with pytest.raises(ClientError) as err:  # one running task a queue, as on SQS
             b.start_message_move_task(SourceArn=arn)
         assert error_code(err) == "InvalidParameterValue"
-        cluster.kill("frontend-0")
-        before = _move_task(b, arn)["ApproximateNumberOfMessagesMoved"]
-        assert before < 6
         cluster.restart("frontend-0")
         a = sqs_client(_sqs_endpoint_of(cluster, "frontend-0"), "json", tmp_path)
         done = wait_for(lambda: (t := _move_task(a, arn))["Status"] == "COMPLETED" and t, 30,
