@@ -32,7 +32,10 @@ def _look(leader: Leader, changed: set[str] | None, inputs: set[str] = frozenset
     leader._queues = {q.name: q for q in queues}
     extents = {q.name: [_extent(f"e-{q.name}", q.name)] for q in queues}
     leader._extents = extents
-    return leader._look_at(queues, extents, changed, set(inputs), {"s"}, rates or {})
+    for name, now in extents.items():  # as a tick reads the catalog and the reports
+        leader._index_plain(name, [], now)
+    leader._note_plain(rates or {})
+    return leader._look_at(changed, set(inputs), {"s"}, rates or {})
 
 
 def test_only_what_changed_is_looked_at_once_the_catalog_is_known() -> None:
@@ -55,3 +58,44 @@ def test_scaling_looks_at_queues_with_traffic_or_above_their_minimum() -> None:
     assert _look(leader, set(), rates={"e-a": 120.0}) == ["a"]
     leader._wide.add("b")  # more extents than its minimum: may scale down
     assert _look(leader, set()) == ["b"]
+
+
+async def test_a_retention_pass_looks_at_extents_written_or_young_not_every_one() -> None:
+    """A pass between the whole ones (every ROLL_CHECK_ALL) is given only the extents
+    the load reports show written and those made lately, not every open extent."""
+    leader = _leader()
+    looked: list[list[str]] = []
+
+    async def tick(queues: Any, opened: list[Extent]) -> None:
+        looked.append(sorted(e.id for e in opened))
+
+    leader.retention = SimpleNamespace(tick=tick)  # type: ignore[assignment]
+    old = time.time() - 3600
+    leader._queues = {f"q{i}": _queue(f"q{i}") for i in range(1000)}
+    leader._extents = _Walks({
+        f"q{i}": [Extent(id=f"e{i}", queue=f"q{i}", kind="plain", status=OPEN, input_host="in",
+                         stores=["s"], created_at=old)]
+        for i in range(1000)
+    })  # fmt: skip
+    for name, now in leader._extents.items():
+        leader._index_plain(name, [], now)
+    await leader._retain(time.monotonic())  # the first pass is a whole one
+    assert len(looked[-1]) == 1000
+    leader._extents["q5"].append(_extent("new", "q5"))  # made lately
+    leader._young["new"] = "q5"
+    leader._busy = {"e7"}
+    leader._note_plain({"e7": 50.0})
+    walks = leader._extents.walks
+    await leader._retain(time.monotonic())
+    assert looked[-1] == ["e7", "new"]
+    assert leader._extents.walks == walks  # no walk of every queue's extents
+
+
+class _Walks(dict[str, list[Extent]]):
+    """Counts the walks of every value."""
+
+    walks = 0
+
+    def values(self) -> Any:
+        self.walks += 1
+        return super().values()

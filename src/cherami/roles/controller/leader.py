@@ -97,12 +97,12 @@ class Leader:
         self._plain_of: dict[str, str] = {}
         self._queue_rates: dict[str, float] = {}
         self._open_plain: dict[str, str] = {}  # open and failing plain extent -> queue
-        self._sorted: list[Queue] | None = None  # the queues by name, as last changed
         self._seals = asyncio.Semaphore(SEALS_AT_ONCE)
         self._renewing = asyncio.Lock()
         self._whole = False  # the tick looks at every queue (_look_at)
         # extents of lost hosts being replaced since (monotonic), sealed, opened since
         self._replacing: tuple[float, int, int] | None = None
+        self._young: dict[str, str] = {}  # open extents made in the last ROLL_CHECK_ALL -> queue
         self._periodic = Periodic("controller tick", timing.current.leader_tick, self._lead)
 
     def start(self) -> None:
@@ -152,12 +152,19 @@ class Leader:
             self._rolled_all_at = now
         # a young extent too: one that just took over from a rolled one carries its
         # queue's traffic before a load report shows it
-        young = time.time() - ROLL_CHECK_ALL
-        opened = [
-            e for es in self._extents.values() for e in es
-            if e.status == OPEN and (whole or e.id in self._busy or e.created_at > young)
-        ]  # fmt: skip
-        await self.retention.tick(list(self._queues.values()), opened)
+        if whole:  # once a ROLL_CHECK_ALL: O(open extents)
+            opened = [e for es in self._extents.values() for e in es if e.status == OPEN]
+        else:  # O(extents written or young): an idle one costs a pass nothing
+            young = time.time() - ROLL_CHECK_ALL
+            looked = set(self._young.values()) | {
+                q for e in self._busy if (q := self._plain_of.get(e))
+            }
+            opened = [
+                e for q in looked for e in self._extents.get(q, [])
+                if e.status == OPEN and (e.id in self._busy or e.created_at > young)
+            ]  # fmt: skip
+            self._young = {e.id: e.queue for e in opened if e.created_at > young}
+        await self.retention.tick(self._queues, opened)
 
     async def tick(self) -> None:
         live_stores = await self.stores.refresh()
@@ -175,12 +182,12 @@ class Leader:
         # whole extents again for those opened degraded (min_replicas) once hosts are back
         await self.controller.restore_replication(rescan=bool(back))
         self._run_behind("sealing straggling replicas", self.controller.seal_stragglers)
-        queues, extents, changed = await self._catalog()
+        extents, changed = await self._catalog()
         await self._renew()  # a tick that read every queue may be near its window's end
         self._note_plain(rates)
         if self.scaling is not None and (changed is None or changed):
             self.scaling.forget(set(self._queues))  # a deleted queue is a change
-        look = self._look_at(queues, extents, changed, live_inputs, live_stores, rates)
+        look = self._look_at(changed, live_inputs, live_stores, rates)
         healthy = {name: self._healthy(name, extents.get(name, []), live_inputs, live_stores)
                    for name in look}  # fmt: skip
         # what lost hosts left to replace: extents to seal, or (a tick that looks at every
@@ -272,8 +279,6 @@ class Leader:
 
     def _look_at(
         self,
-        queues: list[Queue],
-        extents: dict[str, list[Extent]],
         changed: set[str] | None,
         live_inputs: set[str],
         live_stores: set[str],
@@ -288,11 +293,10 @@ class Leader:
         self._hosts_seen = hosts
         again, self._again = self._again, set()
         if changed is None or everything:
-            return [q.name for q in queues]
+            return sorted(self._queues)
         names = changed | again
-        if self.scaling is not None:
-            busy = {e: q for q, es in extents.items() for e in (x.id for x in es)}
-            names |= {busy[e] for e, rate in rates.items() if rate > 0 and e in busy}
+        if self.scaling is not None:  # from the load reports, not a walk of every extent
+            names |= {q for e, rate in rates.items() if rate > 0 and (q := self._plain_of.get(e))}
             names |= self._wide
         return sorted(n for n in names if n in self._queues)
 
@@ -336,7 +340,7 @@ class Leader:
             log.warning("queue %s: cannot open extents: %s", queue.name, err)
             self._again.add(name)
 
-    async def _catalog(self) -> tuple[list[Queue], dict[str, list[Extent]], set[str] | None]:
+    async def _catalog(self) -> tuple[dict[str, list[Extent]], set[str] | None]:
         """The queues and their open and failing extents, kept up to date from the
         metadata's change log: a tick reads again only the queues written since the
         last (every queue at the first, or when the log has moved on too far)."""
@@ -351,6 +355,9 @@ class Leader:
             self._open_plain = {}
             for name, now in extents.items():
                 self._index_plain(name, [], now)
+            young = time.time() - ROLL_CHECK_ALL
+            self._young = {e.id: e.queue for es in extents.values() for e in es
+                           if e.created_at > young}  # fmt: skip
         else:
             names = sorted(changed)  # TENDS_AT_ONCE at a time: after a power loss, all
             reads = await each(names, self._read, TENDS_AT_ONCE)
@@ -363,10 +370,12 @@ class Leader:
                     continue
                 self._queues[name], self._extents[name] = read
                 self._index_plain(name, before, self._extents[name])
+                young = time.time() - ROLL_CHECK_ALL
+                self._young.update(
+                    (e.id, name) for e in self._extents[name] if e.created_at > young
+                )
         self._seen = latest
-        if changed is None or changed or self._sorted is None:  # an idle tick sorts nothing
-            self._sorted = [self._queues[name] for name in sorted(self._queues)]
-        return self._sorted, self._extents, changed
+        return self._extents, changed
 
     async def _read(self, name: str) -> tuple[Queue, list[Extent]] | None:
         """A queue and its open and failing extents (None: deleted)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 from cherami.errors import CheramiError
 from cherami.metadata.base import MetadataStore
@@ -39,20 +40,23 @@ class Retention:
         self._consumed_since: dict[str, float] = {}
 
     async def tick(
-        self, queues: list[Queue] | None = None, opened: list[Extent] | None = None
+        self, queues: Mapping[str, Queue] | None = None, opened: list[Extent] | None = None
     ) -> None:
-        """One pass (``queues``: the catalog as the leader knows it, ``opened``: the open
-        extents to look at for rolling over; None reads them). Open extents are looked
-        at in one info request per store host; only queues with sealed extents cost
-        more."""
+        """One pass (``queues``: the catalog as the leader knows it, by name, ``opened``:
+        the open extents to look at for rolling over; None reads them). Open extents are
+        looked at in one info request per store host; only queues with sealed extents
+        cost more: nothing here walks every queue."""
         if queues is None:
-            queues = await self.metadata.list_queues()
-        # a DLQ's extents are consumed by merges and purges: kept
-        kept = {q.name: q for q in queues if q.dlq_of is None}
+            queues = {q.name: q for q in await self.metadata.list_queues()}
+
+        def kept(name: str) -> Queue | None:  # a DLQ's extents go by merges and purges
+            queue = queues.get(name)
+            return queue if queue is not None and queue.dlq_of is None else None
+
         try:
             if opened is None:
                 opened = await self.metadata.list_extents_in((OPEN,))
-            await self._roll([e for e in opened if e.queue in kept])
+            await self._roll([e for e in opened if kept(e.queue)])
         except CheramiError as err:
             log.warning("retention: rolling extents over: %s", err)
         sealed: dict[str, list[Extent]] = {}
@@ -60,7 +64,7 @@ class Retention:
             if extent.status == DELETED:  # a store host missed its drop: again
                 await self.controller.drop_replicas(extent)
                 self._consumed_since.pop(extent.id, None)
-            elif extent.queue in kept:
+            elif kept(extent.queue):
                 sealed.setdefault(extent.queue, []).append(extent)
         looked_at = {e.id for es in sealed.values() for e in es}  # the others went
         self._consumed_since = {
@@ -68,7 +72,9 @@ class Retention:
         }  # fmt: skip
         for name, extents in sorted(sealed.items()):
             try:
-                await self._free(kept[name], extents)
+                queue = kept(name)
+                assert queue is not None
+                await self._free(queue, extents)
             except CheramiError as err:
                 log.warning("retention of queue %s: %s", name, err)
 
