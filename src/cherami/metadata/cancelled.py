@@ -24,7 +24,7 @@ CANCEL_MARGIN_MS = 5000
 class CancelledMessages:
     mark = "?"  # the store's parameter marker
 
-    async def _write_all(self, statements: list[Statement]) -> None:
+    async def _write_all(self, statements: list[Statement]) -> object:
         raise NotImplementedError
 
     async def _read_all(self, query: Any, args: Any) -> list[tuple[Any, ...]]:

@@ -146,10 +146,12 @@ class PostgresMetadataStore(CancelledMessages):
         async with self._pool.connection() as conn:
             return await (await conn.execute(query, args)).fetchall()
 
-    async def _tx(self, statements: list[tuple[Any, Any]]) -> None:
+    async def _tx(self, statements: list[tuple[Any, Any]]) -> int:
+        changed = 0  # by the last statement
         async with self._pool.connection() as conn, conn.transaction():
             for query, args in statements:
-                await conn.execute(query, args)
+                changed = (await conn.execute(query, args)).rowcount
+        return changed
 
     mark = "%s"  # cancelled.py
     _write_all = _tx
@@ -229,15 +231,9 @@ class PostgresMetadataStore(CancelledMessages):
         try:
             await self._execute(
                 "INSERT INTO groups VALUES (%s, %s, %s, %s, %s, %s)",
-                (
-                    group.queue,
-                    group.name,
-                    _config(group.config),
-                    group.created_at,
-                    group.start_ms,
-                    group.dlq,
-                ),
-            )
+                (group.queue, group.name, _config(group.config), group.created_at,
+                 group.start_ms, group.dlq),
+            )  # fmt: skip
         except psycopg.errors.UniqueViolation:
             raise AlreadyExists(f"group {group.name} exists") from None
 
@@ -301,12 +297,7 @@ class PostgresMetadataStore(CancelledMessages):
         return _extent(row) if row else None
 
     async def purge_extent(self, extent_id: str, queue: str) -> bool:
-        first, *rest = purge_extent(extent_id, queue, "%s")
-        async with self._pool.connection() as conn, conn.transaction():
-            purged = (await conn.execute(*first)).rowcount > 0
-            for query, args in rest:
-                await conn.execute(query, args)
-        return purged
+        return await self._tx(purge_extent(extent_id, queue, "%s")) > 0
 
     async def list_extents(self, queue: str, statuses: tuple[str, ...] = ()) -> list[Extent]:
         query = f"SELECT {_EXTENT_COLUMNS} FROM extents WHERE queue = %s"

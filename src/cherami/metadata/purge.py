@@ -54,29 +54,31 @@ def dlq_leases(queue: str, group: str, mark: str) -> Statement:
 
 
 def purge_extent(extent_id: str, queue: str, mark: str) -> list[Statement]:
-    """Delete a deleted extent's row (the first statement: whether it changed a row
-    tells), then what still names it: ack levels, parked rows and unit leases written
-    late (by a holder still acting when its queue was deleted). A successor's row stays
-    while its predecessor's does (a CP queue would see the predecessor without one)."""
+    """Delete what still names a deleted extent (ack levels, parked rows and unit leases
+    written late, by a holder still acting when its queue was deleted), then its row (the
+    last statement: whether it changed a row tells). Nothing goes for an extent not
+    marked deleted, nor for a successor while its predecessor's row is there (a CP
+    queue would see the predecessor without one)."""
     leases, lease_args = _prefix(f"{_LEASES}{queue}/", mark)
     ends, end_args = _suffix(f"/{extent_id}", mark)
-    gone = f"NOT EXISTS (SELECT 1 FROM extents WHERE id = {mark})"
+    purged = (
+        f"EXISTS (SELECT 1 FROM extents e WHERE e.id = {mark} AND e.status = {mark} AND "
+        "(e.predecessor IS NULL OR NOT EXISTS (SELECT 1 FROM extents p "
+        "WHERE p.id = e.predecessor)))"
+    )
+    it = (extent_id, DELETED)
     return [
         (
-            f"DELETE FROM extents WHERE id = {mark} AND status = {mark} AND (predecessor "
-            "IS NULL OR NOT EXISTS (SELECT 1 FROM extents p WHERE p.id = extents.predecessor))",
-            (extent_id, DELETED),
+            f"DELETE FROM ack_levels WHERE queue = {mark} AND extent = {mark} AND {purged}",
+            (queue, extent_id, *it),
         ),
         (
-            f"DELETE FROM ack_levels WHERE queue = {mark} AND extent = {mark} AND {gone}",
-            (queue, extent_id, extent_id),
+            f"DELETE FROM redeliveries WHERE queue = {mark} AND extent = {mark} AND {purged}",
+            (queue, extent_id, *it),
         ),
         (
-            f"DELETE FROM redeliveries WHERE queue = {mark} AND extent = {mark} AND {gone}",
-            (queue, extent_id, extent_id),
+            f"DELETE FROM leases WHERE {leases} AND {ends} AND {purged}",
+            (*lease_args, *end_args, *it),
         ),
-        (
-            f"DELETE FROM leases WHERE {leases} AND {ends} AND {gone}",
-            (*lease_args, *end_args, extent_id),
-        ),
+        (f"DELETE FROM extents WHERE id = {mark} AND {purged}", (extent_id, *it)),
     ]

@@ -276,15 +276,7 @@ class SqliteMetadataStore(CancelledMessages):
         return extent_row(row) if row else None
 
     async def purge_extent(self, extent_id: str, queue: str) -> bool:
-        statements = purge_extent(extent_id, queue, "?")
-
-        def purge() -> bool:
-            purged = self._db.execute(*statements[0]).rowcount > 0
-            for sql, args in statements[1:]:
-                self._db.execute(sql, args)
-            return purged
-
-        return await self._write(purge)
+        return await self._write(lambda: self._tx(purge_extent(extent_id, queue, "?"))) > 0
 
     async def list_extents(self, queue: str, statuses: tuple[str, ...] = ()) -> list[Extent]:
         sql = f"SELECT {EXTENT_COLUMNS} FROM extents WHERE queue = ?"
