@@ -15,7 +15,7 @@ published to every queue, then, one after another:
    power-cycles): the output host reads every group again from its ack levels, some of
    it from the restarted store host;
 (A fourth round, every store host SIGKILLed until the cluster counts them dead, is not
-run: see the note in the test.)
+run yet: see the note in the test.)
 
 After each restart the cluster must serve again within BACK_WITHIN seconds: every queue
 takes a publish, every group is delivered what was published before the restart and
@@ -26,7 +26,8 @@ open its extents. Each group's deliveries are counted: lost, late and unexpected
 node-style recovery (its input hosts live on; the leader seals what lost a host), so
 there is no "recovered N open extents" line: the controllers' logs are checked instead
 (a new leader that sealed nothing after the controllers' restart; after a store host's,
-a successor opened for every extent the leader sealed).
+a successor opened for every extent the leader sealed, and its line "replaced the
+extents of lost hosts: N sealed, M opened in T s").
 
 Round 3 failed before the store host's change below: a restarted store host knows no
 commit point of its open extents (they live in memory until the next append), showed
@@ -34,15 +35,18 @@ none of their records, and kept a reader waiting out its whole 10-minute tail wa
 the other replicas held them: 104 and 172 of the 400 deliveries (two runs) were not
 made within 60 s; they came once the power loss's seals made them readable.
 
-QUEUES is 100, not the issue's 1,000: the leader seals and then opens extents one queue
-after another. At 300 queues (2,103 extents) the power loss took 45.6 s to serve again
-(10 s of seals, then 23 s of opens at about 90 a second, and the lead changed hands when
-a tick outlasted its lease) and the test 100 s; at 100 queues it takes about 16 s of 30
-and the test about 45 s (measured: 2.3, 3.3, 6.6 and 15.8 s)."""
+QUEUES is 100, not the issue's 1,000 (CHERAMI_RESTART_QUEUES sets it, to measure). The
+leader used to open extents one queue after another: at 300 queues (2,103 extents) the
+power loss took 45.6 s to serve again (10 s of seals, then 23 s of opens at about 90 a
+second, and the lead changed hands when a tick outlasted its lease). It now seals 32 and
+tends 8 queues at a time and renews its lease within a long tick (figures before and
+after: benchmarks/README.md, "A cluster's power loss"). At 100 queues on a quiet machine
+the rounds took 2.3, 3.3, 6.6 and 15.8 s; on one at load 10-12, 20-60 s."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import time
@@ -66,13 +70,15 @@ from cherami.wire.keys import plain_key
 from cherami.wire.store import PLAIN, pack_records
 from tests.support.pgcluster import PG, cluster_on_postgres
 
-QUEUES, GROUPS = 100, ("a", "b")
+# CHERAMI_RESTART_QUEUES: more queues, to measure (benchmarks/README.md)
+QUEUES, GROUPS = int(os.environ.get("CHERAMI_RESTART_QUEUES", "100")), ("a", "b")
 COUNTS = {"storehost": 3, "controller": 2, "inputhost": 1, "outputhost": 1, "frontend": 1}
 BACK_WITHIN = 30.0  # seconds from a restart until the cluster serves every queue again
 CONCURRENCY = 24  # requests under way at once
 DEAD_AFTER = timing.DEFAULT.dead_after  # a host silent this long is dead
 SEALED = re.compile(r"extent \S+ of queue \S+ sealed at")
 OPENED = re.compile(r"extent \S+ opened for queue")
+REPLACED = re.compile(r"replaced the extents of lost hosts: .*")
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(400)]
 
@@ -244,14 +250,15 @@ def _log_since(local: LocalCluster, role: str, sizes: dict[str, int]) -> list[st
 
 async def _leader_log(local: LocalCluster, sizes: dict[str, int]) -> tuple[list[str], int, int]:
     """The controllers' log lines since ``sizes``, and how many extents they say were
-    sealed and opened, once every one sealed has its successor (a seal may finish behind
-    the leader's tick, its successor at the next; up to 20 s)."""
+    sealed and opened, once every one sealed has its successor and the leader said so
+    (a seal may finish behind the leader's tick, its successor at the next; up to 20 s)."""
     deadline = time.monotonic() + 20
     while True:
         lines = _log_since(local, "controller", sizes)
         sealed = sum(bool(SEALED.search(line)) for line in lines)
         opened = sum(bool(OPENED.search(line)) for line in lines)
-        if opened >= sealed or time.monotonic() > deadline:
+        replaced = not sealed or any(REPLACED.search(line) for line in lines)
+        if (opened >= sealed and replaced) or time.monotonic() > deadline:
             return lines, sealed, opened
         await asyncio.sleep(0.2)
 
@@ -276,14 +283,22 @@ async def test_a_cluster_with_many_queues_restarts_its_controllers_and_store_hos
         ("storehost-1 and the output host SIGKILL", [stores[1], "outputhost-0"],
          signal.SIGKILL, False),
     ]  # fmt: skip
-    # Not here: every store host SIGKILLed until counted dead (a power loss). It came
-    # back in 15.8-17.3 s on a quiet machine, but in a CI run 6 of the 400 deliveries
-    # (the last two queues' messages of that round) were not made within 60 s after
-    # the leader sealed and reopened 401 extents: an open bug of issue 34, not hidden
-    # behind a retry here. _seen_dead and the until_dead path stay for it. Since the
-    # dead-letter queues open no extent before their first dead letter it comes back
-    # in 10.6 s (303 extents sealed and reopened, not 703), and passed 7 runs of 7 on
-    # a busy machine; the CI failure was not reproduced.
+    # Not here yet: every store host SIGKILLed until counted dead (a power loss), the
+    # round ("every store host SIGKILL", stores, signal.SIGKILL, True). In a CI run it
+    # left 6 of 400 deliveries unmade after 60 s, and 130-298 of 400 in 3 runs of 3 on a
+    # machine at load 10-12 (2026-11-28): after the power loss every ownership tick of
+    # the output host read every queue (1-4 s of quick metadata calls), counted itself
+    # slow, as in a metadata outage, and took none of the successors the leader opened
+    # (fixed in ownership.py: one slow call makes an outage, not a long tick); and while
+    # a tick took hundreds of units, those held before stopped acting (renewed only at
+    # its end; now as their windows near it): a group not delivered a message of a
+    # sealed extent another group of the queue was, as q97/q98 in CI. With those and
+    # the leader's parallel replacing, two runs at load 10-12 delivered all 400 of the
+    # power loss (52.5 and 57.2 s), but no round came back within BACK_WITHIN at that
+    # load (20-60 s; the controllers' restart, which seals nothing, 20-23 s), and one
+    # run's storehost-0 round delivered 18 late (the last queues' group b, checked last,
+    # after the 60 s): the round comes back once the test passes 5 runs in a row.
+    # _seen_dead and the until_dead path stay for it.
     back: dict[str, float] = {}
     reports: dict[str, Counter[str]] = {}
     tally = Tally()
@@ -313,8 +328,9 @@ async def test_a_cluster_with_many_queues_restarts_its_controllers_and_store_hos
                 reports[what] = await served
             back[what] = time.monotonic() - restarted
             lines, sealed, opened = await _leader_log(local, sizes)
+            summary = [m.group(0) for line in lines if (m := REPLACED.search(line))]
             print(f"{what}: served again in {back[what]:.1f} s; {dict(reports[what])}; "
-                  f"the leader sealed {sealed} extents and opened {opened}; "
+                  f"the leader sealed {sealed} extents and opened {opened} ({summary}); "
                   f"requests refused: {dict(tally.refusals)}")  # fmt: skip
             tally.refusals.clear()
             if r == 0:  # a new leader, which found nothing to seal
@@ -322,6 +338,7 @@ async def test_a_cluster_with_many_queues_restarts_its_controllers_and_store_hos
                 assert sealed == 0, f"the leader sealed {sealed} extents"
             else:  # what the leader sealed has its successor
                 assert sealed <= opened and (sealed or not until_dead), (what, sealed, opened)
+                assert summary or not sealed, "the leader logged no summary of what it replaced"
             await _publish_all(client, f"b{r + 1}", time.monotonic() + 60)
     print("\n".join(tally.notes[:20]))
     for what, report in reports.items():
