@@ -461,8 +461,7 @@ class GroupConsumer:
     def _next_timer_in(self, now: float) -> float:
         """Seconds until the first of the group's timers is due (MAX_TICK at most)."""
         first = now + MAX_TICK
-        deadline = self.flight.next_deadline()
-        if deadline is not None:
+        if (deadline := self.flight.next_deadline()) is not None:
             first = min(first, deadline)
         due_ms = self.parked.next_due_ms()
         if due_ms is not None:
@@ -475,8 +474,7 @@ class GroupConsumer:
         return bool(self.flight or self.parked.rows or self.dead)
 
     def _expire(self, now: float) -> None:
-        expired = self.flight.expire(now)
-        if expired:
+        if expired := self.flight.expire(now):
             self._park(expired, 0.0)
         self._release_due(int(time.time() * 1000))
         if now >= self._pin_at:
