@@ -116,9 +116,14 @@ class OutputHostClient(Protocol):
     ) -> None: ...
 
 
+OPEN_COUNT_INTERVAL = 60.0
+
+
 class LocalOutputHost:
     def __init__(self, service: OutputHostService) -> None:
         self.service = service
+        self._counted_at = -OPEN_COUNT_INTERVAL
+        self._open_count = 0
 
     def owns(self, queue: str, group: str) -> bool:
         return self.service.owns(queue, group)
@@ -207,8 +212,13 @@ class LocalOutputHost:
         return activity.version, changed
 
     def open_extents(self) -> int:
-        """The extents the groups served here read."""
-        return sum(len(c.cursors) for c in self.service.groups.values())
+        """The extents the groups served here read (counted once a minute: a walk of
+        every group)."""
+        now = time.monotonic()
+        if now - self._counted_at >= OPEN_COUNT_INTERVAL:
+            self._counted_at = now
+            self._open_count = sum(len(c.cursors) for c in self.service.groups.values())
+        return self._open_count
 
     def update_queue(self, queue: Queue) -> None:
         self.service.update_queue(queue)

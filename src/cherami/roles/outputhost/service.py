@@ -76,6 +76,7 @@ class OutputHostService:
         self._dead_letter = DeadLetterMover(inputs, metadata)
         self._numbers = itertools.count(1)
         self.groups: dict[str, GroupConsumer] = {}
+        self._named: dict[str, set[str]] = {}  # a queue's or a DLQ's name -> its groups' keys
         self._loading: dict[str, asyncio.Lock] = {}
         self._loader: asyncio.Task[None] | None = None
         self.activity = Activity()  # the cursors that delivered (load reports)
@@ -183,6 +184,8 @@ class OutputHostService:
             consumer.flight.activity = self.activity
             consumer.start()
             self.groups[key] = consumer
+            for named in (queue, group.dlq):
+                self._named.setdefault(named, set()).add(key)
             await self._sync(consumer)
             return consumer
 
@@ -242,9 +245,15 @@ class OutputHostService:
         """Forget a group (or every group of a queue): it was deleted (its streams are
         closed with DELETED_CLOSE) or it moved to another output host (MOVED_CLOSE)."""
         reason = "deleted" if close_code == DELETED_CLOSE else "group moved; reconnect"
-        for key in [k for k, c in self.groups.items() if c.group.queue == queue]:
-            if name is None or self.groups[key].group.name == name:
-                consumer = self.groups.pop(key)
+        for key in sorted(self._named.get(queue, ())):
+            consumer = self.groups[key]
+            if consumer.group.queue == queue and (name is None or consumer.group.name == name):
+                del self.groups[key]
+                for named in (queue, consumer.group.dlq):
+                    keys = self._named.get(named, set())
+                    keys.discard(key)
+                    if not keys:
+                        self._named.pop(named, None)
                 consumer.halt()  # nothing more is delivered or settled here
                 await self._close_streams(key, close_code, reason)
                 await consumer.stop()
@@ -308,10 +317,14 @@ class OutputHostService:
             self._seen = latest
             self._extents_known(started)
             return  # nothing written since: no group to look at (not a walk over them all)
-        for key, consumer in list(self.groups.items()):
-            group = consumer.group
-            stale = changed is None or group.queue in changed or group.dlq in changed
-            if (stale or key in again) and not await self._sync_quietly(consumer):
+        stale = (
+            set(self.groups)
+            if changed is None
+            else again.union(*(self._named.get(name, ()) for name in changed))
+        )  # the groups of the queues and DLQs written since: not a walk over them all
+        for key in sorted(stale):
+            consumer = self.groups.get(key)
+            if consumer is not None and not await self._sync_quietly(consumer):
                 self._again.add(key)
         self._seen = latest
         self._extents_known(started)
