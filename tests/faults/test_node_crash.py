@@ -83,7 +83,7 @@ async def _run(server: ServerProcess) -> tuple[dict[str, int], set[str], QueueHi
         # what was open at the crash was looked at: sealed where a publish was under
         # way (its replicas differ), kept open where every replica agrees
         total, kept, sealed = recovered(server)
-        assert total >= 2 and kept + sealed == total
+        assert total >= 1 and kept + sealed == total  # its plain extent (no timer one yet)
         idle_since = time.monotonic()
         while time.monotonic() - idle_since < 3:
             got = await client.receive(QUEUE, GROUP, max_messages=1000, wait_seconds=0.5)
