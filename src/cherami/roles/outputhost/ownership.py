@@ -412,7 +412,9 @@ class ExtentOwnership:
             if held is None:
                 continue
             if renewed.get(unit_lease(*unit)) != held.epoch:
-                await self._drop(unit, MOVED_CLOSE)
+                # a lease no one holds went with its queue or group (purge.py)
+                gone = unit_lease(*unit) not in renewed and not await self._group_exists(*unit[:2])
+                await self._drop(unit, DELETED_CLOSE if gone else MOVED_CLOSE)
             else:
                 held.acting_until = asked + ttl - margin
 
