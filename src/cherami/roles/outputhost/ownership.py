@@ -412,6 +412,7 @@ class ExtentOwnership:
             if held is None:
                 continue
             if renewed.get(unit_lease(*unit)) != held.epoch:
+                held.acting_until = 0.0  # lost: it acts no more while its close is chosen
                 # a lease no one holds went with its queue or group (purge.py)
                 gone = unit_lease(*unit) not in renewed and not await self._group_exists(*unit[:2])
                 await self._drop(unit, DELETED_CLOSE if gone else MOVED_CLOSE)
