@@ -603,6 +603,10 @@ async def test_poison_message_bounded_across_output_host_kills(cluster: Cluster)
     )  # fmt: skip
     _logs(cluster, cluster.local.names("outputhost"))
     assert len(kills) == 4
-    assert len(poison_ds) <= 4, f"{len(poison_ds)} deliveries for max_delivery_count 3"
+    # a delivery counts when it is handed out, written at the host's next flush (50 ms):
+    # a kill of the host with the poison in flight (rounds 1 and 3, and a restart that
+    # makes the nack of a delivery stale) may cost that delivery's count, one delivery
+    # more for each kill at most (docs/api.md, "The bound"); between kills the count holds
+    assert len(poison_ds) <= 3 + len(kills), f"{len(poison_ds)} deliveries for max 3"
     assert poison in in_dlq, f"the poison message is not in the DLQ: {in_dlq}"
     _assert_checked(h, report)
