@@ -157,7 +157,8 @@ def allowed_sources(policy: str | None) -> list[str] | None:
 def fifo_refused() -> SqsError:
     return SqsError(
         "UnsupportedOperation",
-        "FIFO queues are not supported by this endpoint: Cherami has no ordering keys yet.",
+        "FIFO queues are not supported by this endpoint yet (message groups are not mapped "
+        "to ordering keys).",
         code="AWS.SimpleQueueService.UnsupportedOperation",
     )
 
