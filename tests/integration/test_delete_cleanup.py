@@ -237,9 +237,10 @@ def held_names(names: frozenset[str], *mine: object) -> list[str]:
     and the containers in ``mine`` aside)."""
     found = []
     for obj in gc.get_objects():
-        if isinstance(obj, dict):
+        kind = type(obj)  # not isinstance: a lazy proxy's __class__ (celery's) runs code
+        if issubclass(kind, dict):
             keys: Any = list(obj)
-        elif isinstance(obj, (set, frozenset)):
+        elif issubclass(kind, (set, frozenset)):
             keys = list(obj)
         else:
             continue

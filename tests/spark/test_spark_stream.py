@@ -110,7 +110,7 @@ def test_a_new_extent_mid_stream_is_read(spark: SparkSession, server: ServerProc
             await client.update_queue(queue, min_extents=2)
 
         run(server.url, widen)
-        eventually(lambda: len(ControlClient(server.url).extents(queue)) == 3)  # 2 plain, 1 timer
+        eventually(lambda: len(ControlClient(server.url).extents(queue)) == 2)  # 2 plain
         # the input host learns of the new extent within its extent refresh (about 1 s):
         # publish over a few seconds, so that later batches land in both extents
         for part in range(12):
