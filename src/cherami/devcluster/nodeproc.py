@@ -18,17 +18,21 @@ from pathlib import Path
 _LISTENING = re.compile(rb"listening on (https?)://([\d.]+):(\d+)")
 
 
-def wait_healthy(url: str, deadline: float, ca: Path | None = None) -> bool:
+def wait_healthy(
+    url: str, deadline: float, ca: Path | None = None, seen: list[str] | None = None
+) -> bool:
     """Poll ``url``/healthz until it answers 200 or the monotonic ``deadline`` passes
-    (an https URL is verified with the CA certificate ``ca``)."""
+    (an https URL is verified with the CA certificate ``ca``); ``seen`` gets the last
+    answer or error, for the message of a caller that gives up."""
     context = ssl.create_default_context(cafile=str(ca)) if ca else None
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(url + "/healthz", timeout=2, context=context) as resp:
                 if resp.status == 200:
                     return True
-        except OSError:
-            pass
+        except OSError as e:  # HTTPError (a 503 "starting") is one too
+            if seen is not None:
+                seen[:] = [f"{type(e).__name__}: {e}"]
         time.sleep(0.05)
     return False
 
@@ -75,8 +79,13 @@ class NodeProcess:
                 scheme, host, port = (g.decode() for g in match.groups())
                 self.url = f"{scheme}://{host}:{int(port)}"
                 threading.Thread(target=self._drain, daemon=True).start()
-                if not wait_healthy(self.url, deadline, self.ca):
-                    raise RuntimeError("the node never became healthy")
+                seen: list[str] = []
+                if not wait_healthy(self.url, deadline, self.ca, seen):
+                    raise RuntimeError(
+                        f"the node never became healthy within {timeout:.0f} s (last "
+                        f"/healthz: {seen or 'no answer'}); its output:\n"
+                        + "\n".join(list(self.output))
+                    )
                 return self
         raise RuntimeError("the node did not start:\n" + "\n".join(self.output))
 
