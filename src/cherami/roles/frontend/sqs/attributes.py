@@ -9,7 +9,8 @@
 | RedrivePolicy ``maxReceiveCount`` | the group's ``max_delivery_count`` (1000 without one) |
 | RedrivePolicy ``deadLetterTargetArn`` | kept (settings.py); messages go to the group's DLQ |
 | ReceiveMessageWaitTimeSeconds, Policy, Kms*, SqsManagedSseEnabled | kept |
-| RedriveAllowPolicy | kept; checked against a source's RedrivePolicy |"""
+| RedriveAllowPolicy | kept; checked against a source's RedrivePolicy |
+| FifoQueue, ContentBasedDeduplication, DeduplicationScope, FifoThroughputLimit | fifo.py |"""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cherami.metadata.models import Group, Queue
+from cherami.roles.frontend.sqs import fifo as f
 from cherami.roles.frontend.sqs.errors import SqsError, bad_attribute_name, bad_attribute_value
 from cherami.roles.frontend.sqs.settings import QueueSettings
 
@@ -26,8 +28,7 @@ NO_REDRIVE_COUNT = 1000  # Cherami's most deliveries; SQS without a RedrivePolic
 MIN_VISIBILITY = 0.001  # Cherami needs a visibility timeout above 0
 KEPT = ("Policy", "RedriveAllowPolicy", "KmsMasterKeyId", "KmsDataKeyReusePeriodSeconds",
         "SqsManagedSseEnabled")  # fmt: skip
-FIFO_ONLY = ("FifoQueue", "ContentBasedDeduplication", "DeduplicationScope",
-             "FifoThroughputLimit")  # fmt: skip
+FIFO_ONLY = f.ATTRIBUTES
 READ_ONLY = ("ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
              "ApproximateNumberOfMessagesDelayed", "CreatedTimestamp", "LastModifiedTimestamp",
              "QueueArn")  # fmt: skip
@@ -59,6 +60,7 @@ class Wanted:
     wait_seconds: int | None = None
     dead_letter_target: Any = _UNSET  # a queue name, None (no redrive) or _UNSET
     kept: dict[str, str] = field(default_factory=dict)
+    fifo: dict[str, str] = field(default_factory=dict)  # a FIFO queue's FIFO attributes
 
     def apply(self, settings: QueueSettings) -> QueueSettings:
         if self.wait_seconds is not None:
@@ -66,6 +68,7 @@ class Wanted:
         if self.dead_letter_target is not _UNSET:
             settings.dead_letter_target = self.dead_letter_target
         settings.kept.update(self.kept)
+        settings.fifo.update(self.fifo)
         return settings
 
 
@@ -79,19 +82,31 @@ def _int(name: str, value: Any, low: int, high: int) -> int:
     return number
 
 
-def parse(attributes: Any, creating: bool) -> Wanted:
+def wants_fifo(attributes: Any) -> bool:
+    """A CreateQueue's FifoQueue (false without it)."""
+    if not isinstance(attributes, dict) or "FifoQueue" not in attributes:
+        return False
+    value = str(attributes["FifoQueue"]).lower()
+    if value not in ("true", "false"):
+        raise bad_attribute_value("FifoQueue", "Reason: must be true or false.")
+    return value == "true"
+
+
+def parse(attributes: Any, creating: bool, fifo: bool = False) -> Wanted:
+    """``fifo``: the queue is (or is being made) a FIFO queue."""
     if attributes is None:
         return Wanted()
     if not isinstance(attributes, dict):
         raise SqsError("InvalidParameterValue", "Attributes must be a map of name to value.")
     wanted = Wanted()
     for name, value in attributes.items():
-        if name == "FifoQueue" and str(value).lower() == "false":
-            continue
+        if name == "FifoQueue" and creating:
+            continue  # wants_fifo read it
         if name in FIFO_ONLY:
-            if name == "FifoQueue":
-                raise fifo_refused()
-            raise bad_attribute_name(name)
+            if not fifo or name == "FifoQueue":  # set once, by CreateQueue
+                raise bad_attribute_name(name)
+            wanted.fifo[name] = f.attribute(name, value)
+            continue
         if name not in SETTABLE:
             raise bad_attribute_name(name)
         if name == "DelaySeconds":
@@ -154,15 +169,6 @@ def allowed_sources(policy: str | None) -> list[str] | None:
     raise bad_attribute_value("RedriveAllowPolicy", why)
 
 
-def fifo_refused() -> SqsError:
-    return SqsError(
-        "UnsupportedOperation",
-        "FIFO queues are not supported by this endpoint yet (message groups are not mapped "
-        "to ordering keys).",
-        code="AWS.SimpleQueueService.UnsupportedOperation",
-    )
-
-
 def redrive_policy(group: Group, settings: QueueSettings, region: str) -> str | None:
     if settings.dead_letter_target is None:
         return None
@@ -203,6 +209,7 @@ def render(
         "RedrivePolicy": redrive_policy(group, settings, region),
         "SqsManagedSseEnabled": "false",
         **settings.kept,
+        **settings.fifo,
     }
     return {
         name: value

@@ -14,6 +14,7 @@ from typing import Any
 from cherami.errors import CheramiError, QueueNotFound
 from cherami.metadata.models import Group, Queue
 from cherami.roles.frontend.auth import Scope
+from cherami.roles.frontend.sqs import fifo as f
 from cherami.roles.frontend.sqs import model
 from cherami.roles.frontend.sqs.attributes import MIN_VISIBILITY
 from cherami.roles.frontend.sqs.backend import Backend
@@ -38,7 +39,8 @@ MAX_BATCH_BYTES = 1 << 20  # a batch's bodies and attributes together (SQS: 1 Mi
 MAX_DELAY = 30 * 86400  # Cherami's (SQS's is 900 s)
 _ENTRY_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 _SYSTEM_NAMES = ("All", "SenderId", "SentTimestamp", "ApproximateReceiveCount",
-                 "ApproximateFirstReceiveTimestamp", "AWSTraceHeader")  # fmt: skip
+                 "ApproximateFirstReceiveTimestamp", "AWSTraceHeader",
+                 *f.SYSTEM_NAMES)  # fmt: skip
 VISIBILITY_GONE = ("Value {} for parameter ReceiptHandle is invalid. Reason: Message does not "
                    "exist or is not available for visibility timeout change.")  # fmt: skip
 
@@ -50,12 +52,19 @@ class Built:
     size: int
 
 
-def build(entry: dict[str, Any], queue: Queue, sender: str) -> Built:
-    """A send's message, checked as SQS checks it, and the MD5s its answer carries."""
+def build(
+    entry: dict[str, Any], queue: Queue, sender: str, fifo: dict[str, str] | None = None
+) -> Built:
+    """A send's message, checked as SQS checks it, and the MD5s its answer carries;
+    ``fifo``: a FIFO queue's attributes (fifo.py)."""
     body = model.check_body(entry.get("MessageBody"))
     attributes = model.parse_attributes(entry.get("MessageAttributes"))
     system = model.parse_attributes(entry.get("MessageSystemAttributes"), system=True)
-    if entry.get("MessageDeduplicationId"):
+    key = dedup_id = None
+    fifo_attributes: dict[str, str] = {}
+    if fifo is not None:
+        key, dedup_id, fifo_attributes = f.message_fields(entry, fifo, body)
+    elif entry.get("MessageDeduplicationId"):
         raise invalid("The request includes a parameter that is not valid for this queue type: "
                       "MessageDeduplicationId (FIFO queues only).")  # fmt: skip
     delay = entry.get("DelaySeconds")
@@ -68,12 +77,14 @@ def build(entry: dict[str, Any], queue: Queue, sender: str) -> Built:
                       f"than {limit} bytes.")  # fmt: skip
     stored = model.to_cherami(attributes, system)
     stored[model.SYSTEM_PREFIX + "SenderId"] = sender
+    stored.update(fifo_attributes)
     result: dict[str, Any] = {"MD5OfMessageBody": md5_of_body(body)}
     if (digest := md5_of_attributes(attributes)) is not None:
         result["MD5OfMessageAttributes"] = digest
     if (digest := md5_of_attributes(system)) is not None:
         result["MD5OfMessageSystemAttributes"] = digest
-    return Built(Message(data, stored, delay_ms, None, True, None), result, size)
+    message = Message(data, stored, delay_ms, None, True, dedup_id, key)
+    return Built(message, result, size)
 
 
 def check_entries(entries: Any) -> list[dict[str, Any]]:
@@ -113,6 +124,15 @@ class MessageActions:
     def __init__(self, backend: Backend, settings: SettingsStore) -> None:
         self.backend = backend
         self.settings = settings
+        self.sequence = f.SequenceNumbers(backend.r.metadata)
+
+    async def _fifo(self, queue: Queue) -> dict[str, str] | None:
+        """A FIFO queue's attributes (None: a standard queue; only a ``.fifo`` name is
+        looked up, so a standard queue's send reads nothing more)."""
+        if not f.is_fifo(queue.name):
+            return None
+        settings = await self.settings.get(queue.name)
+        return settings.fifo if settings.is_fifo else None
 
     async def _target(self, c: Caller, p: dict[str, Any], scope: Scope) -> tuple[Queue, Group]:
         name = queue_name(p)
@@ -133,18 +153,22 @@ class MessageActions:
 
     async def SendMessage(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
         queue, _ = await self._target(c, p, "produce")
-        built = build(p, queue, c.sender)
+        fifo = await self._fifo(queue)
+        built = build(p, queue, c.sender, fifo)
         (msg_id,) = await self.backend.publish(queue, [built.message], c.key)
+        if fifo is not None:  # a repeat within the dedup window: the first send's id
+            built.result["SequenceNumber"] = await self.sequence.of(msg_id)
         return {"MessageId": msg_id, **built.result}
 
     async def SendMessageBatch(self, c: Caller, p: dict[str, Any]) -> dict[str, Any]:  # noqa: N802
         queue, _ = await self._target(c, p, "produce")
         entries = check_entries(p.get("Entries"))
+        fifo = await self._fifo(queue)
         good: list[tuple[str, Built]] = []
         bad: list[dict[str, Any]] = []
         for entry in entries:
             try:
-                good.append((entry["Id"], build(entry, queue, c.sender)))
+                good.append((entry["Id"], build(entry, queue, c.sender, fifo)))
             except SqsError as err:
                 bad.append(failed(entry["Id"], err))
         total = sum(b.size for _, b in good)
@@ -154,6 +178,9 @@ class MessageActions:
         done: list[dict[str, Any]] = []
         if good:
             ids = await self.backend.publish(queue, [b.message for _, b in good], c.key)
+            if fifo is not None:
+                for (_, b), msg_id in zip(good, ids, strict=True):
+                    b.result["SequenceNumber"] = await self.sequence.of(msg_id)
             done = [
                 {"Id": i, "MessageId": m, **b.result} for (i, b), m in zip(good, ids, strict=True)
             ]
@@ -178,9 +205,15 @@ class MessageActions:
             if name not in _SYSTEM_NAMES:
                 raise SqsError("InvalidAttributeName", f"Unknown Attribute {name}.")
         wanted = strings(p, "MessageAttributeNames")
+        f.check_attempt_id(p.get("ReceiveRequestAttemptId"))  # taken, not used (docs/sqs.md)
         deliveries = await self.backend.receive(group, most, float(wait), seconds)
         now_ms = int(time.time() * 1000)
         messages = [self._message(d, system_names, wanted, c, now_ms) for d in deliveries]
+        if f.is_fifo(group.queue) and {"All", "SequenceNumber"} & set(system_names):
+            for d, m in zip(deliveries, messages, strict=True):
+                if model.SYSTEM_PREFIX + "MessageGroupId" in d.attributes:  # sent through SQS
+                    number = await self.sequence.of(d.msg_id)
+                    m.setdefault("Attributes", {})["SequenceNumber"] = number
         return {"Messages": messages} if messages else {}
 
     def _message(

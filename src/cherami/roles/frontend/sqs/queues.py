@@ -16,6 +16,7 @@ from cherami.errors import InvalidName, QueueNotFound
 from cherami.metadata.models import GroupConfig, Queue, QueueConfig, check_name
 from cherami.roles.frontend.auth import ApiKey, Scope
 from cherami.roles.frontend.sqs import attributes as a
+from cherami.roles.frontend.sqs import fifo as f
 from cherami.roles.frontend.sqs.backend import Backend
 from cherami.roles.frontend.sqs.errors import (
     SqsError,
@@ -75,9 +76,9 @@ class QueueActions:
         name = p.get("QueueName")
         if not isinstance(name, str) or not name:
             raise missing("QueueName")
-        if name.endswith(".fifo"):
-            raise a.fifo_refused()
-        if not _QUEUE_NAME.match(name):
+        fifo = a.wants_fifo(p.get("Attributes"))
+        f.check_name(name, fifo)
+        if not fifo and not _QUEUE_NAME.match(name):
             raise invalid("Can only include alphanumeric characters, hyphens, or underscores. "
                           "1 to 80 in length")  # fmt: skip
         try:
@@ -87,7 +88,10 @@ class QueueActions:
                 f"{err.message} (a Cherami queue name starts with a letter or digit)"
             ) from None
         c.allow("admin", name)
-        wanted = a.parse(p.get("Attributes"), creating=True)
+        wanted = a.parse(p.get("Attributes"), creating=True, fifo=fifo)
+        if fifo:
+            wanted.fifo = {**f.DEFAULTS, **wanted.fifo}
+            f.check_combination(wanted.fifo)
         tags = _tags(p.get("tags", p.get("Tags")))
         await self._check_target(name, wanted)
         found = await self.backend.find(name)
@@ -106,7 +110,9 @@ class QueueActions:
         try:  # a queue made by the HTTP API becomes an SQS queue by getting the group
             queue = await self.backend.r.metadata.get_queue(name)
         except QueueNotFound:
-            config = QueueConfig(**{"retention_seconds": SQS_DEFAULT_RETENTION, **wanted.queue})
+            fifo_config = f.QUEUE_CONFIG if fifo else {}  # one open CP extent; 5-min dedup
+            config = QueueConfig(**{"retention_seconds": SQS_DEFAULT_RETENTION, **fifo_config,
+                                    **wanted.queue})  # fmt: skip
         else:
             if not _matches(queue.config, wanted.queue):
                 raise queue_exists(name)
@@ -126,6 +132,9 @@ class QueueActions:
             return
         if await self.backend.find(target) is None:
             raise bad_attribute_value("RedrivePolicy", "Reason: Dead letter target does not exist.")
+        if f.is_fifo(target) != f.is_fifo(source):  # as SQS: a FIFO queue's DLQ is FIFO
+            raise bad_attribute_value("RedrivePolicy", "Reason: Dead-letter queue must be "
+                                      "same type of queue as the source.")  # fmt: skip
         policy = (await self.settings.get(target)).kept.get("RedriveAllowPolicy")
         allowed = a.allowed_sources(policy)
         if allowed is not None and source not in allowed:
@@ -192,12 +201,14 @@ class QueueActions:
         name = queue_name(p)
         c.allow("admin", name)
         queue, group = await self.find(name)
-        wanted = a.parse(p.get("Attributes"), creating=False)
+        before = await self.settings.get(name)
+        wanted = a.parse(p.get("Attributes"), creating=False, fifo=before.is_fifo)
+        if wanted.fifo:
+            f.check_combination({**before.fifo, **wanted.fifo})
         await self._check_target(name, wanted)
         queue.config = msgspec.structs.replace(queue.config, **wanted.queue)
         group.config = msgspec.structs.replace(group.config, **wanted.group)
         await self.backend.update(queue, group)
-        before = await self.settings.get(name)
         await self.settings.put(name, before, wanted.apply(clone(before)))
         return {}
 

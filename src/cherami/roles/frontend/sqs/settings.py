@@ -11,6 +11,7 @@ cluster reads the same ones, and deleting the queue deletes them:
 | ``sqs.q.modified`` | LastModifiedTimestamp (seconds) |
 | ``sqs.q.kept.<attribute>`` | an attribute kept as given |
 | ``sqs.q.tag.<key>`` | a tag |
+| ``sqs.q.fifo.<attribute>`` | a FIFO queue's FIFO attributes (fifo.py) |
 
 A change writes only the properties it changes, so two frontends tagging one queue at
 once keep both tags. The attributes that are Cherami settings (delay, retention, size,
@@ -37,7 +38,7 @@ log = logging.getLogger("cherami.frontend.sqs")
 FILE = "sqs.json"  # where an older version kept them
 PREFIX = "sqs.q."
 WAIT, DLQ, MODIFIED = PREFIX + "wait", PREFIX + "dlq", PREFIX + "modified"
-KEPT, TAG = PREFIX + "kept.", PREFIX + "tag."
+KEPT, TAG, FIFO = PREFIX + "kept.", PREFIX + "tag.", PREFIX + "fifo."
 
 
 class QueueSettings(msgspec.Struct, kw_only=True):
@@ -46,6 +47,11 @@ class QueueSettings(msgspec.Struct, kw_only=True):
     kept: dict[str, str] = msgspec.field(default_factory=dict)  # read back as given
     tags: dict[str, str] = msgspec.field(default_factory=dict)
     modified: float = 0.0  # LastModifiedTimestamp
+    fifo: dict[str, str] = msgspec.field(default_factory=dict)  # a FIFO queue's attributes
+
+    @property
+    def is_fifo(self) -> bool:
+        return self.fifo.get("FifoQueue") == "true"
 
 
 def to_properties(s: QueueSettings) -> dict[str, str]:
@@ -54,6 +60,7 @@ def to_properties(s: QueueSettings) -> dict[str, str]:
         out[DLQ] = s.dead_letter_target
     out.update({KEPT + k: v for k, v in s.kept.items()})
     out.update({TAG + k: v for k, v in s.tags.items()})
+    out.update({FIFO + k: v for k, v in s.fifo.items()})
     return out
 
 
@@ -70,6 +77,8 @@ def from_properties(props: dict[str, str]) -> QueueSettings:
             s.kept[name[len(KEPT) :]] = value
         elif name.startswith(TAG):
             s.tags[name[len(TAG) :]] = value
+        elif name.startswith(FIFO):
+            s.fifo[name[len(FIFO) :]] = value
     return s
 
 
