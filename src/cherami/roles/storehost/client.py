@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -46,6 +46,17 @@ class StoreError(CheramiError):
         self.code = code
 
 
+Opener = Callable[[str], Awaitable[tuple[FrameReader, FrameWriter]]]
+
+
+async def _open_tcp(address: str) -> tuple[FrameReader, FrameWriter]:
+    host, port = address.rsplit(":", 1)
+    context = tls.internal_client()  # a cluster with TLS: verify the host
+    return await open_framed(
+        host, int(port), h.WELCOME_SIZE, ssl=context, server_hostname=host if context else None
+    )
+
+
 def _raise_for(reply: w.Reply) -> w.Reply:
     if isinstance(reply, w.Failed):
         if reply.code == "extent_sealed":
@@ -60,11 +71,19 @@ def _raise_for(reply: w.Reply) -> w.Reply:
 
 class StoreClient:
     def __init__(
-        self, store_id: str, address: str, connect_timeout: float = 2.0, key: bytes | None = None
+        self,
+        store_id: str,
+        address: str,
+        connect_timeout: float = 2.0,
+        key: bytes | None = None,
+        opener: Opener | None = None,
     ) -> None:
-        """``key``: the cluster key to prove (default: this process's, handshake.py)."""
+        """``key``: the cluster key to prove (default: this process's, handshake.py);
+        ``opener``: how to open a connection to ``address`` (default: TCP, with TLS when
+        the cluster has it; an in-process store host's pipe, inprocess.py)."""
         self.store_id = store_id
         self._key = key
+        self._open = opener or _open_tcp
         self.address = address
         self._timeout = connect_timeout
         self._rids = itertools.count(1)
@@ -84,15 +103,10 @@ class StoreClient:
                 return self._writer
             if self.closed:
                 raise Unavailable(f"store {self.store_id} client is closed")
-            host, port = self.address.rsplit(":", 1)
             key = self._key if self._key is not None else h.cluster_key()
             try:
                 async with asyncio.timeout(self._timeout):
-                    context = tls.internal_client()  # a cluster with TLS: verify the host
-                    reader, writer = await open_framed(
-                        host, int(port), h.WELCOME_SIZE, ssl=context,
-                        server_hostname=host if context else None,
-                    )  # fmt: skip
+                    reader, writer = await self._open(self.address)
                     try:  # prove we belong to the cluster, and see that it does
                         hello, nonce = h.hello(key)
                         writer.write(hello)

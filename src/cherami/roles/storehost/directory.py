@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, TypeVar
 
 from cherami.errors import CheramiError, Unavailable
 from cherami.membership import STOREHOST, live_hosts
@@ -14,6 +14,9 @@ from cherami.roles.storehost.client import StoreClient
 from cherami.wire import handshake
 from cherami.wire.store import ExtentInfo, ReadResult
 
+if TYPE_CHECKING:
+    from cherami.roles.storehost.inprocess import InProcessStoreHost
+
 T = TypeVar("T")
 
 INFO_CHUNK = 1000  # extents asked about in one info request
@@ -21,9 +24,12 @@ REFRESH_INTERVAL = 0.5  # how often a StoreWatcher reads the live store hosts
 
 
 class StoreDirectory:
-    def __init__(self, key: bytes | None = None) -> None:
-        """``key``: the cluster key its clients prove (default: this process's)."""
+    def __init__(self, key: bytes | None = None, hosts: Iterable[InProcessStoreHost] = ()) -> None:
+        """``key``: the cluster key its clients prove (default: this process's);
+        ``hosts``: in-process store hosts (inprocess.py, the test double): a store host
+        at one of their addresses is reached through its pipe, any other over TCP."""
         self._key = key
+        self._in_process = {host.address: host for host in hosts}
         self._clients: dict[str, StoreClient] = {}
 
     @property
@@ -35,7 +41,9 @@ class StoreDirectory:
         current = self._clients.get(store_id)
         if current is not None and current.address == address:
             return
-        self._clients[store_id] = StoreClient(store_id, address, key=self._key)
+        host = self._in_process.get(address)
+        opener = host.open if host is not None else None
+        self._clients[store_id] = StoreClient(store_id, address, key=self._key, opener=opener)
         if current is not None:
             await current.close()
 

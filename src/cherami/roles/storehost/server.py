@@ -59,6 +59,15 @@ class _PendingAppend:
     writer: FrameWriter
 
 
+DiskUsage = tuple[int, int]  # free bytes, total bytes
+
+
+def _usage(path: str | None) -> DiskUsage:
+    assert path is not None
+    usage = shutil.disk_usage(path)
+    return usage.free, usage.total
+
+
 class _DiskGuard:
     """The store's free disk: below one and a half times the floor no replica is
     created, below the floor nothing is appended. It is looked at (one statvfs) every
@@ -68,8 +77,11 @@ class _DiskGuard:
     fast writer filled a small disk between two looks, and the flush then failed for
     want of room."""
 
-    def __init__(self, path: str | None, store: ExtentStore) -> None:
+    def __init__(
+        self, path: str | None, store: ExtentStore, usage: Callable[[], DiskUsage] | None = None
+    ) -> None:
         self.path = path
+        self._usage = usage
         self._store = store
         self._at = -DISK_CHECK
         self._written = 0  # bytes appended since the last look
@@ -77,13 +89,14 @@ class _DiskGuard:
 
     def _look(self) -> None:
         now = time.monotonic()
-        if self.path is not None and (now >= self._at + DISK_CHECK or self._written >= DISK_STEP):
+        watched = self.path is not None or self._usage is not None
+        if watched and (now >= self._at + DISK_CHECK or self._written >= DISK_STEP):
             self._at = now
             try:
-                usage = shutil.disk_usage(self.path)
+                free, total = self._usage() if self._usage else _usage(self.path)
             except OSError:
                 return
-            self.free, self.total, self._written = usage.free, usage.total, 0
+            self.free, self.total, self._written = free, total, 0
             # each store host sharing the disk (a node's) may flush at once: a small share
             self._store.limit_unflushed((self.free - disk_floor(self.total)) // 8)
 
@@ -117,12 +130,15 @@ class StoreHostService:
         key: bytes | None = None,
         tls: ssl.SSLContext | None = None,
         data_dir: str | None = None,
+        disk_usage: Callable[[], DiskUsage] | None = None,
     ) -> None:
         """``key``: the cluster key connections must prove (default: this process's,
         wire/handshake.py); ``tls``: serve over TLS with this context (wire/tls.py);
-        ``data_dir``: where the store writes, whose free disk is guarded (loadmeter.py)."""
+        ``data_dir``: where the store writes, whose free disk is guarded (loadmeter.py);
+        ``disk_usage``: (free, total) bytes of a disk that is not ``data_dir``'s (an
+        in-process store host's, inprocess.py)."""
         self.store = store
-        self._disk = _DiskGuard(data_dir, store)
+        self._disk = _DiskGuard(data_dir, store, disk_usage)
         self._tls = tls
         self._hellos = h.HelloChecker(key if key is not None else h.cluster_key())
         self.refused = 0  # connections closed without a valid cluster hello
@@ -162,11 +178,15 @@ class StoreHostService:
     def connections(self) -> int:
         return len(self._conns)
 
-    async def start(self) -> None:
+    async def start(self, listen: bool = True) -> None:
+        """Start serving; without ``listen``, only the connections given to
+        ``serve_connection`` (an in-process store host's, inprocess.py)."""
         self._committer = asyncio.create_task(self._commit_loop())
-        self._server = await start_framed_server(
-            self._serve, self._host, self._port, h.HELLO_SIZE, grants.MAX_TOKEN, ssl=self._tls
-        )
+        if listen:
+            self._server = await start_framed_server(
+                self.serve_connection, self._host, self._port, h.HELLO_SIZE, grants.MAX_TOKEN,
+                ssl=self._tls,
+            )  # fmt: skip
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -181,7 +201,8 @@ class StoreHostService:
         self._reads.shutdown(wait=True)
         self.store.close()
 
-    async def _serve(self, reader: FrameReader, writer: FrameWriter) -> None:
+    async def serve_connection(self, reader: FrameReader, writer: FrameWriter) -> None:
+        """Serve one connection until it ends (its reader expects the hello first)."""
         task = asyncio.current_task()
         assert task is not None
         self._conns.add(task)
