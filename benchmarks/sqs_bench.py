@@ -2,7 +2,7 @@
 (issue 32): the same messages, the same clients and batch sizes on both paths.
 
     python benchmarks/sqs_bench.py [--messages 20000] [--clients 4] [--size 256]
-                                   [--replicas 3] [--json FILE]
+                                   [--replicas 3] [--fifo-groups 64] [--json FILE]
 
 Starts a node (3 store hosts) with ``--sqs-port 0``. Phases, each over its own queue:
 
@@ -11,6 +11,9 @@ Starts a node (3 store hosts) with ``--sqs-port 0``. Phases, each over its own q
 - ``sqs receive+delete``: ``receive_message`` (10, long poll 1 s) then
   ``delete_message_batch`` of what it got, until every message is deleted;
 - ``sqs send (1 a call)``: ``send_message``, a fifth of the messages;
+- ``sqs fifo send`` and ``sqs fifo receive+delete``: the first two on a FIFO queue, each
+  message with one of ``--fifo-groups`` MessageGroupIds (in turn) and its own
+  MessageDeduplicationId (docs/sqs.md, "FIFO queues");
 - ``http publish`` and ``http receive+ack``: the Python client on the HTTP API with the
   same batches of 10 (benchmarks/http_path.py's phases), and with 500 (its default).
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 import tempfile
@@ -58,9 +62,20 @@ def in_threads(clients: int, work: Callable[[Any], None], url: str) -> float:
     return time.perf_counter() - start
 
 
-def sqs_send(url: str, queue_url: str, total: int, clients: int, size: int, batch: int) -> float:
+def sqs_send(
+    url: str, queue_url: str, total: int, clients: int, size: int, batch: int, groups: int = 0
+) -> float:
+    """``groups``: a FIFO queue's, each message in one of them, with its own dedup id."""
     body = "x" * size
     share = total // clients
+
+    def entry(i: int) -> dict[str, str]:
+        if not groups:
+            return {"Id": str(i), "MessageBody": body}
+        return {"Id": str(i), "MessageBody": body, "MessageGroupId": f"g{next(turn) % groups}",
+                "MessageDeduplicationId": uuid.uuid4().hex}  # fmt: skip
+
+    turn = itertools.count()
 
     def work(client: Any) -> None:
         for sent in range(0, share, batch):
@@ -68,7 +83,7 @@ def sqs_send(url: str, queue_url: str, total: int, clients: int, size: int, batc
             if batch == 1:
                 client.send_message(QueueUrl=queue_url, MessageBody=body)
                 continue
-            entries = [{"Id": str(i), "MessageBody": body} for i in range(n)]
+            entries = [entry(i) for i in range(n)]
             answer = client.send_message_batch(QueueUrl=queue_url, Entries=entries)
             assert not answer.get("Failed"), answer["Failed"]
 
@@ -127,6 +142,12 @@ def sqs_phases(sqs: str, pid: int, args: argparse.Namespace, table: dict[str, An
     )
     one = boto.create_queue(QueueName=f"sqs-{uuid.uuid4().hex[:8]}")["QueueUrl"]
     measure(pid, "sqs send (1 a call)", lambda: sqs_send(sqs, one, n // 5, c, size, 1), table)
+    fifo = boto.create_queue(QueueName=f"sqs-{uuid.uuid4().hex[:8]}.fifo",
+                             Attributes={**attrs, "FifoQueue": "true"})["QueueUrl"]  # fmt: skip
+    g = args.fifo_groups
+    measure(pid, "sqs fifo send (10 a call)", lambda: sqs_send(sqs, fifo, n, c, size, 10, g), table)
+    measure(pid, "sqs fifo receive+delete (10 a call)",
+            lambda: sqs_receive_delete(sqs, fifo, n, c), table)  # fmt: skip
 
 
 async def http_phases(url: str, pid: int, args: argparse.Namespace, table: dict[str, Any]) -> None:
@@ -152,6 +173,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--fifo-groups", type=int, default=64)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
