@@ -80,8 +80,36 @@ def test_a_clusters_frontend_serves_it(tmp_path: Path) -> None:
                 "Attributes"].values()) == {"0"},
             10, "the counts at 0",
         )  # fmt: skip
+        _fifo_through_a_frontend(sqs)
     finally:
         cluster.down()
+
+
+def _fifo_through_a_frontend(sqs: Client) -> None:
+    """A FIFO queue through a frontend (docs/sqs.md, "FIFO queues"): groups and dedup ids
+    reach the input host over the internal publish route, the CP group's one output
+    host hands out one message of a group at a time, in order."""
+    url = sqs.create_queue(QueueName=unique("cluster") + ".fifo", Attributes={
+        "FifoQueue": "true", "ContentBasedDeduplication": "true"})["QueueUrl"]  # fmt: skip
+    sent = [sqs.send_message(QueueUrl=url, MessageBody=f"{g}:{i}", MessageGroupId=g)
+            for i in range(4) for g in ("a", "b")]  # fmt: skip
+    repeat = sqs.send_message(QueueUrl=url, MessageBody="a:0", MessageGroupId="a")
+    assert repeat["MessageId"] == sent[0]["MessageId"]
+    numbers = [int(m["SequenceNumber"]) for m in sent]
+    assert numbers == sorted(set(numbers))
+    got: dict[str, list[str]] = {"a": [], "b": []}
+
+    def receive() -> bool:
+        batch = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1,
+                                    AttributeNames=["All"]).get("Messages", [])  # fmt: skip
+        assert len({m["Attributes"]["MessageGroupId"] for m in batch}) == len(batch)
+        for m in batch:
+            got[m["Attributes"]["MessageGroupId"]].append(m["Body"])
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+        return sum(map(len, got.values())) >= 8
+
+    wait_for(receive, 30, "every FIFO message received")
+    assert got == {g: [f"{g}:{i}" for i in range(4)] for g in ("a", "b")}
 
 
 def test_a_cluster_with_keys_serves_receives_at_its_output_hosts(tmp_path: Path) -> None:
