@@ -7,7 +7,7 @@ message at a time on one more queue, a SIGTERM restart and a SIGKILL restart (un
 every group.
 
     .venv/bin/python benchmarks/breadth.py 25 50 100          # queue counts, 2 groups each
-    .venv/bin/python benchmarks/breadth.py --groups 1 --idle 10 200
+    .venv/bin/python benchmarks/breadth.py --groups 1 --idle 10 --concurrency 4 200
 
 Prints one row per N; nothing is estimated."""
 
@@ -16,11 +16,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
@@ -28,10 +31,10 @@ from cherami.client.asyncclient import AsyncClient  # noqa: E402
 from cherami.devcluster.nodeproc import NodeProcess  # noqa: E402
 
 
-async def _create(url: str, queues: int, groups: int) -> float:
+async def _create(url: str, queues: int, groups: int, concurrency: int) -> float:
     started = time.monotonic()
     async with AsyncClient(url, timeout=120) as client:
-        limit = asyncio.Semaphore(4)
+        limit = asyncio.Semaphore(concurrency)
 
         async def one(i: int) -> None:
             async with limit:
@@ -99,17 +102,48 @@ def _rss_mb(pids: list[str]) -> float:
     return total / 1024
 
 
-def _idle(node: NodeProcess, seconds: float) -> tuple[float, float]:
-    """The node's CPU over ``seconds`` of idling (% of a core) and its RSS after (MB)."""
+def _scrape_seconds(url: str) -> float:
+    """How long one scrape of /metrics takes (what Prometheus asks every 15-60 s)."""
+    started = time.perf_counter()
+    with urllib.request.urlopen(url + "/metrics", timeout=600) as resp:
+        resp.read()
+    return time.perf_counter() - started
+
+
+def _metadata_calls(url: str) -> dict[str, float]:
+    """The node's calls to its metadata store so far, by operation (from /metrics)."""
+    calls: dict[str, float] = {}
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
+        for line in resp.read().decode().splitlines():
+            match = _CALLS.match(line)
+            if match:
+                calls[match.group(1)] = float(match.group(2))
+    return calls
+
+
+_CALLS = re.compile(r'cherami_metadata_call_latency_seconds_count\{op="([^"]+)"\} (\S+)')
+
+
+def _idle(node: NodeProcess, seconds: float, settle: float) -> dict[str, Any]:
+    """The node's CPU over ``seconds`` of idling (% of a core, every process), its RSS
+    after (MB) and its metadata calls a second while idle (in all, and the busiest)."""
     assert node.proc is not None
     children = subprocess.run(
         ["pgrep", "-P", str(node.proc.pid)], capture_output=True, text=True
     ).stdout.split()
     pids = [str(node.proc.pid), *children]
-    time.sleep(3)  # what creating and the first deliveries left behind settles
-    before = _cpu_seconds(pids)
+    time.sleep(settle)  # what creating and the first deliveries left behind settles
+    before, calls_before = _cpu_seconds(pids), _metadata_calls(node.url)
     time.sleep(seconds)
-    return (_cpu_seconds(pids) - before) / seconds * 100, _rss_mb(pids)
+    cpu = (_cpu_seconds(pids) - before) / seconds * 100
+    calls = _metadata_calls(node.url)
+    rates = {op: (n - calls_before.get(op, 0)) / seconds for op, n in calls.items()}
+    busiest = sorted(((r, op) for op, r in rates.items() if r > 0), reverse=True)[:3]
+    return {
+        "idle_cpu_pct": cpu, "rss_mb": _rss_mb(pids),
+        "metadata_per_s": sum(rates.values()),
+        "metadata_busiest": ", ".join(f"{op} {r:.2f}" for r, op in busiest) or "none",
+    }  # fmt: skip
 
 
 def _restart(node: NodeProcess, kill: bool) -> float:
@@ -122,12 +156,23 @@ def _restart(node: NodeProcess, kill: bool) -> float:
     return time.monotonic() - started
 
 
-def run(queues: int, groups: int, idle_seconds: float) -> dict[str, float]:
+def empty_latency() -> tuple[float, float]:
+    """p50 and p99 (ms) of the same round trip on a node that holds nothing else."""
     with tempfile.TemporaryDirectory() as tmp:
         node = NodeProcess(Path(tmp) / "node").start()
         try:
-            created = asyncio.run(_create(node.url, queues, groups))
-            idle, rss = _idle(node, idle_seconds)
+            return asyncio.run(_latency(node.url))
+        finally:
+            node.stop()
+
+
+def run(queues: int, groups: int, args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        node = NodeProcess(Path(tmp) / "node").start()
+        try:
+            created = asyncio.run(_create(node.url, queues, groups, args.concurrency))
+            idle = _idle(node, args.idle, args.settle)
+            scrape = _scrape_seconds(node.url)
             p50, p99 = asyncio.run(_latency(node.url))
             sigterm = _restart(node, kill=False)
             missing_term = asyncio.run(_all_delivered(node.url, queues, groups))
@@ -137,8 +182,8 @@ def run(queues: int, groups: int, idle_seconds: float) -> dict[str, float]:
         finally:
             node.stop()
     return {
-        "queues": queues, "groups": groups, "create_s": created, "idle_cpu_pct": idle,
-        "rss_mb": rss, "latency_p50_ms": p50, "latency_p99_ms": p99,
+        "queues": queues, "groups": groups, "create_s": created, **idle, "scrape_s": scrape,
+        "latency_p50_ms": p50, "latency_p99_ms": p99,
         "sigterm_restart_s": sigterm, "sigkill_restart_s": sigkill,
         "missing_after_sigterm": missing_term, "missing_after_sigkill": missing_kill,
     }  # fmt: skip
@@ -149,16 +194,28 @@ def main() -> None:
     parser.add_argument("queues", nargs="+", type=int)
     parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--idle", type=float, default=60.0, help="seconds of idling measured")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=3.0,
+        help="seconds left after creating before the idle measure starts",
+    )
+    parser.add_argument("--concurrency", type=int, default=16, help="queues created at once")
     args = parser.parse_args()
-    print("| queues x groups | create all (s) | idle CPU (% of a core) | RSS (MB) "
-          "| publish to receive p50 / p99 (ms) | SIGTERM restart (s) | SIGKILL restart (s) "
-          "| not delivered after |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    p50, p99 = empty_latency()
+    print(f"empty node: publish to receive p50 / p99 {p50:.1f} / {p99:.1f} ms", flush=True)
+    print("| queues x groups | create all (s) | queues/s | idle CPU (% of a core) | RSS (MB) "
+          "| metadata calls/s idle (busiest) | /metrics scrape (s) "
+          "| publish to receive p50 / p99 (ms) "
+          "| SIGTERM restart (s) | SIGKILL restart (s) | not delivered after |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for n in args.queues:
-        r = run(n, args.groups, args.idle)
+        r = run(n, args.groups, args)
         print(
-            f"| {n} x {args.groups} | {r['create_s']:.1f} | {r['idle_cpu_pct']:.1f} "
-            f"| {r['rss_mb']:.0f} | {r['latency_p50_ms']:.1f} / {r['latency_p99_ms']:.1f} "
+            f"| {n} x {args.groups} | {r['create_s']:.1f} | {n / r['create_s']:.0f} "
+            f"| {r['idle_cpu_pct']:.1f} | {r['rss_mb']:.0f} "
+            f"| {r['metadata_per_s']:.2f} ({r['metadata_busiest']}) | {r['scrape_s']:.2f} "
+            f"| {r['latency_p50_ms']:.1f} / {r['latency_p99_ms']:.1f} "
             f"| {r['sigterm_restart_s']:.1f} | {r['sigkill_restart_s']:.1f} "
             f"| {r['missing_after_sigterm'] + r['missing_after_sigkill']} |",
             flush=True,

@@ -92,6 +92,22 @@ async def test_group_lifecycle(meta: MetadataStore) -> None:
         await meta.get_group("q1", "g")
 
 
+async def test_every_group_of_every_queue_in_one_read(meta: MetadataStore) -> None:
+    assert await meta.list_every_group() == []
+    for queue in ("q2", "q1"):
+        await meta.insert_queue(_queue(queue))
+        for name in ("b", "a"):
+            group = Group(queue=queue, name=name, config=GroupConfig(), created_at=0,
+                          start_ms=0, dlq=f"_dlq.{queue}")  # fmt: skip
+            await meta.insert_group(group)
+    listed = await meta.list_every_group()
+    assert [(g.queue, g.name) for g in listed] == [("q1", "a"), ("q1", "b"), ("q2", "a"),
+                                                    ("q2", "b")]  # fmt: skip
+    assert listed[0] == await meta.get_group("q1", "a")
+    await meta.delete_queue("q2")
+    assert [(g.queue, g.name) for g in await meta.list_every_group()] == [("q1", "a"), ("q1", "b")]
+
+
 async def test_extents_and_conditional_successor(meta: MetadataStore) -> None:
     assert await meta.insert_extent(_extent("e1"))
     assert await meta.insert_extent(_extent("e2", predecessor="e1"))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
+from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -118,3 +120,59 @@ def test_help_and_units(server: ServerProcess) -> None:
         if family.type in ("gauge", "histogram") and family.name != "cherami_host_up":
             units = ("_seconds", "_messages", "_bytes", "_extents", "_connections")
             assert family.name.endswith(units), family.name
+
+
+def test_a_scrape_reads_in_bulk_not_per_queue(tmp_path: Path) -> None:
+    """A scrape of a node with 20 queues x 2 groups reads the metadata a fixed number of
+    times, not once or more per queue or group (it read each queue's extents and each
+    group's DLQ, and asked a store host about each extent one at a time); the series
+    are all still there, and the one group with a dead letter shows it."""
+    server = ServerProcess(tmp_path / "node").start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            queues = [f"bulk{i}" for i in range(20)]
+            for q in queues:
+                assert http.put(f"/v1/queues/{q}").status_code == 201
+                for g in ("a", "b"):
+                    put = http.put(f"/v1/queues/{q}/groups/{g}", json={"max_delivery_count": 1})
+                    assert put.status_code == 201
+                msgs = {"messages": [{"body": "m"}]}
+                assert http.post(f"/v1/queues/{q}/messages", json=msgs).status_code == 200
+            grp = "/v1/queues/bulk0/groups/a"
+            got: list[dict[str, str]] = []
+            deadline = time.monotonic() + 15
+            while not got:
+                assert time.monotonic() < deadline, "no delivery"
+                got = http.post(grp + "/receive", json={"max_messages": 1}).json()["messages"]
+            assert http.post(grp + "/nack", json={"receipts": [got[0]["receipt"]]}).status_code
+            while http.get(grp).json()["stats"]["dlq_depth"] < 1:
+                assert time.monotonic() < deadline, "the nacked message never reached the DLQ"
+                time.sleep(0.1)
+
+            def reads(samples: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> Counter[str]:
+                return Counter({dict(labels)["op"]: v for (n, labels), v in samples.items()
+                                if n == "cherami_metadata_call_latency_seconds_count"
+                                and dict(labels)["op"] in PER_QUEUE_READS})  # fmt: skip
+
+            before = scrape(http)
+            for _ in range(3):
+                last = scrape(http)
+            # 3 scrapes: the one DLQ with a dead letter costs 2 reads each, and the
+            # node's own background work a few (the leader looking at the DLQ that
+            # opened); the old scrape made 20 + 2 x 40 + 40 of these reads each time
+            made = reads(last) - reads(before)
+            assert sum(made.values()) <= 30, made
+            for q in queues:
+                for g in ("a", "b"):
+                    backlog = value(last, "cherami_group_backlog_messages", queue=q, group=g)
+                    assert backlog == (0.0 if (q, g) == ("bulk0", "a") else 1.0), (q, g)
+                assert value(last, "cherami_queue_open_extents", queue=q) == 1.0
+                assert (value(last, "cherami_queue_stored_bytes", queue=q) or 0) > 0
+            assert value(last, "cherami_group_dlq_messages", queue="bulk0", group="a") == 1.0
+            assert value(last, "cherami_group_dlq_messages", queue="bulk1", group="a") == 0.0
+    finally:
+        server.stop()
+
+
+# what the scrape read once per queue or per group before (list_groups: stream lags)
+PER_QUEUE_READS = ("list_extents", "get_ack_levels", "list_groups", "get_group")

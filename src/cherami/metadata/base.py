@@ -97,6 +97,10 @@ class MetadataStore(Protocol):
     ) -> list[Group]:
         """The queue's groups by name, paged as ``list_queues`` pages queues."""
 
+    async def list_every_group(self) -> list[Group]:
+        """Every group of every queue (DLQ cursors too) in one read, by queue and name:
+        what looks at all groups (a scrape, a start) reads once, not once per queue."""
+
     async def update_group(self, group: Group) -> None: ...
 
     async def delete_group(self, queue: str, name: str) -> None:

@@ -63,6 +63,9 @@ def _queue(row: Row) -> Queue:
     )  # fmt: skip
 
 
+_GROUPS = "queue, name, config, created_at, start_ms, dlq"
+
+
 def _group(row: Row) -> Group:
     queue, name, config, created_at, start_ms, dlq = row
     return Group(
@@ -238,12 +241,8 @@ class PostgresMetadataStore(CancelledMessages):
             raise AlreadyExists(f"group {group.name} exists") from None
 
     async def get_group(self, queue: str, name: str) -> Group:
-        row = await self._fetchone(
-            "SELECT queue, name, config, created_at, start_ms, dlq FROM groups "
-            "WHERE queue = %s AND name = %s",
-            (queue, name),
-        )
-        if row is None:
+        sql = f"SELECT {_GROUPS} FROM groups WHERE queue = %s AND name = %s"
+        if (row := await self._fetchone(sql, (queue, name))) is None:
             raise GroupNotFound(f"no group {name} on queue {queue}")
         return _group(row)
 
@@ -251,11 +250,12 @@ class PostgresMetadataStore(CancelledMessages):
         self, queue: str, prefix: str = "", after: str | None = None, limit: int | None = None
     ) -> list[Group]:
         page, args = page_clause(prefix, after, limit, "%s")
-        rows = await self._fetchall(
-            "SELECT queue, name, config, created_at, start_ms, dlq FROM groups "
-            f"WHERE queue = %s{page}",
-            [queue, *args],
-        )
+        rows = await self._fetchall(f"SELECT {_GROUPS} FROM groups WHERE queue = %s{page}",
+                                    [queue, *args])  # fmt: skip
+        return [_group(r) for r in rows]
+
+    async def list_every_group(self) -> list[Group]:
+        rows = await self._fetchall(f"SELECT {_GROUPS} FROM groups ORDER BY queue, name", [])
         return [_group(r) for r in rows]
 
     async def update_group(self, group: Group) -> None:

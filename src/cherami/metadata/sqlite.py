@@ -230,6 +230,10 @@ class SqliteMetadataStore(CancelledMessages):
         rows = await self._run(lambda: self._db.execute(sql, [queue, *args]).fetchall())
         return [group_row(r) for r in rows]
 
+    async def list_every_group(self) -> list[Group]:
+        sql = "SELECT * FROM groups ORDER BY queue, name"
+        return [group_row(r) for r in await self._run(lambda: self._db.execute(sql).fetchall())]
+
     async def update_group(self, group: Group) -> None:
         await self._write(
             lambda: self._db.execute(

@@ -15,7 +15,7 @@ from prometheus_client.core import Metric
 
 from cherami import timing
 from cherami.errors import CheramiError
-from cherami.metadata.models import FAILING, OPEN, SEALED, Queue
+from cherami.metadata.models import FAILING, OPEN, SEALED, Extent, Queue
 from cherami.roles.frontend.lag import stream_lags
 from cherami.telemetry import Histogram, counter, gauge, histogram, process_families, render
 
@@ -64,7 +64,15 @@ class _Scrape:
         self.out: list[Metric] = []
 
     async def run(self) -> list[Metric]:
-        queues = {q.name: q for q in await self.f.r.metadata.list_queues() if q.dlq_of is None}
+        """Reads what it shows in bulk: the queues, every live extent, and each store
+        host's answer for the extents it holds, once each; only groups with dead
+        letters or in stream mode cost a read more (a scrape once read every queue's
+        extents and asked a store host about every extent, one at a time)."""
+        metadata = self.f.r.metadata
+        queues = {q.name: q for q in await metadata.list_queues() if q.dlq_of is None}
+        self.extents: dict[str, list[Extent]] = {}
+        for extent in await metadata.list_extents_in((OPEN, FAILING, SEALED)):
+            self.extents.setdefault(extent.queue, []).append(extent)
         self._publishes(queues)
         if self.f.r.controller.manage_extents:
             await self._queues(queues)
@@ -103,15 +111,11 @@ class _Scrape:
         stored = gauge(
             "cherami_queue_stored_bytes", "Bytes the queue's extents hold (one replica)", ["queue"]
         )
-        metadata, stores = self.f.r.metadata, self.f.r.stores
+        asked = [e for name in queues for e in self.extents.get(name, ())]
+        infos = await self.f.r.stores.infos(asked)  # an extent no replica answers: left out
         for name in queues:
-            extents = await metadata.list_extents(name, (OPEN, FAILING, SEALED))
-            size = 0
-            for extent in extents:
-                try:
-                    size += (await stores.info(extent)).bytes
-                except CheramiError:
-                    continue  # no replica answers: left out
+            extents = self.extents.get(name, [])
+            size = sum(infos[e.id].bytes for e in extents if e.id in infos)
             opened.add_metric([name], sum(e.status in (OPEN, FAILING) for e in extents))
             sealed.add_metric([name], sum(e.status == SEALED for e in extents))
             stored.add_metric([name], size)
@@ -180,6 +184,8 @@ class _Scrape:
         self.out += [*g.values(), *c.values(), e2e]
 
     async def _dlq_depth(self, dlq: str) -> int:
+        if dlq not in self.extents:
+            return 0  # no dead letter yet: the DLQ has no extent (it opens one at its first)
         try:
             ranges = await self.f.r.controller.dlq_ranges(dlq)
         except CheramiError:

@@ -14,7 +14,6 @@ from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from cherami.errors import CheramiError
 from cherami.loadmeter import Counts
 from cherami.metadata.models import Group, Queue
 from cherami.roles.outputhost.consumestream import ConsumeStream, StreamSocket
@@ -140,33 +139,28 @@ class LocalOutputHost:
 
     async def state(self, group: Group) -> GroupState | None:
         consumer = await self._consumer(group)
-        return None if consumer is None else await self._state(consumer, tolerant=False)
+        return None if consumer is None else await self._state(consumer)
 
     async def states(self, queues: Collection[str]) -> list[GroupState]:
         consumers = [
             c for c in list(self.service.groups.values())
             if c.group.queue in queues and not c.stopped
         ]  # fmt: skip
-        return [await self._state(c, tolerant=True) for c in consumers]
+        # every cursor's extent asked at once: one request per store host, not one per
+        # extent of every group (a scrape of a node with 10,000 queues made 20,000)
+        extents = {c.extent.id: c.extent for g in consumers for c in list(g.cursors.values())}
+        infos = await self.service.stores.infos(list(extents.values()))
+        return [
+            _state_of(g, {c.id: infos[c.extent.id].count
+                          for c in list(g.cursors.values()) if c.extent.id in infos})
+            for g in consumers
+        ]  # fmt: skip
 
-    async def _state(self, consumer: GroupConsumer, tolerant: bool) -> GroupState:
-        counts: dict[str, int] = {}
+    async def _state(self, consumer: GroupConsumer) -> GroupState:
+        counts = {}
         for cursor in list(consumer.cursors.values()):
-            try:
-                counts[cursor.id] = (await self.service.stores.info(cursor.extent)).count
-            except CheramiError:
-                if not tolerant:
-                    raise
-        oldest = consumer.oldest_unacked_ms()
-        return GroupState(
-            group=consumer.group, backlog=consumer.backlog_above(counts),
-            in_flight=consumer.in_flight,
-            oldest_unacked_age_seconds=max(0.0, time.time() - oldest / 1000) if oldest else 0.0,
-            delivered=consumer.delivered, acked=consumer.acked, nacked=consumer.nacked,
-            redelivered=consumer.redelivered, dead_lettered=consumer.dead_lettered,
-            end_to_end=consumer.end_to_end, top_keys=consumer.keys.top(),
-            expired=consumer.flight.expired, cancelled=consumer.window.cancelled,
-        )  # fmt: skip
+            counts[cursor.id] = (await self.service.stores.info(cursor.extent)).count
+        return _state_of(consumer, counts)
 
     async def receive(
         self, group: Group, max_messages: int, wait: float, visibility: float | None
@@ -238,3 +232,18 @@ def _action(consumer: GroupConsumer, how: Settlement) -> Callable[[list[int]], l
     if how.kind == "nack":
         return lambda numbers: consumer.nack(numbers, how.seconds)
     return lambda numbers: consumer.extend(numbers, how.seconds)
+
+
+def _state_of(consumer: GroupConsumer, counts: dict[str, int]) -> GroupState:
+    """The group's state, with ``counts``: how many messages each cursor's extent holds
+    (a cursor left out: no replica answered)."""
+    oldest = consumer.oldest_unacked_ms()
+    return GroupState(
+        group=consumer.group, backlog=consumer.backlog_above(counts),
+        in_flight=consumer.in_flight,
+        oldest_unacked_age_seconds=max(0.0, time.time() - oldest / 1000) if oldest else 0.0,
+        delivered=consumer.delivered, acked=consumer.acked, nacked=consumer.nacked,
+        redelivered=consumer.redelivered, dead_lettered=consumer.dead_lettered,
+        end_to_end=consumer.end_to_end, top_keys=consumer.keys.top(),
+        expired=consumer.flight.expired, cancelled=consumer.window.cancelled,
+    )  # fmt: skip

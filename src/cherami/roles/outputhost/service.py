@@ -136,16 +136,17 @@ class OutputHostService:
     async def _load_every_group(self) -> None:
         loaded = 0
         started = time.monotonic()
-        for queue in await self.metadata.list_queues():
-            for group in await self.metadata.list_groups(queue.name):
-                try:
-                    await self.group(group.queue, group.name)
-                except (GroupNotFound, QueueNotFound):
-                    continue  # deleted meanwhile
-                except Exception:  # it loads when it is asked for, or at its next change
-                    log.exception("group %s/%s could not be loaded", group.queue, group.name)
-                    continue
-                loaded += 1
+        for group in await self.metadata.list_every_group():  # one read, not one a queue
+            if group.name.startswith("_"):
+                continue  # internal (a DLQ's cursor, which no name a client gives can be)
+            try:
+                await self.group(group.queue, group.name)
+            except (GroupNotFound, QueueNotFound):
+                continue  # deleted meanwhile
+            except Exception:  # it loads when it is asked for, or at its next change
+                log.exception("group %s/%s could not be loaded", group.queue, group.name)
+                continue
+            loaded += 1
         log.info("loaded %d groups in %.1f s", loaded, time.monotonic() - started)
 
     async def stop(self) -> None:
