@@ -483,7 +483,7 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few seconds per point")
-    parser.add_argument("--roles", default="publish,consume")
+    parser.add_argument("--roles", default="publish,consume,saturate")
     parser.add_argument("--hosts", default="1,2,4")
     parser.add_argument("--cpu", type=float, default=0.1, help="CPUs per capped host")
     parser.add_argument("--seconds", type=float, help="measured window (quick 3, full 12)")
@@ -507,12 +507,28 @@ def main() -> None:
     parser.add_argument("--credit", type=int, default=4000)
     parser.add_argument("--producers-per-host", type=int, default=1)
     parser.add_argument("--consumers-per-host", type=int, default=1)
+    parser.add_argument(
+        "--saturate-producers",
+        type=int,
+        default=2,
+        help="saturate: streaming publishers, as fast as they go",
+    )
+    parser.add_argument(
+        "--saturate-seconds", type=float, default=60.0, help="saturate: seconds of publishing"
+    )
+    parser.add_argument(
+        "--shrink-seconds",
+        type=float,
+        default=300.0,
+        help="saturate: seconds to watch the shrink (ends at 1 extent)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     opts = parser.parse_args()
     opts.seconds = opts.seconds or (3.0 if opts.quick else 12.0)
     opts.warmup = opts.warmup if opts.warmup is not None else (1.0 if opts.quick else 2.0)
     roles = {"publish": "inputhost", "consume": "outputhost"}
-    wanted = [roles[r] for r in opts.roles.split(",") if r]
+    wanted = [roles[r] for r in opts.roles.split(",") if r in roles]
+    saturated: list[dict[str, Any]] = []
     counts = [int(h) for h in opts.hosts.split(",")]
     started = time.strftime("%Y%m%d-%H%M%S")
     points: list[dict[str, Any]] = []
@@ -525,7 +541,14 @@ def main() -> None:
                 points.append(point)
                 print(f"{role} x{n}: {point['msgs_s']:,.0f} msgs/s ({point['route']})",
                       flush=True)  # fmt: skip
-    print(table(points))
+        if "saturate" in opts.roles.split(","):
+            from scaleout_saturate import saturate, summary
+
+            t0 = time.monotonic()
+            point = asyncio.run(saturate(opts, Path(tmp), spawn, collect))
+            point["seconds_taken"] = round(time.monotonic() - t0, 1)
+            saturated.append(point)
+            print(summary(point), flush=True)
     opts.out.mkdir(parents=True, exist_ok=True)
     mode = "quick" if opts.quick else "full"
     doc = {
@@ -533,13 +556,25 @@ def main() -> None:
         "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()},
         "points": points,
     }  # fmt: skip
-    title = (f"one hot queue, hosts under test capped at {opts.cpu} CPU each, {opts.size} B, "
-             f"replicas {opts.replicas}, {mode} mode ({opts.seconds:.0f} s windows), "
-             f"2-core box shared with other work, {started}")  # fmt: skip
-    for name in (f"scaleout-{mode}-{started}", "scaleout-latest"):
-        (opts.out / f"{name}.json").write_text(json.dumps(doc, indent=2))
-        plot(points, opts.out / f"{name}.png", title)
-    print(f"wrote {opts.out}/scaleout-{mode}-{started}.json and .png")
+    if points:
+        print(table(points))
+        title = (f"one hot queue, hosts under test capped at {opts.cpu} CPU each, "
+                 f"{opts.size} B, replicas {opts.replicas}, {mode} mode ({opts.seconds:.0f} s "
+                 f"windows), 2-core box shared with other work, {started}")  # fmt: skip
+        for name in (f"scaleout-{mode}-{started}", "scaleout-latest"):
+            (opts.out / f"{name}.json").write_text(json.dumps(doc, indent=2))
+            plot(points, opts.out / f"{name}.png", title)
+        print(f"wrote {opts.out}/scaleout-{mode}-{started}.json and .png")
+    for point in saturated:
+        from scaleout_saturate import plot_saturate
+
+        doc["points"] = [point]
+        for name in (f"scaleout-saturate-{started}", "scaleout-saturate-latest"):
+            (opts.out / f"{name}.json").write_text(json.dumps(doc, indent=2))
+            plot_saturate(point, opts.out / f"{name}.png", started)
+        print(f"wrote {opts.out}/scaleout-saturate-{started}.json and .png")
+    if saturated and not all(p["passed"] for p in saturated):
+        sys.exit(1)
 
 
 if __name__ == "__main__":
