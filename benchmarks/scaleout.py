@@ -4,8 +4,13 @@ namespaces (cherami.devcluster.netns), each host of the role under test capped a
 CPU quota (cgroup cfs quota, v1 or v2) so that it binds and the 2-core box does not.
 
     python benchmarks/scaleout.py --quick            # a few seconds per point
-    python benchmarks/scaleout.py                    # the full run (a few minutes)
+    python benchmarks/scaleout.py                    # the full run, saturating run too
     python benchmarks/scaleout.py --roles publish --hosts 1,2 --quick
+    python benchmarks/scaleout.py --roles saturate   # the saturating run alone (~5 min)
+
+The saturating run (``--roles saturate``, scaleout_saturate.py) is different: no host is
+capped, and one queue scales by load from 1 to 4 extents under publishers as fast as they
+go, then back (issue 33, part 1).
 
 Needs root, iproute2, iptables and PostgreSQL (a private server on the bridge is the
 metadata store). Each point gets a fresh cluster: store hosts, one controller, the input
@@ -483,7 +488,9 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few seconds per point")
-    parser.add_argument("--roles", default="publish,consume,saturate")
+    parser.add_argument(
+        "--roles", help="publish,consume,saturate (default; --quick: publish,consume)"
+    )
     parser.add_argument("--hosts", default="1,2,4")
     parser.add_argument("--cpu", type=float, default=0.1, help="CPUs per capped host")
     parser.add_argument("--seconds", type=float, help="measured window (quick 3, full 12)")
@@ -526,6 +533,7 @@ def main() -> None:
     opts = parser.parse_args()
     opts.seconds = opts.seconds or (3.0 if opts.quick else 12.0)
     opts.warmup = opts.warmup if opts.warmup is not None else (1.0 if opts.quick else 2.0)
+    opts.roles = opts.roles or ("publish,consume" if opts.quick else "publish,consume,saturate")
     roles = {"publish": "inputhost", "consume": "outputhost"}
     wanted = [roles[r] for r in opts.roles.split(",") if r in roles]
     saturated: list[dict[str, Any]] = []

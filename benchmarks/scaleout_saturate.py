@@ -45,7 +45,7 @@ from cherami.roles.controller.leader import LEASE
 QUEUE = "hot"
 TARGET, MAX_EXTENTS, INPUTS = 2000, 4, 4
 DECISION = re.compile(
-    r"carries|rolls over|replaced|leads|follows|stops acting|failed|WARNING|ERROR"
+    r"carries|rolls over|sealed at|replaced|leads|follows|stops acting|failed|WARNING|ERROR"
 )
 
 
@@ -160,7 +160,12 @@ async def saturate(
     peak = max(during, key=lambda s: (s["extents"], len(s["input_hosts"])))
     most_hosts = max(len(s["input_hosts"]) for s in during)
     first3 = next((s["t"] for s in during if s["extents"] >= 3), None)
-    first_down = next((s["t"] for s in after if s["extents"] < peak["extents"]), None)
+    # the first shrink that lasts (a roll-over dips for a moment: sealed, successor next)
+    first_down = next(
+        (s["t"] for i, s in enumerate(after)
+         if all(later["extents"] < peak["extents"] for later in after[i:])),
+        None,
+    )  # fmt: skip
     acked = sum(r["sent"] for r in results) if results else 0
     acks = ack_rates(results, since)
     grew = peak["extents"] >= 3 and len(peak["input_hosts"]) >= 3

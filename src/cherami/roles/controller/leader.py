@@ -304,8 +304,15 @@ class Leader:
         self, name: str, extents: list[Extent], live_inputs: set[str], live_stores: set[str]
     ) -> list[Extent]:
         """The queue's extents that keep their hosts; the others are to be sealed (and
-        the queue is looked at again next tick)."""
+        the queue is looked at again next tick). One this controller is sealing (rolled
+        over, scaled down) is neither: its input host marks it FAILING when an append
+        meets a replica the seal reached, and taking that for a failure sealed it twice
+        and made its store hosts suspects at every roll-over of a queue at full speed."""
+        mine = [e for e in extents if e.status == FAILING and self.controller.sealing(e.id)]
+        extents = [e for e in extents if e not in mine]
         broken = [e for e in extents if _needs_seal(e, live_inputs, live_stores)]
+        if mine:
+            self._again.add(name)
         for extent in broken:
             # failing with every host alive: an input host cannot reach one of its stores
             if (

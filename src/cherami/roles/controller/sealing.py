@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from cherami.errors import CheramiError, Unavailable
@@ -17,6 +18,7 @@ from cherami.roles.storehost.directory import StoreDirectory
 log = logging.getLogger("cherami.controller.service")
 
 RESEALS_AT_ONCE = 32  # a store host that came back: its replicas sealed at once
+SEALED_LATELY = 30.0  # seconds a seal of this controller is remembered (sealing())
 
 
 class Sealer:
@@ -32,6 +34,16 @@ class Sealer:
         self._fence = fence
         # replicas a seal could not reach; sealed when they answer again
         self.unsealed_replicas: set[tuple[str, str]] = set()
+        # extents this controller is sealing or sealed lately -> when the seal began
+        self._mine: dict[str, float] = {}
+
+    def sealing(self, extent_id: str) -> bool:
+        """Whether this controller is sealing the extent, or sealed it in the last
+        SEALED_LATELY seconds. Its input host reports such an extent FAILING when an
+        append meets a sealed replica, before the seal's metadata write: that is this
+        seal showing, not a store host the input host cannot reach."""
+        began = self._mine.get(extent_id)
+        return began is not None and time.monotonic() - began < SEALED_LATELY
 
     async def seal_extent(self, extent: Extent) -> int:
         """Seal every reachable replica at the last sequence number all of them hold.
@@ -43,6 +55,16 @@ class Sealer:
         cut back to that minimum: all acked messages stay, and every replica holds
         exactly the same records. (Taking the minimum of a first look and sealing there
         would race with appends acked between the look and the seal.)"""
+        now = time.monotonic()
+        self._mine = {e: t for e, t in self._mine.items() if now - t < SEALED_LATELY}
+        self._mine[extent.id] = now
+        try:
+            return await self._seal(extent)
+        except BaseException:
+            self._mine.pop(extent.id, None)  # not sealed: a FAILING report is news again
+            raise
+
+    async def _seal(self, extent: Extent) -> int:
         lasts: dict[str, int] = {}
         for store_id in extent.stores:
             try:

@@ -378,6 +378,10 @@ class ControllerService:
         (sealing.py)."""
         return await self.sealer.seal_extent(extent)
 
+    def sealing(self, extent_id: str) -> bool:
+        """Whether this controller is sealing the extent or sealed it lately (sealing.py)."""
+        return self.sealer.sealing(extent_id)
+
     async def replace_extent(self, extent_id: str) -> None:
         """Seal an extent that rolls over (by size or age) and open its successor, so
         the queue keeps as many open plain extents as before: one scaled beyond the
