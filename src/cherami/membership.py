@@ -9,7 +9,6 @@ import os
 import secrets
 import time
 
-from cherami import timing
 from cherami.loadmeter import LoadMeter
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Host
@@ -40,13 +39,14 @@ def host_id(data_dir: str, role: str) -> str:
 class Membership:
     def __init__(
         self, metadata: MetadataStore, host: str, role: str, address: str,
-        zone: str = "", meter: LoadMeter | None = None,
+        zone: str = "", meter: LoadMeter | None = None, *, interval: float,
     ) -> None:  # fmt: skip
-        """Every beat carries the ``meter``'s latest load report (made every 2 s)."""
+        """A beat every ``interval`` seconds (timing.heartbeat_interval), each with the
+        ``meter``'s latest load report (made every 2 s)."""
         self.metadata = metadata
         self.host = Host(id=host, role=role, address=address, heartbeat_at=0.0, zone=zone)
         self.meter = meter
-        self._beats = Periodic(f"heartbeat of {host}", timing.current.heartbeat_interval, self.beat)
+        self._beats = Periodic(f"heartbeat of {host}", interval, self.beat)
 
     async def start(self) -> None:
         await self.beat()
@@ -62,5 +62,6 @@ class Membership:
         await self._beats.stop()
 
 
-async def live_hosts(metadata: MetadataStore, role: str) -> list[Host]:
-    return await metadata.list_hosts(role, alive_within=timing.current.dead_after)
+async def live_hosts(metadata: MetadataStore, role: str, dead_after: float) -> list[Host]:
+    """The hosts of ``role`` heard from within ``dead_after`` (the process's timing)."""
+    return await metadata.list_hosts(role, alive_within=dead_after)

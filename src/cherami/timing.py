@@ -3,7 +3,8 @@ NodeConfig.timing): leases, ticks, heartbeats, the ack-level flush and the read 
 
 Every process of a cluster must run with the same values (a holder's acting window and
 the others' view of a dead host are computed from them); the defaults suit a LAN. They
-are set once at start (``use``) and read where they are used (``current``)."""
+are checked once at start and carried in the process's context (context.py), from which
+each role takes what it needs when it is built."""
 
 from __future__ import annotations
 
@@ -54,11 +55,3 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 
 
 DEFAULT = Timing()
-current = DEFAULT
-
-
-def use(timing: Timing) -> None:
-    """This process's timing, from its config (checked)."""
-    global current
-    timing.check()
-    current = timing

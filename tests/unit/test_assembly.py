@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cherami import timing
 from cherami.config import NodeConfig
+from cherami.context import ProcessContext
 from cherami.membership import CONTROLLER, FRONTEND, INPUTHOST, OUTPUTHOST
 from cherami.metadata.models import FAILING, OPEN, Extent, Queue, QueueConfig
 from cherami.metadata.sqlite import SqliteMetadataStore
@@ -24,7 +24,11 @@ from cherami.roles.inputhost.client import INTERNAL_PUBLISH, LocalInputHost, Rem
 from cherami.roles.inputhost.service import InputHostService
 from cherami.roles.storehost.directory import StoreDirectory, StoreWatcher
 from cherami.server.assembly import EVERY_ROLE, Assembly, Surroundings, assemble
+from cherami.timing import Timing
 from cherami.wire.store import PLAIN
+
+# a context whose timing is not the default: the roles must take theirs from it
+CTX = ProcessContext(timing=Timing(extent_refresh_interval=0.7, dead_after=4.0))
 
 
 @pytest.fixture
@@ -43,8 +47,9 @@ def _surroundings(
         return "inputhost-0"
 
     return Surroundings(
-        config=NodeConfig(), ids=ids, metadata=metadata, reads=metadata, stores=stores,
-        watcher=StoreWatcher(metadata, stores), keys=KeyRing([]), ready=lambda: True,
+        config=NodeConfig(), ctx=CTX, ids=ids, metadata=metadata, reads=metadata, stores=stores,
+        watcher=StoreWatcher(metadata, stores, CTX.timing.dead_after), keys=KeyRing([]),
+        ready=lambda: True,
         pick_input_host=pick, router=router,
         scaling=None if router is None else ScalingPolicy(),
     )  # fmt: skip
@@ -58,7 +63,7 @@ async def _node(metadata: SqliteMetadataStore) -> Assembly:
 async def _cluster(metadata: SqliteMetadataStore) -> dict[str, Assembly]:
     return {
         role: await assemble(
-            _surroundings(metadata, {role: f"{role}-1"}, Router(metadata)), frozenset({role})
+            _surroundings(metadata, {role: f"{role}-1"}, Router(metadata, CTX)), frozenset({role})
         )
         for role in (FRONTEND, CONTROLLER, INPUTHOST, OUTPUTHOST)
     }
@@ -98,7 +103,7 @@ async def test_extent_changes_are_read_again_at_the_refresh_interval(
     metadata: SqliteMetadataStore,
 ) -> None:
     node, cluster = await _node(metadata), await _cluster(metadata)
-    interval = timing.current.extent_refresh_interval
+    interval = CTX.timing.extent_refresh_interval  # not the default: the context's
     for name, assembly in [("node", node), ("cluster", cluster[OUTPUTHOST])]:
         assert assembly.outputs is not None
         assert assembly.outputs.service._refresher.seconds == interval, name

@@ -11,7 +11,6 @@ from typing import Any
 import msgspec
 import pytest
 
-from cherami import timing
 from cherami.roles.outputhost import inflight as gcmod
 from cherami.roles.outputhost.entry import Delivered, Entry, Run
 from cherami.roles.outputhost.extentreader import _run
@@ -217,8 +216,7 @@ async def test_a_receive_takes_a_ready_run_as_entries() -> None:
 
 
 async def test_a_run_held_at_the_head_of_a_full_window_is_pinned(monkeypatch: Any) -> None:
-    monkeypatch.setattr(timing, "current", msgspec.structs.replace(timing.DEFAULT, read_ahead=3))
-    consumer, meta = _consumer(), _Metadata()
+    consumer, meta = _consumer(read_ahead=3), _Metadata()
     cursor = consumer.cursors["e1"]
     await consumer.window.admit(_read_run(cursor, range(1, 4)))
     held, *rest = _numbers(consumer.take_runs(3, OWNER, 1 << 20)[0])

@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from cherami.context import ProcessContext
 from cherami.metadata.models import Fence, Queue, QueueConfig
-from cherami.roles.controller import leader as leader_module
 from cherami.roles.controller.leader import TENDS_AT_ONCE, Leader
 
 
@@ -54,9 +53,15 @@ class _Leases:
         return self.epoch
 
 
-def _leader(controller: _Controller, names: list[str], leases: _Leases | None = None) -> Leader:
+def _leader(
+    controller: _Controller, names: list[str], leases: _Leases | None = None,
+    now: list[float] | None = None,
+) -> Leader:  # fmt: skip
+    """A leader whose clock is ``now[0]`` (advanced by the test, never slept for)."""
     stores: Any = SimpleNamespace(stores=None)
-    leader = Leader(controller, leases or _Leases(None), "c", stores)  # type: ignore[arg-type]
+    clock = now if now is not None else [100.0]
+    ctx = ProcessContext(clock=lambda: clock[0])
+    leader = Leader(controller, leases or _Leases(None), "c", stores, ctx=ctx)  # type: ignore[arg-type]
     leader._queues = {
         n: Queue(name=n, config=QueueConfig(replicas=1, min_extents=1), created_at=0.0)
         for n in names
@@ -70,7 +75,7 @@ async def test_queues_open_their_extents_several_at_a_time() -> None:
     names = [f"q{i}" for i in range(3 * TENDS_AT_ONCE)]
     controller = _Controller()
     leader = _leader(controller, names)
-    leader._replacing = (time.monotonic(), 0, 0)
+    leader._replacing = (leader.clock(), 0, 0)
     await leader._tend_all(names, {n: [] for n in names}, True, {})
     assert sorted(controller.opened) == sorted(names)
     assert controller.most == TENDS_AT_ONCE
@@ -96,18 +101,17 @@ async def test_a_long_tick_renews_the_lease_and_opens_every_queue() -> None:
     names = [f"q{i}" for i in range(3 * TENDS_AT_ONCE)]
     controller, leases = _Controller(), _Leases(epoch=7)
     leader = _leader(controller, names, leases)
-    leader._acting_until = time.monotonic() + 0.5  # within RENEW_WITHIN of its end
+    leader._acting_until = leader.clock() + 0.5  # within RENEW_WITHIN of its end
     await leader._tend_all(names, {n: [] for n in names}, True, {})
     assert sorted(controller.opened) == sorted(names) and not leader._again
     assert leases.asked == 1 and leader.acting()
 
 
 async def test_one_line_says_what_was_replaced_once_every_queue_is_settled(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    leader = _leader(_Controller(), [])
     now = [100.0]
-    monkeypatch.setattr(leader_module.time, "monotonic", lambda: now[0])
+    leader = _leader(_Controller(), [], now=now)
     leader._replacing = (now[0], 0, 0)
     leader._count(sealed=3)
     leader._count(opened=2)

@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 from cherami import timing
+from cherami.context import ProcessContext
 from cherami.errors import Unavailable
 from cherami.metadata.models import (
     OPEN,
@@ -81,8 +82,11 @@ class _Clock:
         return self.now
 
 
-def _host(meta: SqliteMetadataStore, name: str) -> ExtentOwnership:
-    return ExtentOwnership(_Outputs(), meta, name, clock=_Clock())  # type: ignore[arg-type]
+def _host(
+    meta: SqliteMetadataStore, name: str, t: timing.Timing = timing.DEFAULT
+) -> ExtentOwnership:
+    ctx = ProcessContext(timing=t, clock=_Clock())
+    return ExtentOwnership(_Outputs(), meta, name, ctx)  # type: ignore[arg-type]
 
 
 async def _ticks(hosts: list[ExtentOwnership], meta: SqliteMetadataStore, n: int) -> None:
@@ -93,7 +97,7 @@ async def _ticks(hosts: list[ExtentOwnership], meta: SqliteMetadataStore, n: int
         for h in hosts:
             await h.tick()
         for h in hosts:
-            h.clock.now += timing.current.ownership_tick  # type: ignore[attr-defined]
+            h.clock.now += h.timing.ownership_tick  # type: ignore[attr-defined]
 
 
 def _held(*hosts: ExtentOwnership) -> dict[Unit, str]:
@@ -133,7 +137,7 @@ async def test_a_refused_write_stops_acting_at_once_and_the_next_tick_says_why(
     assert a.acting(*unit) and a.fence(*unit) is not None
     lease = ownership.unit_lease(*unit)
     await meta.try_lease(lease, "outputhost-a", 0.0)  # its lease runs out in the store
-    assert await meta.try_lease(lease, "outputhost-b", timing.current.lease_ttl) is not None
+    assert await meta.try_lease(lease, "outputhost-b", timing.DEFAULT.lease_ttl) is not None
     a.fenced(*unit)
     assert not a.acting(*unit) and a.fence(*unit) is None
     await a.tick()
@@ -173,10 +177,9 @@ async def test_orphans_are_timed_by_this_processs_tick_not_the_default(
     """A unit is orphaned after two of the configured ownership ticks (it was two of the
     default 0.5 s ticks whatever the configuration said)."""
     slow = msgspec.structs.replace(timing.DEFAULT, ownership_tick=2.0, lease_ttl=10.0)
-    monkeypatch.setattr(timing, "current", slow)
     for name in ("x", "y", "z"):
         await _queue(meta, name, ["g"], [PLAIN])
-    a, b = _host(meta, "outputhost-a"), _host(meta, "outputhost-b")
+    a, b = _host(meta, "outputhost-a", slow), _host(meta, "outputhost-b", slow)
     b._taking_after = float("inf")
     await _ticks([a, b], meta, 1)  # at 1000: z unheld from then on
     assert len(a.held) == 2
@@ -192,9 +195,8 @@ async def test_a_host_that_comes_back_gets_its_share(
     meta: SqliteMetadataStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     short = msgspec.structs.replace(timing.DEFAULT, lease_ttl=0.4, lease_margin=0.1)
-    monkeypatch.setattr(timing, "current", short)  # the ticks are driven by hand here
     await _queue(meta, "q", ["g"], [PLAIN, PLAIN])
-    a, b = _host(meta, "outputhost-a"), _host(meta, "outputhost-b")
+    a, b = _host(meta, "outputhost-a", short), _host(meta, "outputhost-b", short)
     await _ticks([a], meta, 2)  # b is not alive yet: a holds both
     assert len(a.held) == 2
     await _ticks([a, b], meta, 1)  # b is alive: a hands one over
@@ -270,7 +272,7 @@ async def test_outage_acting_goes_on_only_on_every_peers_word(
     await a.outage.check()
     extended = a.held[unit].acting_until
     assert extended > until and a.riding_out()
-    assert extended <= a.clock() + timing.current.recovery_grace - timing.current.lease_margin
+    assert extended <= a.clock() + timing.DEFAULT.recovery_grace - timing.DEFAULT.lease_margin
 
     a.held[unit].acting_until = a.clock() - 0.01  # a window that ran out
     await a.outage.check()  # is never extended: the unit may have been taken meanwhile
@@ -306,11 +308,11 @@ async def test_no_taking_while_a_tick_is_slow_or_after_an_outage(
     await a._tick_noting_outages()  # reaches the store again: renews only, for a while
     assert not a.held and not a.store_unreachable()
     every_tick_slow = msgspec.structs.replace(timing.DEFAULT, slow_tick=-1.0)
-    monkeypatch.setattr(timing, "current", every_tick_slow)  # slow from its start
+    a.timing = every_tick_slow  # slow from its start
     a._taking_after = 0.0
     await a._tick_noting_outages()
     assert not a.held  # a slow tick may be one that waited out an outage: takes nothing
-    monkeypatch.setattr(timing, "current", timing.DEFAULT)
+    a.timing = timing.DEFAULT
     a._taking_after = 0.0
     await a._tick_noting_outages()
     assert len(a.held) == 1
@@ -346,14 +348,15 @@ async def test_many_quick_calls_are_no_outage_one_slow_call_is(
     for i in range(4):
         await _queue(meta, f"q{i}", ["g"], [PLAIN])
     clock = _Clock()
-    a = ExtentOwnership(_Outputs(), _Loaded(meta, clock, each), "outputhost-a", clock=clock)  # type: ignore[arg-type]
+    loaded = _Loaded(meta, clock, each)
+    a = ExtentOwnership(_Outputs(), loaded, "outputhost-a", ProcessContext(clock=clock))  # type: ignore[arg-type]
     await _alive(meta, a.id)
     a._taking_after = 0.0  # past its start's grace
     started = clock.now
     await a._tick_noting_outages()
-    assert clock.now - started > timing.current.slow_tick  # the tick took that long
+    assert clock.now - started > timing.DEFAULT.slow_tick  # the tick took that long
     assert len(a.held) == takes
-    assert a._taking_after == (0.0 if takes else clock.now + timing.current.recovery_grace)
+    assert a._taking_after == (0.0 if takes else clock.now + timing.DEFAULT.recovery_grace)
 
 
 async def test_units_held_keep_acting_while_a_tick_takes_many(
@@ -365,7 +368,7 @@ async def test_units_held_keep_acting_while_a_tick_takes_many(
     await _queue(meta, "q", ["g"], [PLAIN])
     clock = _Clock()
     loaded = _Loaded(meta, clock, 0.0)
-    a = ExtentOwnership(_Outputs(), loaded, "outputhost-a", clock=clock)  # type: ignore[arg-type]
+    a = ExtentOwnership(_Outputs(), loaded, "outputhost-a", ProcessContext(clock=clock))  # type: ignore[arg-type]
     await _alive(meta, a.id)
     a._taking_after = 0.0
     await a.tick()
@@ -427,10 +430,9 @@ async def test_kinds_split_between_hosts_are_rebalanced(
     taken that way while one host was in its start grace; the hand-over then waited for a
     host below its total share, which never came, and that host delivered nothing.)"""
     short = msgspec.structs.replace(timing.DEFAULT, lease_ttl=0.4, lease_margin=0.1)
-    monkeypatch.setattr(timing, "current", short)
     groups = ["g1", "g2", "g3"]
     await _queue(meta, "q", groups, [PLAIN, PLAIN])
-    a, b = _host(meta, "outputhost-a"), _host(meta, "outputhost-b")
+    a, b = _host(meta, "outputhost-a", short), _host(meta, "outputhost-b", short)
     await _ticks([a], meta, 2)  # b is not alive yet: a holds every plain extent
     assert len(a.held) == 6
     now = time.time()
@@ -485,7 +487,7 @@ async def test_a_tick_reads_only_the_queues_that_changed(meta: SqliteMetadataSto
     for name in ("x", "y", "z"):
         await _queue(meta, name, ["g"], [PLAIN])
     counting = _Counting(meta)
-    a = ExtentOwnership(_Outputs(), counting, "outputhost-a", clock=_Clock())  # type: ignore[arg-type]
+    a = ExtentOwnership(_Outputs(), counting, "outputhost-a", ProcessContext(clock=_Clock()))  # type: ignore[arg-type]
     await _alive(meta, a.id)
     await a.tick()
     assert "list_queues()" in counting.reads and len(a.held) == 3

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from cherami import timing
+from cherami.context import ProcessContext
 from cherami.metadata.models import (
     AckLevel,
     Extent,
@@ -206,7 +207,7 @@ def test_key_before() -> None:
     assert key_before(bytes(8) + plain_key(1)) == bytes(16)
 
 
-def _consumer(max_count: int = 3) -> gc.GroupConsumer:
+def _consumer(max_count: int = 3, read_ahead: int = timing.DEFAULT.read_ahead) -> gc.GroupConsumer:
     queue = Queue(name="q", config=QueueConfig(), created_at=0.0)
     group = Group(queue="q", name="g", config=GroupConfig(max_delivery_count=max_count),
                   created_at=0.0, start_ms=0, dlq="_dlq")  # fmt: skip
@@ -216,7 +217,8 @@ def _consumer(max_count: int = 3) -> gc.GroupConsumer:
         dead.append(entries)
 
     reads: Any = None
-    consumer = gc.GroupConsumer(queue, group, reads, dead_letter, itertools.count(1))
+    ctx = ProcessContext(timing=msgspec.structs.replace(timing.DEFAULT, read_ahead=read_ahead))
+    consumer = gc.GroupConsumer(queue, group, reads, dead_letter, itertools.count(1), ctx=ctx)
     consumer.cursors["e1"] = _cursor()
     return consumer
 
@@ -263,8 +265,7 @@ async def test_a_poison_message_goes_to_the_dlq_and_its_row_after_it() -> None:
 
 
 async def test_a_delivery_held_at_the_head_of_a_full_window_is_pinned(monkeypatch: Any) -> None:
-    monkeypatch.setattr(timing, "current", msgspec.structs.replace(timing.DEFAULT, read_ahead=3))
-    consumer, meta = _consumer(), _Metadata()
+    consumer, meta = _consumer(read_ahead=3), _Metadata()
     cursor = consumer.cursors["e1"]
     await consumer.window.admit(_read_run(cursor, range(1, 4)))
     held, *rest = consumer.take(3, 30.0)

@@ -11,10 +11,8 @@ import itertools
 import random
 import time
 
-import msgspec
 import pytest
 
-from cherami import timing
 from cherami.metadata.models import AckLevel, Extent
 from cherami.roles.outputhost import inflight as gcmod
 from cherami.roles.outputhost.entry import Delivered, Entry, Run
@@ -81,7 +79,7 @@ def check(c: GroupConsumer, tag: object) -> None:
 
 async def one(seed: int) -> None:
     rng = random.Random(seed)
-    c = _consumer(max_count=1000)
+    c = _consumer(max_count=1000, read_ahead=100)
     meta = _Metadata()
     del c.cursors["e1"]
     for eid in ("e1", "e2"):
@@ -165,7 +163,6 @@ async def one(seed: int) -> None:
 
 @pytest.mark.parametrize("min_run", [1, 16])
 async def test_runs_keep_every_message_once(min_run: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(timing, "current", msgspec.structs.replace(timing.DEFAULT, read_ahead=100))
     monkeypatch.setattr(gcmod, "MIN_RUN", min_run)
     for seed in range(15):
         await one(seed)

@@ -10,7 +10,7 @@ forwarding). The paths that matter take one course whatever the process:
   leading controller (leader.py, a node runs one too) seals it and opens what the queue
   needs;
 - extent changes: input and output hosts read the queues' extents again every
-  ``timing.extent_refresh_interval``;
+  ``timing.extent_refresh_interval`` (of the process's context, context.py);
 - a move to a dead-letter queue: published through an InputHostClient;
 - retention: the leading controller's ticks.
 
@@ -26,6 +26,7 @@ from functools import partial
 from aiohttp import web
 
 from cherami.config import NodeConfig
+from cherami.context import ProcessContext
 from cherami.membership import CONTROLLER, FRONTEND, INPUTHOST, OUTPUTHOST
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Extent
@@ -63,6 +64,7 @@ class Surroundings:
     """What the process gives its roles."""
 
     config: NodeConfig
+    ctx: ProcessContext  # timing, clock, cluster key, TLS: built once by the process
     ids: dict[str, str]  # role -> host id
     metadata: MetadataStore  # writes, and the background work's reads
     reads: MetadataStore  # the request paths' reads
@@ -128,14 +130,14 @@ async def assemble(s: Surroundings, roles: frozenset[str]) -> Assembly:
     if INPUTHOST in roles:
         failed = partial(report_failing, s.metadata)
         inputs = InputHostService(
-            s.ids[INPUTHOST], s.reads, s.stores, failed, serves_every_queue=alone
+            s.ids[INPUTHOST], s.reads, s.stores, failed, serves_every_queue=alone, ctx=s.ctx
         )
         controller.deleted.append(inputs.forget)  # a node's; a cluster's forgets itself
     leader = None
     if CONTROLLER in roles:
         leader = Leader(
             controller, s.metadata, s.ids[CONTROLLER], s.watcher, s.config.extent_max_messages,
-            s.scaling,
+            s.scaling, ctx=s.ctx,
         )  # fmt: skip
     outputs, ownership = None, None
     if OUTPUTHOST in roles:
@@ -145,12 +147,13 @@ async def assemble(s: Surroundings, roles: frozenset[str]) -> Assembly:
         metadata=s.reads, stores=s.stores, controller=controller,
         inputs=LocalInputHost(inputs) if inputs else None, outputs=outputs,
         keys=s.keys, metrics=Metrics(), ready=s.ready, router=s.router,
+        ctx=s.ctx,
     )  # fmt: skip
     app = build_app(clients)
     if inputs is not None and not alone:  # other processes publish to DLQs through it
-        app.router.add_post(INTERNAL_PUBLISH, internal_publish(inputs, s.reads))
+        app.router.add_post(INTERNAL_PUBLISH, internal_publish(inputs, s.reads, s.ctx))
     if ownership is not None:  # peers ask it during a metadata outage
-        add_outage_route(app, ownership.store_unreachable)
+        add_outage_route(app, ownership.store_unreachable, s.ctx)
     stoppers: list[Callable[[], Awaitable[None]]] = [] if inputs is None else [inputs.stop]
     # a node's input host died with its last run: Assembly.start recovers its extents
     sqs = None
@@ -166,7 +169,7 @@ def _input_client(s: Surroundings, inputs: InputHostService | None) -> InputHost
         return LocalInputHost(inputs)
     assert s.router is not None, "a process without an input host is part of a cluster"
     router = s.router
-    return RemoteInputHost(router.input_host, lambda: router.session)
+    return RemoteInputHost(router.input_host, lambda: router.session, s.ctx)
 
 
 def _output_host(
@@ -175,13 +178,13 @@ def _output_host(
     """A node's output host serves every group whole; a cluster's output hosts share
     the groups' extents by lease (ownership.py)."""
     if alone:
-        return OutputHostService(s.metadata, s.stores, inputs), None
+        return OutputHostService(s.metadata, s.stores, inputs, ctx=s.ctx), None
     host = s.ids[OUTPUTHOST]
     made: list[ExtentOwnership] = []
 
     def ownership(service: OutputHostService) -> ExtentOwnership:
-        made.append(ExtentOwnership(service, s.metadata, host))
+        made.append(ExtentOwnership(service, s.metadata, host, ctx=s.ctx))
         return made[0]
 
-    service = OutputHostService(s.metadata, s.stores, inputs, ownership, host_tag(host))
+    service = OutputHostService(s.metadata, s.stores, inputs, ownership, host_tag(host), ctx=s.ctx)
     return service, made[0]

@@ -6,6 +6,7 @@ are (assembly.py) with in-process clients; metadata lives in SQLite."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -13,8 +14,8 @@ from functools import partial
 
 from aiohttp import web
 
-from cherami import timing
 from cherami.config import NodeConfig
+from cherami.context import ProcessContext
 from cherami.datadir import lock_data_dir
 from cherami.httpbase import listen
 from cherami.loadmeter import LoadMeter, LoadSources
@@ -30,8 +31,6 @@ from cherami.roles.storehost.process import StoreProcess
 from cherami.server.assembly import EVERY_ROLE, Assembly, Surroundings, assemble
 from cherami.server.secret import node_secret
 from cherami.telemetry import timed_metadata
-from cherami.wire import handshake as h
-from cherami.wire import tls
 
 log = logging.getLogger("cherami.node")
 
@@ -63,9 +62,12 @@ class Node:
         self._runner: web.AppRunner | None = None
         self._sqs_runner: web.AppRunner | None = None
         self.sqs_port = 0
-        timing.use(config.timing)
         self.secret = node_secret(config.data_dir, config.cluster_secret_file)
-        self.stores = StoreDirectory(h.derive_key(self.secret))
+        # the API listener serves TLS with --tls-cert; the store hosts, the node's own
+        # children on loopback, stay plain (wire/tls.py), so no internal client verifies
+        self.ctx = ProcessContext.of(config.timing, self.secret, config.tls_cert, config.tls_key)
+        self.ctx = dataclasses.replace(self.ctx, tls_client=None)
+        self.stores = StoreDirectory(self.ctx.key)
         self.store_processes: list[StoreProcess] = []
         # what start() has made so far (stop() undoes that much of a start that failed)
         self.metadata: MetadataStore | None = None
@@ -92,11 +94,11 @@ class Node:
             for i in range(cfg.stores)
         ]
         await asyncio.gather(*(p.start() for p in self.store_processes))
-        self._watcher = watcher = StoreWatcher(metadata, self.stores)
+        self._watcher = watcher = StoreWatcher(metadata, self.stores, self.ctx.timing.dead_after)
         await watcher.start()
         self.roles = roles = await assemble(
             Surroundings(
-                config=cfg, metadata=metadata, reads=metadata, stores=self.stores,
+                config=cfg, ctx=self.ctx, metadata=metadata, reads=metadata, stores=self.stores,
                 watcher=watcher, keys=self.keys, ready=lambda: self.ready,
                 pick_input_host=self._input_host,
                 ids={INPUTHOST: INPUT_HOST_ID, CONTROLLER: CONTROLLER_ID,
@@ -105,16 +107,14 @@ class Node:
             EVERY_ROLE,
         )  # fmt: skip
         self.controller = roles.controller
-        context = None
-        if cfg.tls_cert and cfg.tls_key:  # the API listener; store hosts stay on loopback
-            context = tls.server_context(cfg.tls_cert, cfg.tls_key)
+        context = self.ctx.tls_server
         self._runner, self.port = await listen(roles.app, cfg.http, cfg.host, cfg.port, context)
         if roles.sqs is not None and cfg.sqs_port is not None:
             self._sqs_runner, self.sqs_port = await listen(
                 roles.sqs, cfg.http, cfg.host, cfg.sqs_port, context
             )
         self._hosts = self._role_hosts(roles)
-        every = min(NODE_HEARTBEAT, timing.current.dead_after / 3)
+        every = min(NODE_HEARTBEAT, self.ctx.timing.dead_after / 3)
         self._heartbeats = Periodic("node heartbeat", every, self._beat)
         await self._beat()
         self._heartbeats.start()

@@ -13,8 +13,8 @@ from typing import Any, cast
 
 from aiohttp import web
 
-from cherami import timing
 from cherami.config import NodeConfig
+from cherami.context import ProcessContext
 from cherami.datadir import lock_data_dir
 from cherami.errors import Unavailable
 from cherami.httpbase import listen
@@ -41,8 +41,6 @@ from cherami.roles.storehost.server import StoreHostService
 from cherami.server.assembly import Surroundings, assemble
 from cherami.server.secret import role_secret
 from cherami.storage.rocks import RocksExtentStore
-from cherami.wire import handshake as h
-from cherami.wire import tls
 
 log = logging.getLogger("cherami.cluster.roles")
 
@@ -56,9 +54,11 @@ class RoleProcess:
         self.role = config.role
         self.keys = KeyRing.load(config.auth_file)
         config.check(self.keys.enabled)
-        h.use_secret(role_secret(config.cluster_secret_file))  # every internal link proves it
-        timing.use(config.timing)
-        tls.use_tls(config.tls_cert, config.tls_key, config.tls_ca)
+        # every internal link proves the cluster's secret; TLS with --tls-cert
+        self.ctx = ProcessContext.of(
+            config.timing, role_secret(config.cluster_secret_file),
+            config.tls_cert, config.tls_key, config.tls_ca,
+        )  # fmt: skip
         self.id = host_id(config.data_dir, self.role)
         self.address = ""
         self.metrics_address = ""  # a store host's /metrics listener, with --metrics-port
@@ -79,6 +79,7 @@ class RoleProcess:
         self.membership = Membership(
             self.metadata, self.id, self.role, self.address, self.config.zone,
             LoadMeter(self._load_sources, self.config.load_report_interval),
+            interval=self.ctx.timing.heartbeat_interval,
         )  # fmt: skip
         await self.membership.start()
         self._stoppers.insert(0, self.membership.stop)
@@ -91,7 +92,7 @@ class RoleProcess:
     async def _start_storehost(self) -> None:
         store = RocksExtentStore(os.path.join(self.config.data_dir, "rocksdb"))
         service = StoreHostService(
-            store, self.config.host, self.config.port, tls=tls.listener(),
+            store, self.config.host, self.config.port, key=self.ctx.key, tls=self.ctx.tls_server,
             data_dir=self.config.data_dir,
         )  # fmt: skip
         await service.start()
@@ -108,22 +109,22 @@ class RoleProcess:
     async def _serve_metrics(self, app: web.Application, metrics_port: int) -> None:
         """A store host's /metrics listener (roles/storehost/metrics.py)."""
         runner, port = await listen(
-            app, self.config.http, self.config.host, metrics_port, tls.listener()
+            app, self.config.http, self.config.host, metrics_port, self.ctx.tls_server
         )
         self.metrics_address = f"{self.config.host}:{port}"
         self._stoppers.insert(0, runner.cleanup)
 
     async def _start_api_role(self) -> None:
-        stores = StoreDirectory()
-        watcher = StoreWatcher(self.metadata, stores)
+        stores = StoreDirectory(self.ctx.key, tls=self.ctx.tls_client)
+        watcher = StoreWatcher(self.metadata, stores, self.ctx.timing.dead_after)
         await watcher.start()
         # the request paths answer from their last reads while the store is out (a
         # publish to an open extent needs nothing new from it); the rest asks the store
         reads = cast(MetadataStore, RememberingReads(self.metadata))
-        self.router = Router(reads)
+        self.router = Router(reads, self.ctx)
         self.roles = roles = await assemble(
             Surroundings(
-                config=self.config, ids={self.role: self.id}, metadata=self.metadata,
+                config=self.config, ctx=self.ctx, ids={self.role: self.id}, metadata=self.metadata,
                 reads=reads, stores=stores, watcher=watcher, keys=self.keys,
                 ready=lambda: self.ready, pick_input_host=self._pick_input_host,
                 router=self.router, default_min_extents=2,
@@ -143,22 +144,23 @@ class RoleProcess:
         app = roles.app
         self._load_sources.connections = app[STREAMS].count
         runner, port = await listen(
-            app, self.config.http, self.config.host, self.config.port, tls.listener()
+            app, self.config.http, self.config.host, self.config.port, self.ctx.tls_server
         )
         self.address = self._advertise(f"{self.config.host}:{port}")
         self.router.address = self.address
         self._stoppers += [runner.cleanup, self.router.close, watcher.stop, stores.close]
         if roles.sqs is not None and self.config.sqs_port is not None:
             sqs, sqs_port = await listen(
-                roles.sqs, self.config.http, self.config.host, self.config.sqs_port, tls.listener()
-            )
+                roles.sqs, self.config.http, self.config.host, self.config.sqs_port,
+                self.ctx.tls_server,
+            )  # fmt: skip
             self.sqs_address = f"{self.config.host}:{sqs_port}"
             self._stoppers.insert(0, sqs.cleanup)
 
     async def _pick_input_host(self, queue_extents: list[Extent]) -> str:
         """The live input host for a new extent of a queue whose open extents are
         ``queue_extents``: by load reports (placement.py), one read of the hosts table."""
-        hosts = await live_hosts(self.metadata, INPUTHOST)
+        hosts = await live_hosts(self.metadata, INPUTHOST, self.ctx.timing.dead_after)
         if not hosts:
             raise Unavailable("no input host is alive")
         return pick_input_host(hosts, queue_extents, self.controller.placed)

@@ -14,8 +14,9 @@ connection and no byte. The client checks the welcome, so it talks only to a sto
 of its own cluster. Internal HTTP routes take ``X-Cherami-Internal: <token>`` instead of
 an API key (and never an API key).
 
-The key is SHA-256 over the secret. A process gets the secret from ``use_secret`` (the
-server's ``--cluster-secret-file``; a node makes one), else from the environment:
+The key is SHA-256 over the secret. A server process carries its key in its context
+(context.py; from ``--cluster-secret-file``, or a node's own), anything else reads it
+from the environment (``cluster_key``):
 ``CHERAMI_CLUSTER_SECRET`` (the secret itself) or ``CHERAMI_CLUSTER_SECRET_FILE``
 (a file holding it). A reader outside the cluster (a Spark job) holds no secret: it
 shows a read grant instead (wire/grants.py), whose hello has the same shape."""
@@ -43,8 +44,6 @@ SECRET_ENV = "CHERAMI_CLUSTER_SECRET"
 SECRET_FILE_ENV = "CHERAMI_CLUSTER_SECRET_FILE"
 _TIME = struct.Struct(">Q")
 
-_key: bytes | None = None
-
 
 class NoSecret(Unavailable):
     """This process has no cluster secret, so it cannot open an internal connection."""
@@ -66,17 +65,9 @@ def read_secret_file(path: str) -> bytes:
     return secret
 
 
-def use_secret(secret: bytes) -> None:
-    """The secret of this process's cluster (every internal connection uses it)."""
-    global _key
-    _key = derive_key(secret)
-
-
 def cluster_key() -> bytes:
-    """This process's key: the one ``use_secret`` set, else the environment's (read
-    again at each call: a Spark driver may point it at another node's file)."""
-    if _key is not None:
-        return _key
+    """The environment's key (read again at each call: a Spark driver may point it at
+    another node's file); a server process's roles use the key of its context."""
     if os.environ.get(SECRET_ENV):
         return derive_key(os.environ[SECRET_ENV].encode())
     if os.environ.get(SECRET_FILE_ENV):

@@ -6,7 +6,8 @@ forwards between processes, internal publishes) connect with TLS, verifying the 
 against ``--tls-ca`` (else the system's store) and its address: certificates name the
 hosts' advertised addresses (IP or DNS subject alternative names). A node's store hosts
 are its own children on loopback: they stay plain TCP (their links are authenticated,
-wire/handshake.py), only the node's API listener serves TLS."""
+wire/handshake.py), only the node's API listener serves TLS. A server process holds its
+contexts in its process context (context.py: ``tls_server``, ``tls_client``)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,6 @@ import os
 import ssl
 
 TLS_CA_ENV = "CHERAMI_TLS_CA"
-
-_server: ssl.SSLContext | None = None
-_client: ssl.SSLContext | None = None
 
 
 def server_context(cert: str, key: str) -> ssl.SSLContext:
@@ -32,34 +30,6 @@ def client_context(ca: str | None = None, cadata: str | None = None) -> ssl.SSLC
     context = ssl.create_default_context(cafile=ca, cadata=cadata)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     return context
-
-
-def use_tls(cert: str | None, key: str | None, ca: str | None) -> None:
-    """This process's TLS (a cluster process): listeners with ``cert``/``key``, internal
-    clients verifying with ``ca``. Without a cert, everything stays plain."""
-    global _server, _client
-    if cert and key:
-        _server = server_context(cert, key)
-        _client = client_context(ca)
-    else:
-        _server = _client = None
-
-
-def listener() -> ssl.SSLContext | None:
-    return _server
-
-
-def internal_client() -> ssl.SSLContext | None:
-    """The context internal clients connect with (None: plain TCP)."""
-    return _client
-
-
-def http_scheme() -> str:
-    return "https" if _client is not None else "http"
-
-
-def ws_scheme() -> str:
-    return "wss" if _client is not None else "ws"
 
 
 def ca_pem() -> str | None:

@@ -15,6 +15,7 @@ from functools import partial
 
 from cherami import timing
 from cherami.bounded import each
+from cherami.context import DEFAULT, ProcessContext
 from cherami.errors import CheramiError, QueueNotFound
 from cherami.membership import INPUTHOST, live_hosts
 from cherami.metadata.base import MetadataStore
@@ -45,7 +46,7 @@ from cherami.wire.store import PLAIN, TIMER
 log = logging.getLogger("cherami.controller.leader")
 
 LEASE = "controller-leader"
-# the defaults (timing.py); a process uses timing.current, from its config
+# the defaults (timing.py); a process uses its context's timing (context.py)
 LEASE_TTL = timing.DEFAULT.lease_ttl
 MARGIN = timing.DEFAULT.lease_margin  # seconds before the lease's end the leader stops acting
 TICK = timing.DEFAULT.leader_tick
@@ -67,7 +68,12 @@ class Leader:
         stores: StoreWatcher,
         max_extent_messages: int = 1_000_000,
         scaling: ScalingPolicy | None = None,
+        ctx: ProcessContext = DEFAULT,
     ) -> None:
+        """``ctx.clock`` (monotonic seconds) times the acting window (the fencing rule of
+        ownership.py), retention's and rolling's passes; tests advance it, not sleep."""
+        self.clock = ctx.clock
+        self.timing = ctx.timing
         self.controller = controller
         self.metadata = metadata
         self.id = controller_id
@@ -77,7 +83,7 @@ class Leader:
         self._seen_stores: set[str] = set()
         self.retention = Retention(controller, metadata, stores.stores, max_extent_messages)
         self.scaling = scaling  # None: extents by min_extents only
-        self._retained_at = time.monotonic()  # the first pass RETENTION_INTERVAL in
+        self._retained_at = self.clock()  # the first pass RETENTION_INTERVAL in
         self._sealing: dict[str, asyncio.Task[None]] = {}
         # slow chores run behind the tick, one of each at a time: a store host that is cut
         # off makes each of its calls wait out the store deadline (3 s), which inside the
@@ -103,7 +109,7 @@ class Leader:
         # extents of lost hosts being replaced since (monotonic), sealed, opened since
         self._replacing: tuple[float, int, int] | None = None
         self._young: dict[str, str] = {}  # open extents made in the last ROLL_CHECK_ALL -> queue
-        self._periodic = Periodic("controller tick", timing.current.leader_tick, self._lead)
+        self._periodic = Periodic("controller tick", self.timing.leader_tick, self._lead)
 
     def start(self) -> None:
         self._periodic.start(first_now=True)
@@ -118,12 +124,12 @@ class Leader:
     def acting(self) -> bool:
         """Whether this controller may act as the leader now: its lease cannot have
         expired yet by its own clock (the fencing rule of ownership.py)."""
-        return self.leading and time.monotonic() < self._acting_until
+        return self.leading and self.clock() < self._acting_until
 
     async def _lead(self) -> None:
-        asked = time.monotonic()
+        asked = self.clock()
         try:
-            epoch = await self.metadata.try_lease(LEASE, self.id, timing.current.lease_ttl)
+            epoch = await self.metadata.try_lease(LEASE, self.id, self.timing.lease_ttl)
         except Exception:
             self.controller.fence = None
             raise
@@ -134,10 +140,10 @@ class Leader:
         if not leading:
             self._replacing = None  # the leader now says what it replaced
         self.controller.fence = Fence(lease=LEASE, epoch=epoch) if epoch is not None else None
-        self._acting_until = asked + timing.current.lease_ttl - timing.current.lease_margin
+        self._acting_until = asked + self.timing.lease_ttl - self.timing.lease_margin
         if leading:
             await self.tick()
-            now = time.monotonic()
+            now = self.clock()
             if now - self._retained_at >= RETENTION_INTERVAL:
                 self._retained_at = now
                 self._run_behind("retention", partial(self._retain, now))
@@ -168,7 +174,7 @@ class Leader:
 
     async def tick(self) -> None:
         live_stores = await self.stores.refresh()
-        inputs = await live_hosts(self.metadata, INPUTHOST)
+        inputs = await live_hosts(self.metadata, INPUTHOST, self.timing.dead_after)
         live_inputs = {h.id for h in inputs}
         rates = extent_rates([
             {e: load.msgs_in for e, load in h.load.extents.items()} for h in inputs if h.load
@@ -195,7 +201,7 @@ class Leader:
         if self._replacing is None and (self._to_seal or (self._whole and any(
             _short_of_extents(self._queues[n], healthy[n]) for n in look
         ))):  # fmt: skip
-            self._replacing = (time.monotonic(), 0, 0)
+            self._replacing = (self.clock(), 0, 0)
         await self._renew()  # the tick so far may have taken most of the acting window
         await self._seal_all(self._to_seal)  # before their successors open (CP order)
         self._to_seal = []
@@ -220,7 +226,7 @@ class Leader:
         async def tend() -> None:
             nonlocal stopped
             for name in names:  # shared: each queue is taken by one of them
-                if time.monotonic() > self._acting_until - RENEW_WITHIN:
+                if self.clock() > self._acting_until - RENEW_WITHIN:
                     await self._renew()
                 if not self.acting():
                     if not stopped:
@@ -240,17 +246,17 @@ class Leader:
         """Renew the lease within the tick (one task at a time); a lease lost, or a
         metadata store that does not answer, leaves the acting window as it was."""
         async with self._renewing:
-            if time.monotonic() <= self._acting_until - RENEW_WITHIN:
+            if self.clock() <= self._acting_until - RENEW_WITHIN:
                 return  # renewed meanwhile
-            asked = time.monotonic()
+            asked = self.clock()
             try:
-                epoch = await self.metadata.try_lease(LEASE, self.id, timing.current.lease_ttl)
+                epoch = await self.metadata.try_lease(LEASE, self.id, self.timing.lease_ttl)
             except CheramiError as err:
                 log.info("controller %s could not renew its lease in the tick: %s", self.id, err)
                 return
             fence = self.controller.fence
             if epoch is not None and fence is not None and epoch == fence.epoch:
-                self._acting_until = asked + timing.current.lease_ttl - timing.current.lease_margin
+                self._acting_until = asked + self.timing.lease_ttl - self.timing.lease_margin
 
     def _replaced(self) -> None:
         """Once the extents of lost hosts are replaced (no seal under way, every queue
@@ -260,7 +266,7 @@ class Leader:
         since, sealed, opened = self._replacing
         self._replacing = None
         log.info("controller %s replaced the extents of lost hosts: %d sealed, %d opened "
-                 "in %.1f s", self.id, sealed, opened, time.monotonic() - since)  # fmt: skip
+                 "in %.1f s", self.id, sealed, opened, self.clock() - since)  # fmt: skip
 
     def _note_plain(self, rates: dict[str, float]) -> None:
         """The queue of each plain extent in the load reports (open, or sealed since: its
@@ -408,7 +414,7 @@ class Leader:
                 task.add_done_callback(partial(self._sealed, extent.id))
         waiting = [self._sealing[e.id] for e in extents if e.id in self._sealing]
         if waiting:
-            await asyncio.wait(waiting, timeout=timing.current.seal_wait)
+            await asyncio.wait(waiting, timeout=self.timing.seal_wait)
 
     def _run_behind(self, what: str, chore: Callable[[], Awaitable[None]]) -> None:
         """Start ``chore`` behind the tick unless the last one is still running."""

@@ -10,7 +10,6 @@ from typing import Any
 
 import msgspec
 
-from cherami import timing
 from cherami.membership import INPUTHOST, OUTPUTHOST
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN, Extent, Host
@@ -23,12 +22,13 @@ class HostView:
 
     hosts: list[Host]
     now: float
+    dead_after: float  # a host silent this long is not alive (the process's timing)
 
     def __post_init__(self) -> None:
         self._addresses = {h.id: h.address for h in self.hosts}
 
     def alive(self, host: Host) -> bool:
-        return self.now - host.heartbeat_at <= timing.current.dead_after
+        return self.now - host.heartbeat_at <= self.dead_after
 
     def address(self, host_id: str) -> str:
         return self._addresses.get(host_id, "")
@@ -45,8 +45,8 @@ class HostView:
         return rates
 
 
-async def read_hosts(metadata: MetadataStore) -> HostView:
-    return HostView(await metadata.list_hosts(None, alive_within=None), time.time())
+async def read_hosts(metadata: MetadataStore, dead_after: float) -> HostView:
+    return HostView(await metadata.list_hosts(None, alive_within=None), time.time(), dead_after)
 
 
 def host_json(view: HostView, host: Host) -> dict[str, Any]:
@@ -76,8 +76,8 @@ def extent_json(
     }
 
 
-async def cluster_json(metadata: MetadataStore) -> dict[str, Any]:
-    view = await read_hosts(metadata)
+async def cluster_json(metadata: MetadataStore, dead_after: float) -> dict[str, Any]:
+    view = await read_hosts(metadata, dead_after)
     rates, out = view.rates(INPUTHOST), view.rates(OUTPUTHOST)
     queues = []
     for queue in await metadata.list_queues():

@@ -183,7 +183,10 @@ class ConsumerRouting:
         parts: dict[str, list[str]] = {}
         for receipt in receipts:
             parts.setdefault(tag_of(receipt), []).append(receipt)
-        live = {host_tag(h.id): h.address for h in await live_hosts(self.f.r.metadata, OUTPUTHOST)}
+        live = {
+            host_tag(h.id): h.address
+            for h in await live_hosts(self.f.r.metadata, OUTPUTHOST, self.f.ctx.timing.dead_after)
+        }
         stale: list[str] = []
         calls: list[Awaitable[Settled]] = []
         for tag, part in parts.items():

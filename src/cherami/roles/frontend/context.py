@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from cherami.context import DEFAULT, ProcessContext
 from cherami.errors import Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Group, Queue, check_name
@@ -35,6 +36,7 @@ class Roles:
     metrics: Metrics
     ready: Callable[[], bool]
     router: Router | None = None  # forwards what this process does not serve
+    ctx: ProcessContext = DEFAULT  # the process's timing, cluster key and TLS (context.py)
 
 
 class Lookup:
@@ -48,15 +50,17 @@ class Lookup:
         inputs: InputHostClient | None,
         outputs: OutputHostClient | None,
         router: Router | None,
+        ctx: ProcessContext = DEFAULT,
     ) -> None:
         self.keys = keys
+        self.ctx = ctx
         self.metadata = metadata
         self.inputs = inputs
         self.outputs = outputs
         self._router = router
 
     def auth(self, request: web.Request, scope: Scope | None, queue: str | None) -> ApiKey | None:
-        if self.keys.enabled and _internal_direct(request):
+        if self.keys.enabled and _internal_direct(request, self.ctx):
             return None  # another process of the cluster, which checked its own caller
         return self.keys.check(request.headers.get("Authorization"), scope, queue)
 
@@ -98,11 +102,13 @@ class Frontend(Lookup):
     calls)."""
 
     def __init__(self, roles: Roles) -> None:
-        super().__init__(roles.keys, roles.metadata, roles.inputs, roles.outputs, roles.router)
+        super().__init__(
+            roles.keys, roles.metadata, roles.inputs, roles.outputs, roles.router, roles.ctx
+        )
         self.r = roles
 
 
-def _internal_direct(request: web.Request) -> bool:
+def _internal_direct(request: web.Request, ctx: ProcessContext) -> bool:
     """Whether the request is a direct call (``?direct=1``, answered here, never
     forwarded) that carries the cluster's internal token instead of an API key: the SQS
     endpoint of another frontend reaching this output host for a client it has
@@ -111,6 +117,6 @@ def _internal_direct(request: web.Request) -> bool:
     if header is None or request.query.get("direct") != "1":
         return False
     try:
-        return h.internal_ok(h.cluster_key(), header)
+        return ctx.internal_ok(header)
     except h.NoSecret:
         return False

@@ -22,7 +22,6 @@ from cherami.roles.frontend.clusterview import HostView, read_hosts
 from cherami.roles.frontend.context import Frontend
 from cherami.roles.frontend.convert import rfc3339
 from cherami.roles.frontend.schemas import OffsetsBody
-from cherami.wire import tls
 from cherami.wire.keys import plain_key
 from cherami.wire.store import PLAIN
 
@@ -78,7 +77,7 @@ class StreamGroupRoutes:
             address = self.f.r.stores.get(store_id).address
         except CheramiError:
             return ""
-        return f"tls://{address}" if tls.internal_client() is not None else address
+        return f"tls://{address}" if self.f.ctx.tls_client is not None else address
 
     async def _extent_json(
         self, extent: Extent, hosts: HostView, rates: dict[str, float]
@@ -101,7 +100,7 @@ class StreamGroupRoutes:
             e for e in await self.f.r.metadata.list_extents(queue.name) if e.status != DELETED
         ]
         extents.sort(key=lambda e: (e.created_at, e.id))
-        hosts = await read_hosts(self.f.r.metadata)
+        hosts = await read_hosts(self.f.r.metadata, self.f.ctx.timing.dead_after)
         rates = hosts.rates(INPUTHOST)
         body = await asyncio.gather(*(self._extent_json(e, hosts, rates) for e in extents))
         return json_response({"extents": list(body)})

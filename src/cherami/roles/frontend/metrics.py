@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import Metric
 
-from cherami import timing
 from cherami.errors import CheramiError
 from cherami.metadata.models import FAILING, OPEN, SEALED, Extent, Queue
 from cherami.roles.frontend.lag import stream_lags
@@ -132,7 +131,7 @@ class _Scrape:
         )  # fmt: skip
         now = time.time()
         for host in await self.f.r.metadata.list_hosts(None, alive_within=None):
-            alive = now - host.heartbeat_at <= timing.current.dead_after
+            alive = now - host.heartbeat_at <= self.f.ctx.timing.dead_after
             up.add_metric([host.id, host.role, host.zone or ""], 1.0 if alive else 0.0)
             if alive and host.load is not None and host.load.append_p99_ms is not None:
                 p99.add_metric([host.id], host.load.append_p99_ms / 1000)

@@ -13,12 +13,13 @@ import aiohttp
 import msgspec
 from aiohttp import WSMsgType, web
 
+from cherami.context import DEFAULT, ProcessContext
 from cherami.errors import CheramiError, TooManyStreams, Unavailable, error_from_code
 from cherami.membership import INPUTHOST, OUTPUTHOST, live_hosts
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN
 from cherami.roles.outputhost.client import group_leases
-from cherami.wire import close, tls
+from cherami.wire import close
 
 log = logging.getLogger("cherami.frontend.proxy")
 
@@ -31,8 +32,11 @@ _HOP_HEADERS = {"Authorization", "Content-Type"}
 
 
 class Router:
-    def __init__(self, metadata: MetadataStore) -> None:
+    def __init__(self, metadata: MetadataStore, ctx: ProcessContext = DEFAULT) -> None:
+        """``ctx``: the process's timing (who is alive) and TLS (context.py)."""
         self.metadata = metadata
+        self.ctx = ctx
+        self._dead_after = ctx.timing.dead_after
         self._turn = itertools.count()
         self.forwarding: collections.Counter[str] = collections.Counter()  # in flight, by host
         self._session: aiohttp.ClientSession | None = None
@@ -45,7 +49,7 @@ class Router:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None),
-                connector=aiohttp.TCPConnector(ssl=tls.internal_client() or True),
+                connector=aiohttp.TCPConnector(ssl=self.ctx.tls_client or True),
             )
         return self._session
 
@@ -58,7 +62,10 @@ class Router:
         fewest forwards in flight from here (ties in turn), so publishes spread by load."""
 
         async def find() -> str | None:
-            live = {h.id: h.address for h in await live_hosts(self.metadata, INPUTHOST)}
+            live = {
+                h.id: h.address
+                for h in await live_hosts(self.metadata, INPUTHOST, self._dead_after)
+            }
             extents = await self.metadata.list_extents(queue, (OPEN,))
             addresses = sorted({live[e.input_host] for e in extents if e.input_host in live})
             if not addresses:
@@ -84,7 +91,9 @@ class Router:
         holders = await self.metadata.lease_holders(group_leases(queue, group))
         if not holders:
             return []
-        live = {h.id: h.address for h in await live_hosts(self.metadata, OUTPUTHOST)}
+        live = {
+            h.id: h.address for h in await live_hosts(self.metadata, OUTPUTHOST, self._dead_after)
+        }
         units: dict[str, int] = {}
         for holder in holders.values():
             if holder in live:
@@ -103,7 +112,7 @@ class Router:
         self, method: str, address: str, path: str, body: bytes, headers: dict[str, str]
     ) -> web.Response:
         """Send a request to the host at ``address`` (as ``http`` forwards one)."""
-        url = f"{tls.http_scheme()}://{address}{path}"
+        url = f"{self.ctx.http_scheme}://{address}{path}"
 
         async def send() -> web.Response:
             async with self.session.request(
@@ -146,7 +155,7 @@ class Router:
                 hosts = [
                     h
                     for role in (INPUTHOST, OUTPUTHOST)
-                    for h in await live_hosts(self.metadata, role)
+                    for h in await live_hosts(self.metadata, role, self._dead_after)
                 ]
             except CheramiError:
                 return True
@@ -159,7 +168,7 @@ class Router:
         try:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):  # a paused host never answers
                 upstream = await self.session.ws_connect(
-                    f"{tls.ws_scheme()}://{address}{request.rel_url}", headers=headers,
+                    f"{self.ctx.ws_scheme}://{address}{request.rel_url}", headers=headers,
                     max_msg_size=64 << 20,
                     heartbeat=UPSTREAM_HEARTBEAT, timeout=aiohttp.ClientWSTimeout(ws_close=2.0),
                 )  # fmt: skip

@@ -37,7 +37,10 @@ class RoutingRoutes:
         r = self.f.r
         if r.router is None:
             return []
-        live = {h.id: h.address for h in await live_hosts(r.metadata, INPUTHOST)}
+        live = {
+            h.id: h.address
+            for h in await live_hosts(r.metadata, INPUTHOST, r.ctx.timing.dead_after)
+        }
         extents = await r.metadata.list_extents(queue, (OPEN,))
         held: dict[str, list[str]] = {}
         for extent in sorted(extents, key=lambda e: (e.created_at, e.id)):

@@ -16,12 +16,12 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from cherami.context import ProcessContext
 from cherami.errors import Unauthorized, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Queue
 from cherami.roles.inputhost.service import InputHostService
 from cherami.wire import handshake as h
-from cherami.wire import tls
 from cherami.wire.records import Message
 
 INTERNAL_PUBLISH = "/internal/v1/queues/{queue}/messages"
@@ -75,22 +75,24 @@ class RemoteInputHost:
         self,
         address: Callable[[str], Awaitable[str]],
         session: Callable[[], aiohttp.ClientSession],
+        ctx: ProcessContext,
     ) -> None:
         """``address`` finds an input host serving a queue (proxy.Router.input_host)."""
         self._address = address
         self._session = session
+        self._ctx = ctx
 
     async def serves(self, queue: str) -> bool:
         return True  # some input host of the cluster does; publish finds it
 
     async def publish(self, queue: Queue, messages: list[Message]) -> list[str]:
         address = await self._address(queue.name)
-        url = f"{tls.http_scheme()}://{address}{INTERNAL_PUBLISH.format(queue=queue.name)}"
+        url = f"{self._ctx.http_scheme}://{address}{INTERNAL_PUBLISH.format(queue=queue.name)}"
         timeout = aiohttp.ClientTimeout(total=PUBLISH_REMOTE_TIMEOUT)
         try:
             async with self._session().post(
                 url, data=_encoder.encode(messages), timeout=timeout,
-                headers={h.INTERNAL_HEADER: h.internal_token(h.cluster_key())},
+                headers=self._ctx.internal_headers(),
             ) as resp:  # fmt: skip
                 body = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as err:
@@ -100,12 +102,12 @@ class RemoteInputHost:
         return _ids.decode(body)
 
 
-def internal_publish(inputs: InputHostService, metadata: MetadataStore) -> Any:
+def internal_publish(inputs: InputHostService, metadata: MetadataStore, ctx: ProcessContext) -> Any:
     """The handler of INTERNAL_PUBLISH on an input host's process."""
 
     async def handler(request: web.Request) -> web.Response:
         # only a process of the cluster may publish here (never an API key)
-        if not h.internal_ok(h.cluster_key(), request.headers.get(h.INTERNAL_HEADER)):
+        if not ctx.internal_ok(request.headers.get(h.INTERNAL_HEADER)):
             raise Unauthorized("internal route: the cluster's internal token is required")
         queue = await metadata.get_queue(request.match_info["queue"])
         if not await inputs.serves(queue.name):

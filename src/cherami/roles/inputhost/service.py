@@ -12,7 +12,7 @@ import zlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 
-from cherami import timing
+from cherami.context import DEFAULT, ProcessContext
 from cherami.errors import (
     ExtentSealed,
     Moved,
@@ -62,6 +62,7 @@ class InputHostService:
         stores: StoreDirectory,
         extent_failed: Callable[[str], Awaitable[None]],
         serves_every_queue: bool = True,
+        ctx: ProcessContext = DEFAULT,
     ) -> None:
         """``extent_failed`` is called with an extent whose replica failed (it marks it
         FAILING: the leading controller seals it and opens what the queue needs). The
@@ -71,6 +72,7 @@ class InputHostService:
         self.host_id = host_id
         self.metadata = metadata
         self.stores = stores
+        self.timing = ctx.timing
         self._extent_failed = extent_failed
         self._serves_every_queue = serves_every_queue
         self._queues: dict[str, _QueueWriters] = {}
@@ -144,7 +146,7 @@ class InputHostService:
     def _fresh(self, writers: _QueueWriters) -> bool:
         # the controller seals, opens and moves extents: look again often
         age = time.monotonic() - writers.loaded_at
-        return writers.loaded and age < timing.current.extent_refresh_interval
+        return writers.loaded and age < self.timing.extent_refresh_interval
 
     async def _writers(self, queue: str) -> _QueueWriters:
         writers = self._queues.setdefault(queue, _QueueWriters())
@@ -301,7 +303,7 @@ class InputHostService:
         now = time.monotonic()
         if now >= self._full_checked + ROOM_CHECK_INTERVAL:
             self._full_checked = now
-            hosts = await self.metadata.list_hosts(STOREHOST, timing.current.dead_after)
+            hosts = await self.metadata.list_hosts(STOREHOST, self.timing.dead_after)
             self._full = {h.id for h in hosts if not has_room(h)}
             self._live_stores = {h.id for h in hosts}
             self._every_store_full = bool(hosts) and len(self._full) == len(hosts)

@@ -9,7 +9,6 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
-from cherami import timing
 from cherami.errors import Fenced, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Fence
@@ -50,8 +49,11 @@ class AckCommitter:
         groups: Mapping[str, GroupConsumer],
         holdings: Holdings | None,
         riding_out: Callable[[], bool],
+        interval: float,
     ) -> None:
+        """``interval``: settlements gather this long into one write (timing.ack_flush_interval)."""
         self.metadata = metadata
+        self._interval = interval
         self._groups = groups
         self._holdings = holdings
         self._riding_out = riding_out
@@ -97,7 +99,7 @@ class AckCommitter:
         one) or every ack_flush_interval for the acks nobody waits for (streams)."""
         while True:
             try:
-                async with asyncio.timeout(timing.current.ack_flush_interval):
+                async with asyncio.timeout(self._interval):
                     await self._wake.wait()
             except TimeoutError:
                 pass

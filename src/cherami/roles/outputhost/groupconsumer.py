@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from cherami.context import DEFAULT, ProcessContext
 from cherami.errors import CheramiError
 from cherami.metadata.models import STREAM, AckLevel, Extent, Group, Queue, Redelivery
 from cherami.roles.outputhost.deadletterqueue import DeadLetters
@@ -51,9 +52,11 @@ class GroupConsumer:
         dead_letter: DeadLetter,
         delivery_numbers: itertools.count[int],
         acts: Acts | None = None,
+        ctx: ProcessContext = DEFAULT,
     ) -> None:
         """``acts`` tells, for an extent id, whether this host may act for it now (its
-        lease, ownership.py); None: it acts for every extent (one process serves all)."""
+        lease, ownership.py); None: it acts for every extent (one process serves all).
+        ``ctx``: the process's read-ahead (context.py)."""
         self.key = f"{group.queue}/{group.name}"
         self.scope = self.key.encode()
         self.reads = reads
@@ -66,7 +69,9 @@ class GroupConsumer:
         self.keys = KeyGate(
             lambda e: self.window.put_first(e, True), self.cursors, lambda: reads.stores
         )
-        self.window = ReadWindow(self.key, queue, group, self.cursors, self.parked, self.keys)
+        self.window = ReadWindow(
+            self.key, queue, group, self.cursors, self.parked, self.keys, ctx.timing.read_ahead
+        )
         self.flight = InFlight(delivery_numbers, self.parked.forget, self.window.freed, self.keys)
         self.dead = DeadLetters(
             self.key, lambda entries: dead_letter(self.group.dlq, entries), self._dead_lettered

@@ -30,11 +30,10 @@ from typing import Protocol
 import aiohttp
 from aiohttp import web
 
-from cherami import timing
+from cherami.context import ProcessContext
 from cherami.errors import Unauthorized
 from cherami.periodic import Periodic
 from cherami.wire import handshake as h
-from cherami.wire import tls
 
 log = logging.getLogger("cherami.outputhost.outage")
 
@@ -53,10 +52,12 @@ class Riding(Protocol):
 
 
 class OutageWatch:
-    def __init__(self, owner: Riding) -> None:
+    def __init__(self, owner: Riding, ctx: ProcessContext) -> None:
+        """Times by ``owner.clock``; ``ctx``: the timing, the key and TLS to ask with."""
         self.owner = owner
+        self.ctx = ctx
         self._session: aiohttp.ClientSession | None = None
-        tick = timing.current.ownership_tick
+        tick = ctx.timing.ownership_tick
         self._periodic = Periodic("metadata outage watch", tick, self.check)
         self.riding = False
 
@@ -82,7 +83,7 @@ class OutageWatch:
         units = 0
         if peers and all(answers) and self.owner.store_unreachable():
             units = self.owner.ride_out(
-                asked + timing.current.recovery_grace - timing.current.lease_margin
+                asked + self.ctx.timing.recovery_grace - self.ctx.timing.lease_margin
             )
         # every window may have run out before the peers answered (the store went away
         # while this host was cut off too, or a peer's tick was merely slow): then there
@@ -105,13 +106,13 @@ class OutageWatch:
         """Whether the peer at ``address`` says it cannot reach the store."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=tls.internal_client() or False)
+                connector=aiohttp.TCPConnector(ssl=self.ctx.tls_client or False)
             )
-        url = f"{tls.http_scheme()}://{address}{ROUTE}"
+        url = f"{self.ctx.http_scheme}://{address}{ROUTE}"
         try:
             async with self._session.get(
-                url, timeout=aiohttp.ClientTimeout(total=timing.current.outage_ask_timeout),
-                headers={h.INTERNAL_HEADER: h.internal_token(h.cluster_key())},
+                url, timeout=aiohttp.ClientTimeout(total=self.ctx.timing.outage_ask_timeout),
+                headers=self.ctx.internal_headers(),
             ) as resp:  # fmt: skip
                 if resp.status != 200:
                     return False
@@ -121,11 +122,13 @@ class OutageWatch:
         return body.get("store_unreachable") is True
 
 
-def add_outage_route(app: web.Application, unreachable: Callable[[], bool]) -> None:
+def add_outage_route(
+    app: web.Application, unreachable: Callable[[], bool], ctx: ProcessContext
+) -> None:
     """The route peers ask (internal token only)."""
 
     async def handler(request: web.Request) -> web.Response:
-        if not h.internal_ok(h.cluster_key(), request.headers.get(h.INTERNAL_HEADER)):
+        if not ctx.internal_ok(request.headers.get(h.INTERNAL_HEADER)):
             raise Unauthorized("internal route: the cluster's internal token is required")
         return web.json_response({"store_unreachable": unreachable()})
 

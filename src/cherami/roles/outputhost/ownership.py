@@ -34,14 +34,14 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from cherami import timing
 from cherami.bounded import each
+from cherami.context import DEFAULT, ProcessContext
 from cherami.errors import GroupNotFound, QueueNotFound
 from cherami.membership import OUTPUTHOST, live_hosts
 from cherami.metadata.base import MetadataStore
@@ -52,7 +52,7 @@ from cherami.roles.outputhost.service import DELETED_CLOSE, MOVED_CLOSE, OutputH
 
 log = logging.getLogger("cherami.outputhost.ownership")
 
-# the defaults (timing.py); a process uses timing.current, from its config
+# the defaults (timing.py); a process uses its context's timing (context.py)
 LEASE_TTL = timing.DEFAULT.lease_ttl
 MARGIN = timing.DEFAULT.lease_margin  # seconds before the lease's end a holder stops acting
 TICK = timing.DEFAULT.ownership_tick
@@ -67,13 +67,6 @@ READS_AT_ONCE = 8
 RENEW_WITHIN = 1.0  # a tick still taking units renews those it held this near their end
 WHOLE = "*"  # the extent of a unit that is the whole group
 LEASES = "group:"  # the prefix of every unit's lease
-
-
-def orphan_after() -> float:
-    """A unit nobody has held for this long is taken by any host, whatever its share
-    (the shares of one group's kinds and of all units together may leave one unit to
-    nobody): two of this process's ownership ticks."""
-    return 2 * timing.current.ownership_tick
 
 
 T = TypeVar("T")
@@ -110,18 +103,23 @@ class ExtentOwnership:
         outputs: OutputHostService,
         metadata: MetadataStore,
         host_id: str,
-        clock: Callable[[], float] = time.monotonic,
+        ctx: ProcessContext = DEFAULT,
     ) -> None:
-        """``clock`` (monotonic seconds) times the acting windows, the outage rule and
-        how long units were left unheld; tests advance it instead of sleeping."""
-        self.clock = clock
+        """``ctx.clock`` (monotonic seconds) times the acting windows, the outage rule
+        and how long units were left unheld; tests advance it instead of sleeping."""
+        self.clock = ctx.clock
+        self.timing = t = ctx.timing
+        # a unit nobody has held for this long is taken by any host, whatever its share
+        # (the shares of one group's kinds and of all units together may leave one unit
+        # to nobody): two of this process's ownership ticks
+        self.orphan_after = 2 * t.ownership_tick
         self.outputs = outputs
         self.metadata = metadata
         self.id = host_id
         self.held: dict[Unit, _Held] = {}
         self._groups: Counter[tuple[str, str]] = Counter()  # units held per group
         self._periodic = Periodic(
-            "extent ownership tick", timing.current.ownership_tick, self._tick_noting_outages
+            "extent ownership tick", t.ownership_tick, self._tick_noting_outages
         )
         self._failing = False  # the last tick could not reach the metadata store
         self._taking_after = 0.0  # self.clock(): may take others' units from then (start)
@@ -131,7 +129,7 @@ class ExtentOwnership:
         self._longest_ask = 0.0
         self.peers: dict[str, str] = {}  # the other live output hosts' addresses
         self._riding_until = 0.0  # acting on past the leases' end until (outage.py)
-        self.outage = OutageWatch(self)
+        self.outage = OutageWatch(self, ctx)
         self._unheld_since: dict[Unit, float] = {}  # units no lease holds, since when
         # what the metadata says of each queue's units, kept up by its change log
         self._seen = -1
@@ -174,7 +172,7 @@ class ExtentOwnership:
         return Fence(lease=unit_lease(*unit), epoch=held.epoch)
 
     def start(self) -> None:
-        self._taking_after = self.clock() + timing.current.recovery_grace  # see slow_tick
+        self._taking_after = self.clock() + self.timing.recovery_grace  # see slow_tick
         self._periodic.start(first_now=True)
         self.outage.start()
 
@@ -195,7 +193,7 @@ class ExtentOwnership:
         if self._tick_started is None:
             return False
         waiting = self.clock() - min(self._asking.values(), default=self.clock())
-        return max(waiting, self._longest_ask) > timing.current.slow_tick
+        return max(waiting, self._longest_ask) > self.timing.slow_tick
 
     async def _ask(self, call: Awaitable[T]) -> T:
         """A metadata call of the tick, timed (``_slow``)."""
@@ -246,11 +244,11 @@ class ExtentOwnership:
                 took = self.clock() - (self._tick_started or 0.0)
                 log.info("ownership tick took %.1f s (a metadata call %.1f s of it): taking "
                          "nothing for %.0f s", took, self._longest_ask,
-                         timing.current.recovery_grace)  # fmt: skip
+                         self.timing.recovery_grace)  # fmt: skip
             self._tick_started = None
         if self._failing or slow:
             self._failing = False
-            self._taking_after = self.clock() + timing.current.recovery_grace
+            self._taking_after = self.clock() + self.timing.recovery_grace
 
     async def _units(self) -> tuple[dict[Unit, str], set[tuple[str, str]]]:
         """Every unit with its extent's kind (plain or timer: a group's share of each
@@ -318,7 +316,7 @@ class ExtentOwnership:
 
     async def tick(self) -> None:
         units, groups = await self._units()
-        hosts = await self._ask(live_hosts(self.metadata, OUTPUTHOST))
+        hosts = await self._ask(live_hosts(self.metadata, OUTPUTHOST, self.timing.dead_after))
         self.peers = {h.id: h.address for h in hosts if h.id != self.id}
         live = {h.id for h in hosts} | {self.id}
         fair = math.ceil(len(units) / len(live))
@@ -365,13 +363,13 @@ class ExtentOwnership:
                     continue  # another host's
                 if self.clock() < self._taking_after or self._slow():
                     continue  # after an outage, or in what may be one
-                orphaned = now - self._unheld_since.get(unit, now) >= orphan_after()
+                orphaned = now - self._unheld_since.get(unit, now) >= self.orphan_after
                 full = mine >= fair_here or (len(self.held) >= fair and mine >= floor)
                 if not orphaned and full:
                     continue
                 await self._renew_soon(before)
                 asked = self.clock()
-                ttl, margin = timing.current.lease_ttl, timing.current.lease_margin
+                ttl, margin = self.timing.lease_ttl, self.timing.lease_margin
                 epoch = await self._ask(self.metadata.try_lease(unit_lease(*unit), self.id, ttl))
                 if epoch is None:
                     continue
@@ -403,7 +401,7 @@ class ExtentOwnership:
         if not units:
             return
         asked = self.clock()
-        ttl, margin = timing.current.lease_ttl, timing.current.lease_margin
+        ttl, margin = self.timing.lease_ttl, self.timing.lease_margin
         renewed = await self._ask(
             self.metadata.renew_leases([unit_lease(*u) for u in units], self.id, ttl)
         )

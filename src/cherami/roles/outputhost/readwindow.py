@@ -11,7 +11,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
 
-from cherami import timing
 from cherami.errors import CheramiError
 from cherami.metadata.models import Group, Queue
 from cherami.roles.outputhost.entry import DELIVERY, ENQUEUED, KEY, Entry, Run
@@ -45,8 +44,11 @@ class ReadWindow:
         cursors: dict[str, ExtentCursor],
         parked: Redeliveries,
         gate: KeyGate,
+        read_ahead: int,
     ) -> None:
+        """``read_ahead``: messages read and not acked yet at most (timing.read_ahead)."""
         self.key = key
+        self.read_ahead = read_ahead
         self.queue = queue
         self.group = group
         self._cursors = cursors
@@ -75,7 +77,7 @@ class ReadWindow:
         return sum(c.ack.window() for c in self._cursors.values())
 
     def full(self) -> bool:
-        return self.outstanding() >= timing.current.read_ahead
+        return self.outstanding() >= self.read_ahead
 
     def freed(self) -> None:
         """Messages left the window (acked, expired, dead-lettered): readers go on."""
@@ -83,7 +85,7 @@ class ReadWindow:
 
     async def wait_for_room(self) -> int:
         while not self.stopped:
-            room = timing.current.read_ahead - self.outstanding()
+            room = self.read_ahead - self.outstanding()
             if room > 0:
                 return room
             self._room.clear()

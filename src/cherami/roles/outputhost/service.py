@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING
 
-from cherami import timing
+from cherami.context import DEFAULT, ProcessContext
 from cherami.errors import GroupNotFound, QueueNotFound, Unavailable
 from cherami.loadmeter import Activity
 from cherami.metadata.base import MetadataStore
@@ -46,9 +46,6 @@ Closer = Callable[[int, str], Awaitable[object]]
 
 __all__ = ["Holdings", "OutputHostService"]
 
-FLUSH_INTERVAL = timing.DEFAULT.ack_flush_interval  # defaults; timing.current is used
-REFRESH_INTERVAL = timing.DEFAULT.extent_refresh_interval
-
 
 class OutputHostService:
     def __init__(
@@ -58,6 +55,7 @@ class OutputHostService:
         inputs: InputHostClient,
         holdings: Callable[[OutputHostService], Holdings] | None = None,
         tag: str = "",
+        ctx: ProcessContext = DEFAULT,
     ) -> None:
         """``holdings`` makes, given this service (which it tells of the units it takes
         and drops), what tells which extents of which groups this output host serves (a
@@ -66,8 +64,10 @@ class OutputHostService:
         extent is delivered, settled or persisted). Without it, it serves every extent
         of every group, unfenced. ``inputs`` takes its moves to dead-letter queues.
         ``tag`` goes into every receipt (the frontend routes
-        a settle to the output host that issued the receipt)."""
+        a settle to the output host that issued the receipt). ``ctx``: the process's
+        timing, clock and key (context.py)."""
         self.metadata = metadata
+        self.ctx = ctx
         self._holdings = None if holdings is None else holdings(self)
         self._streams: dict[str, set[Closer]] = {}
         self.stores = stores
@@ -80,7 +80,9 @@ class OutputHostService:
         self._loading: dict[str, asyncio.Lock] = {}
         self._loader: asyncio.Task[None] | None = None
         self.activity = Activity()  # the cursors that delivered (load reports)
-        self.committer = AckCommitter(metadata, self.groups, self._holdings, self.riding_out)
+        self.committer = AckCommitter(
+            metadata, self.groups, self._holdings, self.riding_out, ctx.timing.ack_flush_interval
+        )
         self._seen = -1  # the metadata change log, as far as the refresh has followed it
         self._again: set[str] = set()  # groups whose refresh failed: read them next time
         # every extent made before this time (epoch ms) is known to every group not in
@@ -91,7 +93,7 @@ class OutputHostService:
         self._refreshing = asyncio.Lock()
         self._soon: asyncio.Task[None] | None = None  # a refresh for keyed messages
         self._refresher = Periodic(
-            "extent refresh", timing.current.extent_refresh_interval, self._refresh
+            "extent refresh", ctx.timing.extent_refresh_interval, self._refresh
         )
 
     def owns(self, queue: str, group: str) -> bool:
@@ -176,7 +178,7 @@ class OutputHostService:
             queue_record = await self.metadata.get_queue(queue)
             acts = None if self._holdings is None else partial(self._acts, queue, name)
             consumer = GroupConsumer(
-                queue_record, group, self.reads, self._dead_letter, self._numbers, acts
+                queue_record, group, self.reads, self._dead_letter, self._numbers, acts, self.ctx
             )
             consumer.on_unwritten = partial(self.committer.mark, key)
             consumer.window.cancelled_of = partial(self._cancels.of, queue)

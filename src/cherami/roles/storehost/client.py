@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -24,7 +25,6 @@ import msgspec
 from cherami.errors import CheramiError, ExtentSealed, StorageFull, Unavailable
 from cherami.wire import handshake as h
 from cherami.wire import store as w
-from cherami.wire import tls
 from cherami.wire.framing import Cork, FrameReader, FrameWriter, open_framed
 
 log = logging.getLogger("cherami.storehost.client")
@@ -49,12 +49,17 @@ class StoreError(CheramiError):
 Opener = Callable[[str], Awaitable[tuple[FrameReader, FrameWriter]]]
 
 
-async def _open_tcp(address: str) -> tuple[FrameReader, FrameWriter]:
-    host, port = address.rsplit(":", 1)
-    context = tls.internal_client()  # a cluster with TLS: verify the host
-    return await open_framed(
-        host, int(port), h.WELCOME_SIZE, ssl=context, server_hostname=host if context else None
-    )
+def tcp_opener(context: ssl.SSLContext | None) -> Opener:
+    """Opens TCP connections; with ``context`` (a cluster with TLS), verifying the host."""
+
+    async def open_tcp(address: str) -> tuple[FrameReader, FrameWriter]:
+        host, port = address.rsplit(":", 1)
+        return await open_framed(
+            host, int(port), h.WELCOME_SIZE, ssl=context,
+            server_hostname=host if context else None,
+        )  # fmt: skip
+
+    return open_tcp
 
 
 def _raise_for(reply: w.Reply) -> w.Reply:
@@ -77,13 +82,15 @@ class StoreClient:
         connect_timeout: float = 2.0,
         key: bytes | None = None,
         opener: Opener | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        """``key``: the cluster key to prove (default: this process's, handshake.py);
-        ``opener``: how to open a connection to ``address`` (default: TCP, with TLS when
-        the cluster has it; an in-process store host's pipe, inprocess.py)."""
+        """``key``: the cluster key to prove (default: the environment's, handshake.py);
+        ``opener``: how to open a connection to ``address`` (default: TCP, with TLS
+        verifying with ``tls`` when given, wire/tls.py; an in-process store host's pipe,
+        inprocess.py)."""
         self.store_id = store_id
         self._key = key
-        self._open = opener or _open_tcp
+        self._open = opener or tcp_opener(tls)
         self.address = address
         self._timeout = connect_timeout
         self._rids = itertools.count(1)

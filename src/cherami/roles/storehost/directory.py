@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -24,11 +25,18 @@ REFRESH_INTERVAL = 0.5  # how often a StoreWatcher reads the live store hosts
 
 
 class StoreDirectory:
-    def __init__(self, key: bytes | None = None, hosts: Iterable[InProcessStoreHost] = ()) -> None:
-        """``key``: the cluster key its clients prove (default: this process's);
-        ``hosts``: in-process store hosts (inprocess.py, the test double): a store host
-        at one of their addresses is reached through its pipe, any other over TCP."""
+    def __init__(
+        self,
+        key: bytes | None = None,
+        hosts: Iterable[InProcessStoreHost] = (),
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        """``key``: the cluster key its clients prove (default: the environment's,
+        wire/handshake.py); ``hosts``: in-process store hosts (inprocess.py, the test
+        double): a store host at one of their addresses is reached through its pipe, any
+        other over TCP (with TLS, verifying with ``tls``, when given)."""
         self._key = key
+        self._tls = tls
         self._in_process = {host.address: host for host in hosts}
         self._clients: dict[str, StoreClient] = {}
 
@@ -43,7 +51,9 @@ class StoreDirectory:
             return
         host = self._in_process.get(address)
         opener = host.open if host is not None else None
-        self._clients[store_id] = StoreClient(store_id, address, key=self._key, opener=opener)
+        self._clients[store_id] = StoreClient(
+            store_id, address, key=self._key, opener=opener, tls=self._tls
+        )
         if current is not None:
             await current.close()
 
@@ -110,14 +120,16 @@ class StoreDirectory:
 class StoreWatcher:
     """Keeps a StoreDirectory in step with the live store hosts in the metadata."""
 
-    def __init__(self, metadata: MetadataStore, stores: StoreDirectory) -> None:
+    def __init__(self, metadata: MetadataStore, stores: StoreDirectory, dead_after: float) -> None:
+        """``dead_after``: a store host silent this long is not live (timing.dead_after)."""
         self.metadata = metadata
+        self.dead_after = dead_after
         self.stores = stores
         self.live: set[str] = set()
         self._refresher = Periodic("store host refresh", REFRESH_INTERVAL, self.refresh)
 
     async def refresh(self) -> set[str]:
-        hosts = await live_hosts(self.metadata, STOREHOST)
+        hosts = await live_hosts(self.metadata, STOREHOST, self.dead_after)
         for h in hosts:
             await self.stores.set_address(h.id, h.address)
         self.live = {h.id for h in hosts}

@@ -23,6 +23,7 @@ class OpsHandlers:
         self, lookup: Lookup, metadata: MetadataStore, ready: Callable[[], bool], scrape: Scrape
     ) -> None:
         self.lookup = lookup
+        self.dead_after = lookup.ctx.timing.dead_after
         self.metadata = metadata
         self.ready = ready
         self.scrape = scrape
@@ -34,7 +35,7 @@ class OpsHandlers:
         if not self.ready():
             return json_response({"status": "starting"}, 503)
         try:
-            stores = await live_hosts(self.metadata, STOREHOST)
+            stores = await live_hosts(self.metadata, STOREHOST, self.dead_after)
         except CheramiError:
             return json_response({"status": "ok"})  # the metadata store's health is its own
         full = sorted(h.id for h in stores if not has_room(h))
@@ -52,4 +53,4 @@ class OpsHandlers:
 
     async def cluster(self, request: web.Request) -> web.Response:
         self.lookup.auth(request, None, None)
-        return json_response(await cluster_json(self.metadata))
+        return json_response(await cluster_json(self.metadata, self.dead_after))

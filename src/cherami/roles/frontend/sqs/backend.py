@@ -46,7 +46,9 @@ class Backend:
         )  # fmt: skip
         router = roles.router
         self._remote_inputs = (
-            None if router is None else RemoteInputHost(router.input_host, lambda: router.session)
+            None
+            if router is None
+            else RemoteInputHost(router.input_host, lambda: router.session, roles.ctx)
         )
         self._remote_groups = None if router is None else RemoteGroups(roles, router)
 

@@ -21,7 +21,6 @@ from cherami.roles.frontend.proxy import Router
 from cherami.roles.frontend.sqs.errors import SqsError
 from cherami.roles.frontend.sqs.model import Delivery
 from cherami.roles.outputhost.client import Settlement, host_tag, tag_of
-from cherami.wire import handshake as h
 
 POLL_SLICE = 0.5  # a long poll waits on one host this long, then asks them all again
 _HEADERS = {"Content-Type": "application/json"}
@@ -55,7 +54,7 @@ class RemoteGroups:
         request carries no API key to pass on: the call carries the cluster's internal
         token instead (taken on direct calls only), this endpoint having checked the
         caller's key and scope itself."""
-        headers = {**_HEADERS, h.INTERNAL_HEADER: h.internal_token(h.cluster_key())}
+        headers = {**_HEADERS, **self.r.ctx.internal_headers()}
         reply = await self.router.send(method, address, path, body, headers)
         raw = reply.body if isinstance(reply.body, bytes) else b""
         if reply.status != 200:
@@ -112,7 +111,10 @@ class RemoteGroups:
         parts: dict[str, list[str]] = {}
         for receipt in receipts:
             parts.setdefault(tag_of(receipt), []).append(receipt)
-        live = {host_tag(h.id): h.address for h in await live_hosts(self.r.metadata, OUTPUTHOST)}
+        live = {
+            host_tag(h.id): h.address
+            for h in await live_hosts(self.r.metadata, OUTPUTHOST, self.r.ctx.timing.dead_after)
+        }
         applied, stale = 0, []
         for tag, part in parts.items():
             address = live.get(tag) if tag else None
