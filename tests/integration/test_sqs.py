@@ -608,7 +608,8 @@ def test_the_aws_cli(endpoint: str, boto: Client, tmp_path: Path) -> None:
         20, "the message back",
     )  # fmt: skip
     assert back["MessageId"] == got["MessageId"]
-    cli("delete-message", "--queue-url", url, "--receipt-handle", back["ReceiptHandle"])
+    # "=": a receipt (urlsafe base64) may start with "-", which the CLI would take for an option
+    cli("delete-message", "--queue-url", url, f"--receipt-handle={back['ReceiptHandle']}")
     assert "Messages" not in boto.receive_message(QueueUrl=url, WaitTimeSeconds=2)
 
 
