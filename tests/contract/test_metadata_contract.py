@@ -16,6 +16,7 @@ from cherami.errors import AlreadyExists, Fenced, GroupNotFound, InvalidRequest,
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import (
     DELETED,
+    FAILING,
     OPEN,
     SEALED,
     AckLevel,
@@ -195,6 +196,14 @@ async def test_extent_status_and_duplicate_ids(meta: MetadataStore) -> None:
     assert sealed is not None and sealed.sealed_seq == 7
     assert {e.id for e in await meta.list_extents("q1", (OPEN, SEALED))} == {"e1", "e2"}
     assert await meta.list_extents("q1", (DELETED,)) == []
+    # an input host's report of a failing extent lands after its seal (issue 33, part 1):
+    # a sealed extent stays sealed; an open one becomes failing, then sealed
+    await meta.set_extent_status("e1", FAILING)
+    assert (await meta.get_extent("e1")).status == SEALED  # type: ignore[union-attr]
+    await meta.set_extent_status("e2", FAILING)
+    assert (await meta.get_extent("e2")).status == FAILING  # type: ignore[union-attr]
+    await meta.set_extent_status("e2", SEALED, sealed_seq=3)
+    assert (await meta.get_extent("e2")).status == SEALED  # type: ignore[union-attr]
     assert await meta.list_extents("other") == []
 
 

@@ -140,8 +140,10 @@ class MetadataStore(Protocol):
         sealed_seq: int | None = None,
         fence: Fence | None = None,
     ) -> None:
-        """A deleted extent stays deleted (the change is ignored). With a ``fence``,
-        raises Fenced (and writes nothing) when its epoch is stale."""
+        """A deleted extent stays deleted, and only an open one becomes FAILING (the
+        change is ignored: an input host's report that reads OPEN and lands after the
+        seal must not turn a sealed extent back). With a ``fence``, raises Fenced (and
+        writes nothing) when its epoch is stale."""
 
     # ack levels
     async def get_ack_levels(self, queue: str, group: str) -> list[AckLevel]: ...

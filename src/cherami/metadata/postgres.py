@@ -25,6 +25,8 @@ from cherami.metadata.base import page_clause
 from cherami.metadata.cancelled import CancelledMessages
 from cherami.metadata.models import (
     DELETED,
+    FAILING,
+    OPEN,
     AckLevel,
     Extent,
     Fence,
@@ -337,8 +339,9 @@ class PostgresMetadataStore(CancelledMessages):
             await _check_fence(cur, fence)
             await cur.execute(
                 "UPDATE extents SET status = %s, sealed_seq = COALESCE(%s, sealed_seq) "
-                "WHERE id = %s AND status <> %s",  # a deleted extent stays deleted
-                (status, sealed_seq, extent_id, DELETED),
+                # a deleted extent stays deleted, and only an open one becomes failing
+                "WHERE id = %s AND status <> %s AND (%s <> %s OR status = %s)",
+                (status, sealed_seq, extent_id, DELETED, status, FAILING, OPEN),
             )
 
     # ack levels

@@ -21,6 +21,8 @@ from cherami.metadata.base import page_clause
 from cherami.metadata.cancelled import CancelledMessages, Statement
 from cherami.metadata.models import (
     DELETED,
+    FAILING,
+    OPEN,
     AckLevel,
     Extent,
     Fence,
@@ -323,11 +325,11 @@ class SqliteMetadataStore(CancelledMessages):
     ) -> None:
         sql = (
             "UPDATE extents SET status = ?, sealed_seq = COALESCE(?, sealed_seq) "
-            "WHERE id = ? AND status <> ?"  # a deleted extent stays deleted
+            # a deleted extent stays deleted, and only an open one becomes failing
+            "WHERE id = ? AND status <> ? AND (? <> ? OR status = ?)"
         )
-        await self._write(
-            lambda: self._tx([(sql, (status, sealed_seq, extent_id, DELETED))], fence)
-        )
+        args = (status, sealed_seq, extent_id, DELETED, status, FAILING, OPEN)
+        await self._write(lambda: self._tx([(sql, args)], fence))
 
     # ack levels
     async def get_ack_levels(self, queue: str, group: str) -> list[AckLevel]:
