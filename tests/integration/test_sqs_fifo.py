@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.integration.test_sqs import Client, error_code, sqs_client, sqs_url
+from tests.integration.test_sqs import (
+    Client,
+    _dead_lettered,
+    error_code,
+    sqs_client,
+    sqs_url,
+    wait_for,
+)
 from tests.support.server import ServerProcess, unique
 
 ALL = ["All"]
@@ -217,6 +224,41 @@ def test_fifo_order_per_group_with_competing_receivers(sqs: Client) -> None:
     assert not errors, errors
     assert not overlaps, f"groups in hand twice at once: {overlaps}"
     assert seen == {f"g{g}": list(range(per_group)) for g in range(groups)}
+
+
+def test_fifo_redelivery_and_redrive_keep_the_group_in_order(sqs: Client) -> None:
+    """A message whose visibility ends comes again before the next of its group; one
+    received maxReceiveCount times goes to the FIFO dead-letter queue, its group goes on,
+    and a move task brings it back with its group, id and SequenceNumber."""
+    dlq = fifo_queue(sqs)
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])[
+        "Attributes"]["QueueArn"]  # fmt: skip
+    policy = json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 2})
+    url = fifo_queue(sqs, ContentBasedDeduplication="true", RedrivePolicy=policy)
+    sent = [sqs.send_message(QueueUrl=url, MessageBody=b, MessageGroupId="g")
+            for b in ("poison", "next")]  # fmt: skip
+
+    def receive(visibility: int) -> list[dict[str, Any]]:
+        return list(sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=2, AttributeNames=ALL,
+            VisibilityTimeout=visibility).get("Messages", []))  # fmt: skip
+
+    first = wait_for(lambda: receive(1), 10, "the first message")
+    assert [m["Body"] for m in first] == ["poison"]  # not "next" beside it
+    again = wait_for(lambda: receive(30), 10, "the first message again")
+    assert [(m["Body"], m["Attributes"]["ApproximateReceiveCount"]) for m in again] == [
+        ("poison", "2")]  # fmt: skip
+    sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=again[0]["ReceiptHandle"],
+                                  VisibilityTimeout=0)  # fmt: skip
+    wait_for(lambda: _dead_lettered(sqs, dlq, 1), 15, "the poison message dead-lettered")
+    after = wait_for(lambda: receive(30), 10, "the group's next message")
+    assert [m["Body"] for m in after] == ["next"]
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=after[0]["ReceiptHandle"])
+    sqs.start_message_move_task(SourceArn=dlq_arn)
+    back = wait_for(lambda: receive(30), 15, "the poison message back")
+    assert [(m["MessageId"], m["Attributes"]["MessageGroupId"],
+             m["Attributes"]["SequenceNumber"]) for m in back] == [
+        (sent[0]["MessageId"], "g", sent[0]["SequenceNumber"])]  # fmt: skip
 
 
 def test_a_fifo_queue_survives_a_restart_with_its_settings(tmp_path: Path) -> None:
