@@ -69,31 +69,6 @@ async def test_competing_consumers_get_disjoint_sets(client: AsyncClient) -> Non
     assert seen[0] and seen[1]
 
 
-async def test_visibility_timeout_redelivers_with_new_receipt(client: AsyncClient) -> None:
-    q = await _setup(client, "g", visibility_timeout_seconds=1)
-    await client.publish(q, ["task"])
-    (first,) = await client.receive(q, "g", wait_seconds=5)
-    assert first.delivery_count == 1
-    assert await client.receive(q, "g", wait_seconds=0.5) == []
-    (again,) = await client.receive(q, "g", wait_seconds=5)
-    assert again.id == first.id and again.delivery_count == 2
-    assert again.receipt != first.receipt
-    stale = await client.ack(q, "g", [first.receipt or ""])
-    assert stale == {"acked": 0, "stale": [first.receipt]}
-    assert (await client.ack(q, "g", [again.receipt or ""]))["acked"] == 1
-    assert (await client.ack(q, "g", [again.receipt or ""]))["stale"] == [again.receipt]
-    stats = (await client.get_group(q, "g"))["stats"]
-    assert stats["redelivered"] == 1 and stats["backlog"] == 0
-
-
-async def test_receive_visibility_override(client: AsyncClient) -> None:
-    q = await _setup(client, "g")
-    await client.publish(q, ["x"])
-    (m,) = await client.receive(q, "g", wait_seconds=5, visibility_timeout_seconds=0.5)
-    (again,) = await client.receive(q, "g", wait_seconds=5)
-    assert again.id == m.id and again.delivery_count == 2
-
-
 async def test_forged_receipts_are_stale(client: AsyncClient) -> None:
     q = await _setup(client, "g", "other")
     await client.publish(q, ["x"])
@@ -128,18 +103,6 @@ async def test_nack_with_delay(client: AsyncClient) -> None:
     assert (await client.nack(q, "g", [again.receipt or ""]))["nacked"] == 1
     (third,) = await client.receive(q, "g", wait_seconds=5)
     assert third.delivery_count == 3
-
-
-async def test_visibility_extension(client: AsyncClient) -> None:
-    q = await _setup(client, "g", visibility_timeout_seconds=1)
-    await client.publish(q, ["long"])
-    (m,) = await client.receive(q, "g", wait_seconds=5)
-    for _ in range(3):
-        await asyncio.sleep(0.6)
-        assert (await client.extend(q, "g", [m.receipt or ""], 1.0))["extended"] == 1
-    assert await client.receive(q, "g", wait_seconds=0.3) == []
-    assert (await client.ack(q, "g", [m.receipt or ""]))["acked"] == 1
-    assert (await client.extend(q, "g", [m.receipt or ""], 1.0))["stale"] == [m.receipt]
 
 
 async def test_poison_message_goes_to_dlq_and_group_goes_on(client: AsyncClient) -> None:
@@ -373,22 +336,6 @@ async def test_attributes_and_ids(client: AsyncClient) -> None:
     assert m.id == mid and m.attributes == {"k": "v", "trace": "t1"}
     assert isinstance(m.enqueued_at, datetime) and m.enqueued_at.tzinfo == UTC
     assert abs((datetime.now(UTC) - m.enqueued_at).total_seconds()) < 60
-
-
-async def test_shorter_visibility_after_a_longer_one_still_times_out(client: AsyncClient) -> None:
-    q = await _setup(client, "g")
-    await client.publish(q, ["long", "short"])
-    (first,) = await client.receive(
-        q, "g", max_messages=1, wait_seconds=5, visibility_timeout_seconds=30
-    )
-    (second,) = await client.receive(
-        q, "g", max_messages=1, wait_seconds=5, visibility_timeout_seconds=0.5
-    )
-    t0 = time.monotonic()
-    (again,) = await client.receive(q, "g", wait_seconds=5)
-    assert again.id == second.id and again.delivery_count == 2
-    assert time.monotonic() - t0 < 3
-    await client.ack(q, "g", [first.receipt or "", again.receipt or ""])
 
 
 async def test_explicit_zero_delay_overrides_the_queue_default(client: AsyncClient) -> None:

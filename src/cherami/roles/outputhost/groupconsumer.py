@@ -56,7 +56,9 @@ class GroupConsumer:
     ) -> None:
         """``acts`` tells, for an extent id, whether this host may act for it now (its
         lease, ownership.py); None: it acts for every extent (one process serves all).
-        ``ctx``: the process's read-ahead (context.py)."""
+        ``ctx``: the process's read-ahead, and its clock (monotonic seconds), which
+        times the visibility deadlines: tests advance it instead of sleeping."""
+        self.clock = ctx.clock
         self.key = f"{group.queue}/{group.name}"
         self.scope = self.key.encode()
         self.reads = reads
@@ -288,7 +290,7 @@ class GroupConsumer:
         window = self.window
         if not window.ready or self.stopped:
             return [], 0
-        deadline = time.monotonic() + (visibility if visibility is not None else self.visibility)
+        deadline = self.clock() + (visibility if visibility is not None else self.visibility)
         expired_before = time.time() * 1000 - self.queue.config.retention_seconds * 1000
         taken, count, redelivered = self.flight.take(
             window.ready, limit, deadline, owner, max_bytes, runs, self.not_acting(),
@@ -323,7 +325,7 @@ class GroupConsumer:
         return stale
 
     def extend(self, numbers: list[int], visibility: float, owner: Any = None) -> list[int]:
-        stale = self.flight.extend(numbers, time.monotonic() + visibility, owner)
+        stale = self.flight.extend(numbers, self.clock() + visibility, owner)
         if len(stale) < len(numbers):
             self._timers_due.set()
         return stale
@@ -454,14 +456,14 @@ class GroupConsumer:
                 self._timers_due.clear()
                 await self._timers_due.wait()
             self._timers_due.clear()
-            wait = max(TICK, self._next_timer_in(time.monotonic()))
+            wait = max(TICK, self._next_timer_in(self.clock()))
             try:
                 async with asyncio.timeout(wait):
                     await self._timers_due.wait()
                 await asyncio.sleep(TICK)  # what a burst of new timers brings, together
             except TimeoutError:
                 pass
-            self._expire(time.monotonic())
+            self._expire(self.clock())
 
     def _next_timer_in(self, now: float) -> float:
         """Seconds until the first of the group's timers is due (MAX_TICK at most)."""
