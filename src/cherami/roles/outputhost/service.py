@@ -189,14 +189,18 @@ class OutputHostService:
             self.groups[key] = consumer
             for named in (queue, group.dlq):
                 self._named.setdefault(named, set()).add(key)
-            await self._sync(consumer)
+            await self._sync(consumer, (group, queue_record))
             return consumer
 
-    async def _sync(self, consumer: GroupConsumer) -> None:
+    async def _sync(self, consumer: GroupConsumer, read: tuple[Group, Queue] | None = None) -> None:
         """Follow the group's extents (those this host holds): new ones get a cursor,
-        after their parked messages are loaded."""
-        group = await self.metadata.get_group(consumer.group.queue, consumer.group.name)
-        consumer.configure(await self.metadata.get_queue(group.queue), group)
+        after their parked messages are loaded. ``read``: the group's and its queue's
+        records, read just now (a group being loaded)."""
+        if read is None:
+            group = await self.metadata.get_group(consumer.group.queue, consumer.group.name)
+            read = group, await self.metadata.get_queue(group.queue)
+        group = read[0]
+        consumer.configure(read[1], group)
         levels = {a.extent: a for a in await self.metadata.get_ack_levels(group.queue, group.name)}
         extents = await self.metadata.list_extents(group.queue, (OPEN, FAILING, SEALED, CONSUMED))
         merged = [lv for lv in levels.values() if lv.limit is not None]

@@ -9,7 +9,11 @@ drops, every pending request fails with Unavailable and the next request reconne
 Reads may wait long at the store host for records to come (an idle extent then costs
 one read per wait); so that a store host cut off is not waited for that long, the
 connection itself is watched: while requests wait on it, a cheap request goes every
-LIVENESS_INTERVAL, and one not answered in CALL_TIMEOUT drops the connection."""
+LIVENESS_INTERVAL, and one not answered in CALL_TIMEOUT drops the connection, unless
+other replies came on it meanwhile: a store host that answers is slow, not gone, and
+that one request alone fails (dropping the connection failed every read waiting on it,
+thousands on a node with many idle groups, and their retries made the host slower
+still: creating queues on a loaded machine then failed after a few hundred)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import asyncio
 import itertools
 import logging
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -100,6 +105,7 @@ class StoreClient:
         self._watcher: asyncio.Task[None] | None = None
         self._connecting: asyncio.Lock = asyncio.Lock()
         self._frames = Cork()  # the frames of one loop turn leave in one write
+        self._replied_at = 0.0  # monotonic time of the latest reply on the connection
         self.closed = False
 
     async def _connection(self) -> FrameWriter:
@@ -156,6 +162,7 @@ class StoreClient:
         try:
             while True:
                 reply = w.decode_reply(await reader.read_frame())
+                self._replied_at = time.monotonic()
                 future = self._pending.pop(reply.rid, None)
                 if future is not None and not future.done():
                     future.set_result(reply)
@@ -212,9 +219,22 @@ class StoreClient:
             async with asyncio.timeout(timeout):
                 reply = await future
         except TimeoutError:
+            if time.monotonic() - self._replied_at < min(timeout, CALL_TIMEOUT):
+                self._forget(future)  # it answers others: slow, not gone
+                raise Unavailable(
+                    f"store {self.store_id} did not answer in {timeout}s (it is busy)"
+                ) from None
             self.reset(f"no answer in {timeout}s")
             raise Unavailable(f"store {self.store_id} did not answer in {timeout}s") from None
         return _raise_for(reply)
+
+    def _forget(self, future: asyncio.Future[w.Reply]) -> None:
+        """Stop waiting for a request's reply (a late one is dropped)."""
+        future.cancel()
+        for rid, pending in list(self._pending.items()):
+            if pending is future:
+                del self._pending[rid]
+                return
 
     def reset(self, why: str) -> None:
         writer, self._writer = self._writer, None
