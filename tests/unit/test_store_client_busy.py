@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from cherami.errors import Unavailable
+from cherami.roles.outputhost.extentreader import TAIL_WAIT_MS, tail_wait_ms
 from cherami.roles.storehost.client import StoreClient
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.roles.storehost.inprocess import InProcessStoreHost
@@ -97,3 +98,12 @@ async def test_a_host_that_answers_nothing_is_still_dropped(
     assert "busy" not in str(failed.value)
     with pytest.raises(Unavailable):
         await waiting  # failed with the connection, which was dropped
+
+
+def test_idle_reads_end_spread_over_a_fifth_of_their_wait() -> None:
+    """The reads of many idle groups loaded together (a restart) do not all end in the
+    same second ten minutes later: each waits between 80% and all of TAIL_WAIT_MS."""
+    assert tail_wait_ms(lambda: 0.0) == TAIL_WAIT_MS * 8 // 10
+    assert tail_wait_ms(lambda: 0.999999) <= TAIL_WAIT_MS
+    waits = {tail_wait_ms() // 1000 for _ in range(1000)}
+    assert len(waits) > 60 and min(waits) >= 480 and max(waits) <= 600

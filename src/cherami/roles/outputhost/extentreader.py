@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import random
 import time
+from collections.abc import Callable
 from operator import attrgetter
 from typing import Protocol
 
@@ -26,8 +28,17 @@ READ_BATCH = 2000  # records per read of a store host (fewer round trips when fa
 # timer extent; a seal or a drop ends the wait too): an idle extent costs one read per
 # wait, so the wait is long. A store host cut off is noticed by its connection's
 # liveness check (storehost/client.py, every 2 s while a read waits), not at the end of
-# this wait.
+# this wait. Each read waits a random part of it more (tail_wait_ms), so that the reads
+# of many idle groups loaded together (a restart) do not all end, and come again, in the
+# same second every ten minutes.
 TAIL_WAIT_MS = 600_000
+
+
+def tail_wait_ms(draw: Callable[[], float] = random.random) -> int:
+    """How long one read waits: between 80% and all of TAIL_WAIT_MS."""
+    return int(TAIL_WAIT_MS * (0.8 + 0.2 * draw()))
+
+
 SHUN_SECONDS = 5.0  # a replica whose read failed is not read again for this long
 ORIG_ID = attrgetter("orig_id")
 ENQUEUED = attrgetter("enqueued_ms")
@@ -144,12 +155,14 @@ async def read_extent(group: ReadTarget, cursor: ExtentCursor, reads: SharedRead
                     cursor.read_key,
                     count,
                     until_ms=due_by,
-                    wait_ms=TAIL_WAIT_MS,
+                    wait_ms=tail_wait_ms(),
                     joined=True,
                 )
                 chunk = decode_chunk(store_id, cursor.id, batch, timer=True)
             else:
-                chunk = await reads.read(store_id, cursor.id, cursor.read_key, count, TAIL_WAIT_MS)
+                chunk = await reads.read(
+                    store_id, cursor.id, cursor.read_key, count, tail_wait_ms()
+                )
                 store_id = chunk.store_id  # another group's read of the same position
         except CheramiError as err:
             if isinstance(err, StoreError) and err.code == "extent_not_found":
