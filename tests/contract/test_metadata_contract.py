@@ -256,6 +256,18 @@ async def test_lease_holder(meta: MetadataStore) -> None:
     assert await meta.lease_holder("expired") is None
 
 
+async def test_many_leases_taken_in_one_call(meta: MetadataStore) -> None:
+    """What one ``try_lease`` of each would give: another's unexpired lease is left out,
+    an expired one is taken at the next epoch, a renewal keeps its epoch."""
+    assert await meta.try_lease("b", "o2", ttl_seconds=5) == 1
+    assert await meta.try_lease("c", "o2", ttl_seconds=0) == 1  # expired
+    first = await meta.try_leases(["a", "b", "c", "d", "a"], "o1", ttl_seconds=5)
+    assert first == {"a": 1, "c": 2, "d": 1}
+    assert await meta.try_leases(["d", "a"], "o1", ttl_seconds=5) == {"a": 1, "d": 1}
+    assert await meta.lease_holders("") == {"a": "o1", "b": "o2", "c": "o1", "d": "o1"}
+    assert await meta.try_leases([], "o1", ttl_seconds=5) == {}
+
+
 async def test_lease_holders_by_prefix(meta: MetadataStore) -> None:
     assert await meta.try_lease("group:q/g_1/e1", "o1", ttl_seconds=5)
     assert await meta.try_lease("group:q/g_1/e2", "o2", ttl_seconds=5)

@@ -15,12 +15,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from cherami.errors import (
-    AlreadyExists,
-    Fenced,
-    GroupNotFound,
-    QueueNotFound,
-)
+from cherami.errors import AlreadyExists, Fenced, GroupNotFound, QueueNotFound
 from cherami.metadata.base import page_clause
 from cherami.metadata.cancelled import CancelledMessages
 from cherami.metadata.models import (
@@ -485,18 +480,21 @@ class PostgresMetadataStore(CancelledMessages):
         return {str(name): int(epoch) for name, epoch in rows}
 
     async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> int | None:
-        # Expiry is judged by the server's clock, the one clock every contender shares.
-        # A new holder, or the same one on a lease granted before a failover (an older
-        # timeline), gets an epoch above any that timeline granted (postgres_failover.py).
-        row = await self._fetchone(
+        return (await self.try_leases([name], holder, ttl_seconds)).get(name)
+
+    async def try_leases(self, names: list[str], holder: str, ttl_seconds: float) -> dict[str, int]:
+        # Expiry by the server's clock, shared by all; a new holder, or one granted before a
+        # failover, gets an epoch above any that timeline granted (postgres_failover.py).
+        # In name order: two hosts taking overlapping sets lock their rows in one order.
+        rows = await self._fetchall(
             f"WITH t AS (SELECT {EPOCH_FLOOR} AS floor) "
             "INSERT INTO leases AS l (name, holder, expires_at, epoch) "
-            f"SELECT %s, %s, {NOW} + %s, greatest(1, floor) FROM t "
-            "ON CONFLICT (name) DO UPDATE SET "
+            f"SELECT n, %s, {NOW} + %s, greatest(1, floor) FROM t, unnest(%s::text[]) AS n "
+            "ORDER BY n ON CONFLICT (name) DO UPDATE SET "
             "holder = excluded.holder, expires_at = excluded.expires_at, "
             "epoch = CASE WHEN l.holder = excluded.holder AND l.epoch >= excluded.epoch "
             "THEN l.epoch ELSE greatest(l.epoch + 1, excluded.epoch) END "
-            f"WHERE l.holder = excluded.holder OR l.expires_at < {NOW} RETURNING l.epoch",
-            (name, holder, ttl_seconds),
+            f"WHERE l.holder = excluded.holder OR l.expires_at < {NOW} RETURNING l.name, l.epoch",
+            (holder, ttl_seconds, sorted(set(names))),
         )
-        return int(row[0]) if row else None
+        return {str(name): int(epoch) for name, epoch in rows}

@@ -486,15 +486,18 @@ class SqliteMetadataStore(CancelledMessages):
         return await self._write(renew) if names else {}
 
     async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> int | None:
-        def take() -> int | None:
+        return (await self.try_leases([name], holder, ttl_seconds)).get(name)
+
+    async def try_leases(self, names: list[str], holder: str, ttl_seconds: float) -> dict[str, int]:
+        def take() -> dict[str, int]:
             now = time.time()
-            row = self._db.execute(
+            rows = [(name, self._db.execute(
                 "INSERT INTO leases VALUES (?, ?, ?, 1) ON CONFLICT (name) DO UPDATE SET "
                 "holder = excluded.holder, expires_at = excluded.expires_at, epoch = CASE "
                 "WHEN leases.holder = excluded.holder THEN leases.epoch ELSE leases.epoch + 1 END "
                 "WHERE leases.holder = excluded.holder OR leases.expires_at < ? RETURNING epoch",
                 (name, holder, now + ttl_seconds, now),
-            ).fetchone()
-            return int(row[0]) if row else None
+            ).fetchone()) for name in sorted(set(names))]  # fmt: skip
+            return {name: int(row[0]) for name, row in rows if row}
 
-        return await self._write(take)
+        return await self._write(take) if names else {}
