@@ -6,9 +6,14 @@ integration and fault suites."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
+import pytest
+
+from cherami.errors import Unavailable
 from cherami.metadata.models import AckLevel, Extent
+from cherami.roles.outputhost import extentreader
 from cherami.roles.outputhost.extentreader import ExtentCursor, read_extent
 from cherami.roles.outputhost.sharedreads import SharedReads
 from cherami.wire.keys import plain_key, seq_of
@@ -81,3 +86,37 @@ def test_a_short_replica_does_not_end_the_extent_early() -> None:
         replicas = {"a": _Replica(5), "b": _Replica(8), "c": _Replica(8)}
         ordered = {first: replicas[first], **replicas}
         assert _read(ordered) == [f"m{s}".encode() for s in range(1, 9)], first
+
+
+class _Down(_Replica):
+    """A replica whose store host is down for its first ``down`` reads."""
+
+    def __init__(self, last: int, down: int) -> None:
+        super().__init__(last)
+        self.down = down
+
+    async def read(self, extent: str, after: bytes, max_count: int, **kw: Any) -> ReadResult:
+        if self.down:
+            self.down -= 1
+            raise Unavailable("connection refused")
+        return await super().read(extent, after, max_count, **kw)
+
+
+def test_a_reader_whose_replicas_are_all_down_pauses_longer_and_warns_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A power loss left 400 readers trying 3 dead replicas every 0.5 s: 2,400 failed
+    connects and warnings a second on the output host while the store hosts restarted.
+    The pause grows to PAUSE_MOST, and each replica's failing streak is one warning."""
+    pauses: list[float] = []
+
+    async def pause(seconds: float) -> None:  # the reader's clock, not waited out
+        pauses.append(seconds)
+
+    monkeypatch.setattr(extentreader.asyncio, "sleep", pause)
+    replicas = {name: _Down(8, down=12) for name in ("a", "b", "c")}
+    with caplog.at_level(logging.DEBUG, logger=extentreader.log.name):
+        assert _read(replicas) == [f"m{s}".encode() for s in range(1, 9)]
+    assert pauses[:3] == [0.5, 1.0, 2.0] and set(pauses[3:]) == {2.0}, pauses
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 3, [r.getMessage() for r in warned]
