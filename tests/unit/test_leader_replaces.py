@@ -107,6 +107,24 @@ async def test_a_long_tick_renews_the_lease_and_opens_every_queue() -> None:
     assert leases.asked == 1 and leader.acting()
 
 
+async def test_a_tick_waiting_on_one_slow_call_keeps_the_lead() -> None:
+    """A tick that waits on one call longer than the acting window (a seal, a read, one
+    queue's opens on a loaded machine) renews the lease meanwhile: renewed only between
+    queues, it ran out and the lead changed hands while a store host's extents were
+    being replaced."""
+    controller, leases = _Controller(), _Leases(epoch=7)
+    leader = _leader(controller, [], leases)
+    leader._acting_until = leader.clock() + 0.3  # within RENEW_WITHIN of its end
+
+    async def slow_call() -> None:  # answers once the lease was renewed, or times out
+        async with asyncio.timeout(10):
+            while not leases.asked:
+                await asyncio.sleep(0.01)
+
+    await leader._keeping_lease(slow_call())
+    assert leases.asked >= 1 and leader.acting()
+
+
 async def test_one_line_says_what_was_replaced_once_every_queue_is_settled(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

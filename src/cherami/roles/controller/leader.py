@@ -56,7 +56,7 @@ ROLL_CHECK_ALL = 60.0  # every open extent is looked at for rolling over this of
 # queue after another, 2,100 extents took 33 s to replace (the opens at ~90 a second)
 SEALS_AT_ONCE = 32  # seals under way at once (each asks every replica, then the metadata)
 TENDS_AT_ONCE = 8  # queues opening extents at once (each under its lock; 10 connections)
-RENEW_WITHIN = 1.0  # a tick still opening extents this near its acting window's end renews
+RENEW_WITHIN = 1.5  # a tick still running this near its acting window's end renews
 
 
 class Leader:
@@ -142,7 +142,7 @@ class Leader:
         self.controller.fence = Fence(lease=LEASE, epoch=epoch) if epoch is not None else None
         self._acting_until = asked + self.timing.lease_ttl - self.timing.lease_margin
         if leading:
-            await self.tick()
+            await self._keeping_lease(self.tick())
             now = self.clock()
             if now - self._retained_at >= RETENTION_INTERVAL:
                 self._retained_at = now
@@ -241,6 +241,24 @@ class Leader:
         async with asyncio.TaskGroup() as group:
             for _ in range(min(TENDS_AT_ONCE, len(look))):
                 group.create_task(tend())
+
+    async def _keeping_lease(self, work: Awaitable[None]) -> None:
+        """Run ``work`` (a tick) while the lease is renewed every half leader_tick once
+        the acting window nears its end. A tick waits on calls (a seal's replicas, the
+        catalog's reads, one queue's opens) that on a loaded machine outlasted the
+        window: renewed only between queues, the lease ran out and the lead changed
+        hands in the middle of replacing a store host's extents (load 17)."""
+        keep = asyncio.create_task(self._keep_lease(), name="keep the lead")
+        try:
+            await work
+        finally:
+            keep.cancel()
+            await asyncio.gather(keep, return_exceptions=True)
+
+    async def _keep_lease(self) -> None:
+        while True:
+            await asyncio.sleep(self.timing.leader_tick / 2)
+            await self._renew()
 
     async def _renew(self) -> None:
         """Renew the lease within the tick (one task at a time); a lease lost, or a
