@@ -381,7 +381,7 @@ async def test_a_tick_takes_many_units_in_one_call(meta: SqliteMetadataStore) ->
         return await take(names, holder, ttl)
 
     patched = _Patched(meta, try_leases=counting)
-    a = ExtentOwnership(_Outputs(), patched, "outputhost-a", clock=_Clock())  # type: ignore[arg-type]
+    a = ExtentOwnership(_Outputs(), patched, "outputhost-a", ProcessContext(clock=_Clock()))  # type: ignore[arg-type]
     await _alive(meta, a.id)
     a._taking_after = 0.0
     await a.tick()
@@ -417,6 +417,36 @@ async def test_units_held_keep_acting_while_a_tick_takes_many(
     await a.tick()
     assert len(a.held) == 31 and len(acting) == 30
     assert all(acting)
+
+
+async def test_units_keep_acting_while_a_tick_loads_the_groups_it_took(
+    meta: SqliteMetadataStore,
+) -> None:
+    """A tick that loads the groups it took (after a restart of the output host, 200
+    of them in 25 s at load 22) renews the units it holds meanwhile: renewed before
+    the loads, they stopped acting during them (acks refused, nothing delivered)."""
+    await _queue(meta, "q", ["g"], [PLAIN])
+    clock = _Clock()
+    outputs = _Outputs()
+    a = ExtentOwnership(outputs, meta, "outputhost-a", ProcessContext(clock=clock))  # type: ignore[arg-type]
+    await _alive(meta, a.id)
+    a._taking_after = 0.0
+    await a._tick_noting_outages()
+    old = next(iter(a.held))
+    await _successors(meta, 1)
+    renewed: list[float] = []
+
+    async def took(queue: str, group: str) -> None:  # a load that outlasts the window
+        clock.now += timing.DEFAULT.lease_ttl - timing.DEFAULT.lease_margin
+        async with asyncio.timeout(10):
+            while a.held[old].acting_until <= clock.now:
+                await asyncio.sleep(0.01)
+        renewed.append(a.held[old].acting_until)
+
+    outputs.took = took  # type: ignore[method-assign]
+    await _alive(meta, a.id)
+    await a._tick_noting_outages()
+    assert renewed and a.acting(*old) and len(a.held) == 2
 
 
 class _Patched:
