@@ -145,10 +145,13 @@ class LocalCluster:
         if proc.popen is not None:
             proc.popen.wait(10)
 
-    def restart(self, name: str, timeout: float = 60.0) -> None:
-        proc = self.procs[name]
-        self._spawn(proc)
-        self._wait_listening(proc, timeout)
+    def restart(self, *names: str, timeout: float = 60.0) -> None:
+        """Start the named processes again, all at once (machines that come back from a
+        power loss together), and wait until each listens."""
+        for name in names:
+            self._spawn(self.procs[name])
+        for name in names:
+            self._wait_listening(self.procs[name], timeout)
 
     def leader(self) -> str | None:
         """The name of the controller that says it leads (from its log)."""
