@@ -80,6 +80,7 @@ class ProcessTelemetry:
         self.store_batches: dict[str, Histogram] = {}  # by store host id: messages
         self.metadata_calls: dict[str, Histogram] = {}  # by operation: seconds
         self.metadata_errors: dict[str, int] = {}  # by operation
+        self.store_requests: dict[str, int] = {}  # by request kind, e.g. Info, CreateExtent
 
     def store_append(self, store: str, seconds: float, messages: int) -> None:
         hist = self.store_appends.get(store) or self.store_appends.setdefault(store, Histogram())
@@ -174,6 +175,11 @@ def process_families() -> list[Metric]:
     )  # fmt: skip
     for op, n in p.metadata_errors.items():
         errors.add_metric([op], n)
+    requests = counter(
+        "cherami_store_requests", "Requests this process sent to store hosts, by kind", ["op"]
+    )
+    for op, n in p.store_requests.items():
+        requests.add_metric([op], n)
     return [
         histogram(
             "cherami_store_append_latency_seconds", "Synced appends this process's input "
@@ -189,6 +195,7 @@ def process_families() -> list[Metric]:
             ["op"], (([op], h) for op, h in p.metadata_calls.items()),
         ),
         errors,
+        requests,
     ]  # fmt: skip
 
 

@@ -176,3 +176,36 @@ def test_a_scrape_reads_in_bulk_not_per_queue(tmp_path: Path) -> None:
 
 # what the scrape read once per queue or per group before (list_groups: stream lags)
 PER_QUEUE_READS = ("list_extents", "get_ack_levels", "list_groups", "get_group")
+
+
+def test_creating_queues_costs_a_store_request_per_replica(server: ServerProcess) -> None:
+    """Opening an extent creates it on its replicas and asks the store hosts nothing
+    else: the live store hosts' pings and the hosts table are read once per placement
+    view (storeview.py), not at every extent (that doubled the store requests of
+    creating queues)."""
+    queues = [unique() for _ in range(40)]
+
+    async def create() -> None:
+        async with AsyncClient(server.url, timeout=60) as client:
+            limit = asyncio.Semaphore(8)
+
+            async def one(q: str) -> None:
+                async with limit:
+                    await client.create_queue(q)
+
+            await asyncio.gather(*(one(q) for q in queues))
+
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        before = scrape(http)
+        asyncio.run(create())
+        after = scrape(http)
+
+    def delta(name: str, **labels: str) -> float:
+        return (value(after, name, **labels) or 0.0) - (value(before, name, **labels) or 0.0)
+
+    creates = delta("cherami_store_requests_total", op="CreateExtent")
+    infos = delta("cherami_store_requests_total", op="Info")
+    assert creates >= len(queues)  # an extent each, on each of its replicas
+    assert infos <= creates / 4, (creates, infos)  # the old code pinged at every extent
+    lists = delta("cherami_metadata_call_latency_seconds_count", op="list_hosts")
+    assert lists <= len(queues) / 4, lists

@@ -33,7 +33,6 @@ from cherami.metadata.models import (
     Fence,
     Group,
     GroupConfig,
-    Host,
     Queue,
     QueueConfig,
     min_plain,
@@ -48,8 +47,9 @@ from cherami.roles.controller.checks import (
 )
 from cherami.roles.controller.dlqmerge import DlqCursor
 from cherami.roles.controller.placement import Placements, pick_stores
-from cherami.roles.controller.recovery import PING, Recovery
+from cherami.roles.controller.recovery import Recovery
 from cherami.roles.controller.sealing import Sealer
+from cherami.roles.controller.storeview import StoreView
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.wire.store import PLAIN, TIMER
 
@@ -77,7 +77,7 @@ class ControllerService:
         self.stores = stores
         self._pick_input_host = pick_input_host
         self.manage_extents = manage_extents
-        self._live_stores = live_stores
+        self.store_view = StoreView(metadata, stores, live_stores)
         self.default_min_extents = default_min_extents
         self._restarts_stores = restarts_stores  # a node: a store host that dies comes back
         self.placed = Placements()  # placements the hosts' load reports do not show yet
@@ -331,7 +331,12 @@ class ControllerService:
             created_at=time.time(),
             predecessor=predecessor if queue.config.type == "cp" else None,
         )  # fmt: skip
-        await asyncio.gather(*(self.stores.get(s).create_extent(extent.id, kind) for s in stores))
+        try:
+            await asyncio.gather(*(self.stores.get(s).create_extent(extent.id, kind)
+                                   for s in stores))  # fmt: skip
+        except CheramiError:
+            self.store_view.invalidate()  # the next placement asks the store hosts again
+            raise
         if not await self.metadata.insert_extent(extent, fence=self.fence):
             raise Unavailable(f"extent {predecessor} already has a successor")
         log.info("extent %s opened for queue %s on %s", extent.id, queue.name, stores)
@@ -346,32 +351,16 @@ class ControllerService:
     async def _place(self, replicas: int, least: int) -> list[str]:
         """The ``replicas`` least loaded live store hosts with disk to spare, in
         distinct zones while there are such (placement.py); as few as ``least`` when
-        fewer are up (a degraded extent). One read of the hosts table."""
-        ids = await self._up_stores()
-        if len(ids) < min(least, replicas):
-            raise Unavailable(f"{replicas} replicas wanted, {len(ids)} store hosts up")
-        known = {h.id: h for h in await self.metadata.list_hosts(STOREHOST, alive_within=None)}
-        hosts = [known.get(s) or Host(id=s, role=STOREHOST, address="", heartbeat_at=0.0)
-                 for s in ids]  # fmt: skip
+        fewer are up (a degraded extent). From the store view (storeview.py): a ping
+        to each store host and a read of the hosts table per second at most."""
+        hosts = await self.store_view.hosts()
+        if len(hosts) < min(least, replicas):
+            raise Unavailable(f"{replicas} replicas wanted, {len(hosts)} store hosts up")
         chosen = pick_stores(hosts, replicas, self.placed)
         for host in hosts:
             if host.id in chosen and not has_room(host):
                 log.warning("store host %s is short of disk and takes a replica", host.id)
         return chosen
-
-    async def _up_stores(self) -> list[str]:
-        """The store hosts that are live (heartbeating) and answer now."""
-        live = self._live_stores() if self._live_stores else None
-        ids = [s for s in self.stores.ids() if live is None or s in live]
-        answers = await asyncio.gather(*(self._reachable(s) for s in ids))
-        return [s for s, reachable in zip(ids, answers, strict=True) if reachable]
-
-    async def _reachable(self, store_id: str) -> bool:
-        try:
-            await self.stores.get(store_id).info([PING])
-        except CheramiError:
-            return False
-        return True
 
     async def seal_extent(self, extent: Extent) -> int:
         """Seal every reachable replica at the last sequence number all of them hold
@@ -435,7 +424,7 @@ class ControllerService:
                     self.degraded[extent.id] = extent.queue
         if not self.degraded:
             return
-        up = await self._up_stores()
+        up = await self.store_view.up_stores()
         for extent_id, queue_name in sorted(self.degraded.items()):
             current = await self.metadata.get_extent(extent_id)
             if current is None or current.status != OPEN:

@@ -28,6 +28,7 @@ from typing import Any
 import msgspec
 
 from cherami.errors import CheramiError, ExtentSealed, StorageFull, Unavailable
+from cherami.telemetry import PROCESS
 from cherami.wire import handshake as h
 from cherami.wire import store as w
 from cherami.wire.framing import Cork, FrameReader, FrameWriter, open_framed
@@ -213,6 +214,8 @@ class StoreClient:
         """One request and its reply. A store host that does not answer in ``timeout``
         seconds is cut off or stuck: the connection is dropped (failing what else waits
         on it) and the next request connects again."""
+        kind = getattr(make, "__name__", "other")  # counted for /metrics
+        PROCESS.store_requests[kind] = PROCESS.store_requests.get(kind, 0) + 1
         future = await self.send(make, *args, **kwargs)
         try:
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
