@@ -16,7 +16,7 @@ import pytest
 
 from cherami.context import ProcessContext
 from cherami.metadata.models import Fence, Queue, QueueConfig
-from cherami.roles.controller.leader import TENDS_AT_ONCE, Leader
+from cherami.roles.controller.leader import LEASE_TTL, MARGIN, TENDS_AT_ONCE, Leader
 
 
 class _Controller:
@@ -99,12 +99,17 @@ async def test_a_long_tick_renews_the_lease_and_opens_every_queue() -> None:
     """The acting window nears its end while queues still open extents: the tick renews
     the lease once (the same epoch: still the leader) and goes on with every queue."""
     names = [f"q{i}" for i in range(3 * TENDS_AT_ONCE)]
-    controller, leases = _Controller(), _Leases(epoch=7)
-    leader = _leader(controller, names, leases)
+    controller, leases, now = _Controller(), _Leases(epoch=7), [100.0]
+    leader = _leader(controller, names, leases, now)
     leader._acting_until = leader.clock() + 0.5  # within RENEW_WITHIN of its end
     await leader._tend_all(names, {n: [] for n in names}, True, {})
     assert sorted(controller.opened) == sorted(names) and not leader._again
     assert leases.asked == 1 and leader.acting()
+    # renewed when asked (its clock stood at 100): it acts until the lease less the margin
+    now[0] = 100.0 + LEASE_TTL - MARGIN - 0.01
+    assert leader.acting()
+    now[0] += 0.02
+    assert not leader.acting()
 
 
 async def test_a_tick_waiting_on_one_slow_call_keeps_the_lead() -> None:

@@ -49,7 +49,7 @@ class _Outputs:
 
 @pytest.fixture
 async def meta(tmp_path: Path) -> Any:
-    store = SqliteMetadataStore(str(tmp_path / "meta.db"))
+    store = SqliteMetadataStore(str(tmp_path / "meta.db"), clock=_Clock())  # leases' clock
     yield store
     await store.close()
 
@@ -72,6 +72,11 @@ async def _alive(meta: SqliteMetadataStore, *hosts: str) -> None:
         await meta.heartbeat(Host(id=h, role="outputhost", address=h, heartbeat_at=time.time()))
 
 
+# how far the store's clock moves in a round of ticks: a short lease (0.4 s) left
+# unrenewed runs out in four rounds, one renewed every round never does
+STORE_STEP = 0.1
+
+
 class _Clock:
     """A host's monotonic clock, advanced by the test (ExtentOwnership's ``clock``)."""
 
@@ -90,14 +95,15 @@ def _host(
 
 
 async def _ticks(hosts: list[ExtentOwnership], meta: SqliteMetadataStore, n: int) -> None:
-    """``n`` ownership ticks of each host, each host's clock one tick on between them
-    (the leases in the store run on its own clock: wall time)."""
+    """``n`` ownership ticks of each host, each host's clock one tick on between them;
+    the store's clock (what its leases expire by) STORE_STEP on."""
     for _ in range(n):
         await _alive(meta, *(h.id for h in hosts))
         for h in hosts:
             await h.tick()
         for h in hosts:
             h.clock.now += h.timing.ownership_tick  # type: ignore[attr-defined]
+        meta.clock.now += STORE_STEP  # type: ignore[attr-defined]
 
 
 def _held(*hosts: ExtentOwnership) -> dict[Unit, str]:
@@ -137,6 +143,7 @@ async def test_a_refused_write_stops_acting_at_once_and_the_next_tick_says_why(
     assert a.acting(*unit) and a.fence(*unit) is not None
     lease = ownership.unit_lease(*unit)
     await meta.try_lease(lease, "outputhost-a", 0.0)  # its lease runs out in the store
+    meta.clock.now += 0.01  # type: ignore[attr-defined]
     assert await meta.try_lease(lease, "outputhost-b", timing.DEFAULT.lease_ttl) is not None
     a.fenced(*unit)
     assert not a.acting(*unit) and a.fence(*unit) is None
@@ -202,7 +209,7 @@ async def test_a_host_that_comes_back_gets_its_share(
     await _ticks([a, b], meta, 1)  # b is alive: a hands one over
     assert len(a.held) == 1 and not b.held
     assert ("dropped", "q-e1") in a.outputs.events  # type: ignore[attr-defined]
-    await asyncio.sleep(0.5)  # its lease runs out; then b takes it
+    meta.clock.now += 0.5  # type: ignore[attr-defined]  # its lease runs out; then b takes it
     await _ticks([a, b], meta, 3)
     held = _held(a, b)
     assert len(held) == 2 and len(a.held) == 1 and len(b.held) == 1
@@ -489,8 +496,9 @@ async def test_kinds_split_between_hosts_are_rebalanced(
         await meta.insert_extent(Extent(id=f"q-e{i}", queue="q", kind=TIMER, status=OPEN,
                                         input_host="in", stores=["s"], created_at=now))  # fmt: skip
     a._taking_after = float("inf")
-    deadline = time.monotonic() + 5
-    while len(b.held) < 6 and time.monotonic() < deadline:
+    for _ in range(20):
+        if len(b.held) == 6:
+            break
         await _ticks([a, b], meta, 1)
     assert {u[2] for u in b.held} == {"q-e2", "q-e3"} and len(a.held) == 6
     a._taking_after = 0.0
@@ -503,8 +511,9 @@ async def test_kinds_split_between_hosts_are_rebalanced(
             for host in (a, b) for g in groups
         )  # fmt: skip
 
-    deadline = time.monotonic() + 10
-    while not balanced() and time.monotonic() < deadline:
+    for _ in range(40):
+        if balanced():
+            break
         await _ticks([a, b], meta, 1)
     assert balanced(), {h.id: sorted(h.held) for h in (a, b)}
 

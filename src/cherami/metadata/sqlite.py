@@ -52,10 +52,10 @@ _json = msgspec.json.Encoder()
 class SqliteMetadataStore(CancelledMessages):
     """Writes on one thread and connection, committed in groups (sqlite_commit.py); reads
     on another, so a read never waits for a commit's sync (the log lets readers go on
-    while one writes). ``self._db`` is the connection of the thread it is used on."""
+    while one writes); ``self._db``: the connection of its thread; leases expire by ``clock``."""
 
-    def __init__(self, path: str) -> None:
-        self._local = threading.local()
+    def __init__(self, path: str, clock: Callable[[], float] = time.time) -> None:
+        self._local, self.clock = threading.local(), clock
         self._writer_db = connect(path)
         create_schema(self._writer_db)
         self._executor = ThreadPoolExecutor(
@@ -458,7 +458,7 @@ class SqliteMetadataStore(CancelledMessages):
     async def lease_holder(self, name: str) -> str | None:
         row = await self._run(
             lambda: self._db.execute(
-                "SELECT holder FROM leases WHERE name = ? AND expires_at >= ?", (name, time.time())
+                "SELECT holder FROM leases WHERE name = ? AND expires_at >= ?", (name, self.clock())
             ).fetchone()
         )
         return str(row[0]) if row else None
@@ -467,7 +467,7 @@ class SqliteMetadataStore(CancelledMessages):
         rows = await self._run(
             lambda: self._db.execute(
                 "SELECT name, holder FROM leases WHERE substr(name, 1, ?) = ? AND expires_at >= ?",
-                (len(prefix), prefix, time.time()),
+                (len(prefix), prefix, self.clock()),
             ).fetchall()
         )
         return {str(name): str(holder) for name, holder in rows}
@@ -479,7 +479,7 @@ class SqliteMetadataStore(CancelledMessages):
             rows = self._db.execute(
                 "UPDATE leases SET expires_at = ? WHERE holder = ? "
                 "AND name IN (SELECT value FROM json_each(?)) RETURNING name, epoch",
-                (time.time() + ttl_seconds, holder, json.dumps(names)),
+                (self.clock() + ttl_seconds, holder, json.dumps(names)),
             ).fetchall()
             return {str(name): int(epoch) for name, epoch in rows}
 
@@ -490,7 +490,7 @@ class SqliteMetadataStore(CancelledMessages):
 
     async def try_leases(self, names: list[str], holder: str, ttl_seconds: float) -> dict[str, int]:
         def take() -> dict[str, int]:
-            now = time.time()
+            now = self.clock()
             rows = [(name, self._db.execute(
                 "INSERT INTO leases VALUES (?, ?, ?, 1) ON CONFLICT (name) DO UPDATE SET "
                 "holder = excluded.holder, expires_at = excluded.expires_at, epoch = CASE "
