@@ -104,6 +104,7 @@ class LoadSources:
     changes: Changes | None = None
     connections: Callable[[], int] | None = None
     data_dir: str | None = None
+    disk: Callable[[], tuple[int, int]] | None = None  # (free, total): not data_dir's disk
     append_p99_ms: Callable[[], float | None] | None = None
 
 
@@ -185,7 +186,9 @@ class LoadMeter:
             append_p99_ms=src.append_p99_ms() if src.append_p99_ms else None,
             extents=extents,
         )
-        if src.data_dir is not None:
+        if src.disk is not None:
+            report.disk_free_bytes, report.disk_total_bytes = src.disk()
+        elif src.data_dir is not None:
             try:
                 usage = shutil.disk_usage(src.data_dir)
             except OSError:

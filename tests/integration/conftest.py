@@ -6,16 +6,18 @@ from pathlib import Path
 import pytest
 
 from cherami.client.asyncclient import AsyncClient
+from tests.support.inprocess import InProcessNode
 from tests.support.server import ServerProcess
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One node for the tests that only need a server; each test uses its own queues."""
-    proc = ServerProcess(tmp_path_factory.mktemp("node")).start()
-    yield proc
-    code = proc.stop()
-    assert code == 0, "the node did not stop cleanly:\n" + "\n".join(proc.output)
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessNode]:
+    """One node for the tests of the roles' logic; each test uses its own queues. In
+    this process, its store hosts the in-process double (tests/support/inprocess.py):
+    the tests that kill, restart or fill a node use processes (``fresh_server``)."""
+    node = InProcessNode(tmp_path_factory.mktemp("node")).start()
+    yield node
+    node.stop()
 
 
 @pytest.fixture
@@ -27,6 +29,6 @@ def fresh_server(tmp_path: Path) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture
-async def client(server: ServerProcess) -> AsyncIterator[AsyncClient]:
+async def client(server: InProcessNode) -> AsyncIterator[AsyncClient]:
     async with AsyncClient(server.url) as c:
         yield c

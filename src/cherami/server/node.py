@@ -27,6 +27,7 @@ from cherami.periodic import Periodic
 from cherami.roles.controller.service import ControllerService
 from cherami.roles.frontend.auth import KeyRing
 from cherami.roles.storehost.directory import StoreDirectory, StoreWatcher
+from cherami.roles.storehost.inprocess import InProcessStoreHost
 from cherami.roles.storehost.process import StoreProcess
 from cherami.server.assembly import EVERY_ROLE, Assembly, Surroundings, assemble
 from cherami.server.secret import node_secret
@@ -42,7 +43,7 @@ FRONTEND_ID, CONTROLLER_ID, OUTPUT_HOST_ID = "frontend-0", "controller-0", "outp
 NODE_HEARTBEAT = 1.0
 
 
-def _cpu_seconds(proc: StoreProcess) -> float:
+def _cpu_seconds(proc: StoreProcess | InProcessStoreHost) -> float:
     """CPU seconds a child process has used (Linux /proc; 0 where unknown)."""
     try:
         with open(f"/proc/{proc.pid}/stat") as f:
@@ -53,7 +54,10 @@ def _cpu_seconds(proc: StoreProcess) -> float:
 
 
 class Node:
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, in_process_stores: bool = False) -> None:
+        """``in_process_stores``: its store hosts in this process, over memory
+        (roles/storehost/inprocess.py): the test double for the roles' logic, which
+        keeps nothing past the process."""
         self.config = config
         self.keys = KeyRing.load(config.auth_file)
         config.check(self.keys.enabled)
@@ -67,8 +71,12 @@ class Node:
         # children on loopback, stay plain (wire/tls.py), so no internal client verifies
         self.ctx = ProcessContext.of(config.timing, self.secret, config.tls_cert, config.tls_key)
         self.ctx = dataclasses.replace(self.ctx, tls_client=None)
-        self.stores = StoreDirectory(self.ctx.key)
-        self.store_processes: list[StoreProcess] = []
+        self._in_process = [
+            InProcessStoreHost(f"store-{i}", self.ctx.key)
+            for i in range(config.stores if in_process_stores else 0)
+        ]
+        self.stores = StoreDirectory(self.ctx.key, hosts=self._in_process)
+        self.store_processes: list[StoreProcess | InProcessStoreHost] = []
         # what start() has made so far (stop() undoes that much of a start that failed)
         self.metadata: MetadataStore | None = None
         self.controller: ControllerService | None = None
@@ -83,7 +91,7 @@ class Node:
         self.metadata = metadata = timed_metadata(
             SqliteMetadataStore(os.path.join(cfg.data_dir, "metadata.db"))
         )
-        self.store_processes = [
+        self.store_processes = list(self._in_process) or [
             StoreProcess(
                 f"store-{i}",
                 os.path.join(cfg.data_dir, f"store-{i}"),
@@ -94,6 +102,8 @@ class Node:
             for i in range(cfg.stores)
         ]
         await asyncio.gather(*(p.start() for p in self.store_processes))
+        for host in self._in_process:  # a process tells its address once it is up
+            await self._store_up(host.store_id, host.address)
         self._watcher = watcher = StoreWatcher(metadata, self.stores, self.ctx.timing.dead_after)
         await watcher.start()
         self.roles = roles = await assemble(
@@ -159,10 +169,12 @@ class Node:
             ]
         ]  # fmt: skip
         for proc in self.store_processes:
+            disk = proc.disk_usage if isinstance(proc, InProcessStoreHost) else None
             meter = LoadMeter(
                 LoadSources(changes=partial(changes, store=proc.store_id),
                             open_extents=partial(opened, proc.store_id),
-                            data_dir=proc.data_dir),
+                            data_dir=proc.data_dir,
+                            disk=disk),
                 interval, cpu_clock=partial(_cpu_seconds, proc),
             )  # fmt: skip
             host = Host(id=proc.store_id, role="storehost", address=proc.address,

@@ -45,12 +45,13 @@ class InProcessStoreHost:
         self.data_dir: str | None = None  # none: nothing is written
         self.store = MemoryExtentStore()
         self.free_bytes = DISK_TOTAL
-        self.service = StoreHostService(self.store, key=key, disk_usage=self._disk)
+        self.service = StoreHostService(self.store, key=key, disk_usage=self.disk_usage)
         self._tasks: set[asyncio.Task[None]] = set()
         self._ends: set[FrameWriter] = set()
         self.running = False
 
-    def _disk(self) -> DiskUsage:
+    def disk_usage(self) -> DiskUsage:
+        """Its disk's free and total bytes (what it reports as its load)."""
         return self.free_bytes, DISK_TOTAL
 
     async def start(self) -> None:
