@@ -90,3 +90,19 @@ def test_an_extent_read_to_its_end_or_made_after_a_message_is_not_waited_for() -
     del cursors["c"]  # c went to another host (GroupConsumer.drop_extent)
     gate.drop_cursor(c)
     assert _bodies(ready) == ["b/2"]
+
+
+def test_a_read_batch_is_admitted_at_once_as_one_by_one_and_waits_when_behind() -> None:
+    """``admit_read`` (the hot path of a read) decides as ``admit`` does, message by
+    message, and falls back to it when another extent is not read past the latest."""
+    a, b = _cursor("a"), _cursor("b")
+    gate, alone = KeyGate(lambda _: None, {"a": a, "b": b}), KeyGate(lambda _: None)
+    batch = [_entry(a, 1, "k", 10), _entry(a, 2, None, 11), _entry(a, 3, "k", 12),
+             _entry(a, 4, "j", 13)]  # fmt: skip
+    b.seen_ms = 20.0
+    assert gate.admit_read(batch) == alone.admit(batch) == [batch[0], batch[1], batch[3]]
+    assert gate.top() == alone.top() == [("k", 2), ("j", 1)]
+    assert gate.admit_read([batch[0]]) == [batch[0]]  # the holder, read again
+    late = [_entry(a, 5, "x", 19), _entry(a, 6, "y", 21)]  # b not read past 21
+    assert gate.admit_read(late) == [late[0]]
+    assert gate.pending and gate.top()[-1] == ("y", 1)

@@ -46,6 +46,7 @@ _decode_consumed = _consumed_decoder.decode
 
 CONSUMER_ROUTE_REFRESH = 10.0  # unless the routing call says otherwise
 REDIAL_PAUSE = 0.5  # after a stream ended, the route is read again this much later
+FLUSH_INTERVAL = 0.005  # seconds between flushes of acks and credit (keyed acks: at once)
 
 
 class _Conn:
@@ -90,6 +91,7 @@ class StreamConsumer:
         self._reroute_soon = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._flusher: asyncio.Task[None] | None = None
+        self._keyed_acks = asyncio.Event()  # acks of keyed messages wait to be sent
         self._refresher: asyncio.Task[None] | None = None
         self._closed = False
         self._gone: CheramiError | None = None  # the group or queue was deleted
@@ -344,10 +346,13 @@ class StreamConsumer:
     # once its frame is written, which a caller may await or leave (a task held here)
 
     def ack(self, *messages: Received) -> asyncio.Future[None]:
-        """Acks go out with the next flush (a few milliseconds); ``await`` is optional
-        and returns at once."""
+        """Acks go out with the next flush (a few milliseconds; those of keyed messages
+        as soon as the caller yields: the next message of each key waits for them);
+        ``await`` is optional and returns at once."""
         for conn, handles in self._settled(messages).items():
             conn.acks += handles
+        if not self._keyed_acks.is_set() and any(m.key is not None for m in messages):
+            self._keyed_acks.set()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done
@@ -389,8 +394,13 @@ class StreamConsumer:
         await self._grant()
 
     async def _flush_loop(self) -> None:
+        keyed = self._keyed_acks
         while True:
-            await asyncio.sleep(0.005)
+            if not keyed.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(FLUSH_INTERVAL):
+                        await keyed.wait()
+            keyed.clear()
             await self.flush()
 
     async def close(self) -> None:

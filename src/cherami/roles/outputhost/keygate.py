@@ -101,6 +101,44 @@ class KeyGate:
         unkeyed ones, the first of a key, its holder coming back; the others wait."""
         return [e for e in entries if e.record.key is None or self.let(e)]
 
+    def admit_read(self, entries: list[Entry]) -> list[Entry]:
+        """``admit`` of messages just read from one extent, in read order: when none
+        of them has to wait for another extent (``_behind`` is monotonic in the enqueue
+        time, so the latest one tells), each joins its key at once; the hot path of
+        reading keyed messages."""
+        if not entries:
+            return entries
+        cursor = entries[0].cursor
+        latest = max(e.record.enqueued_ms for e in entries)
+        if (
+            (self._pending and cursor in self._pending)
+            or self._resolving
+            or (self._behind(cursor, latest))
+        ):
+            return self.admit(entries)
+        extent, held, keys, lines = cursor.extent.id, self.held, self._keys, self._lines
+        made = []
+        for entry in entries:
+            key = entry.record.key
+            if key is None:
+                made.append(entry)
+                continue
+            where = (extent, entry.key)
+            holder = held.get(key)
+            if holder is None:
+                held[key] = where
+                keys[where] = key
+                made.append(entry)
+            elif holder == where:
+                made.append(entry)
+            else:
+                line = lines.get(key)
+                if line is None:
+                    lines[key] = deque((entry,))
+                else:
+                    line.append(entry)
+        return made
+
     def let(self, entry: Entry) -> bool:
         """Whether a keyed message may be made ready now (else it waits in its line)."""
         record = entry.record

@@ -106,12 +106,15 @@ class ReadWindow:
         if (
             not gone
             and not parked.skip
-            and not any(map(KEY, records))  # keyed ones go through the gate one by one
             and min(map(ENQUEUED, records)) >= max(start_ms, now_ms - retention_ms)
             and max(map(DELIVERY, records)) + delay_ms <= now_ms
-        ):
-            ready.append(run)
-            self.signal()
+        ):  # all of them ready now (checked in C)
+            if any(map(KEY, records)):  # keyed ones go through the gate, all at once
+                ready.extend(self._gate.admit_read(run.entries()))
+            else:
+                ready.append(run)
+            if ready:
+                self.signal()
             return
         entries = run.entries()
         if parked.skip:  # rows loaded above the ack level: delivered as parked
