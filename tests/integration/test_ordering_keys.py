@@ -256,7 +256,8 @@ async def _publish_and_consume_across_a_store_kill(
     await asyncio.gather(kill_and_publish(), _consume(client, queue, group, check, done))
     moved = sum(len(e) > 1 for e in extents_of.values())
     print(f"\nkill of a store host: {moved} of {len(keys)} keys moved extent, "
-          f"{check.deliveries} deliveries, {check.nacks} nacks, {check.errors} failed calls")  # fmt: skip
+          f"{check.deliveries} deliveries, {check.nacks} nacks, "
+          f"{check.errors} failed calls")  # fmt: skip
     assert moved == len(keys)  # every key went on in the sealed extent's successor
     assert check.overlaps == [], check.overlaps[:5]
     assert check.span_overlaps() == [], check.span_overlaps()[:5]
