@@ -91,7 +91,7 @@ class StreamConsumer:
         self._reroute_soon = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._flusher: asyncio.Task[None] | None = None
-        self._keyed_acks = asyncio.Event()  # acks of keyed messages wait to be sent
+        self._acks_soon = False  # acks of keyed messages wait to be sent
         self._refresher: asyncio.Task[None] | None = None
         self._closed = False
         self._gone: CheramiError | None = None  # the group or queue was deleted
@@ -351,8 +351,9 @@ class StreamConsumer:
         ``await`` is optional and returns at once."""
         for conn, handles in self._settled(messages).items():
             conn.acks += handles
-        if not self._keyed_acks.is_set() and any(m.key is not None for m in messages):
-            self._keyed_acks.set()
+        if not self._acks_soon and any(m.key is not None for m in messages):
+            self._acks_soon = True
+            asyncio.get_running_loop().call_soon(self._send_acks_soon)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done
@@ -394,14 +395,18 @@ class StreamConsumer:
         await self._grant()
 
     async def _flush_loop(self) -> None:
-        keyed = self._keyed_acks
         while True:
-            if not keyed.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(FLUSH_INTERVAL):
-                        await keyed.wait()
-            keyed.clear()
+            await asyncio.sleep(FLUSH_INTERVAL)
             await self.flush()
+
+    def _send_acks_soon(self) -> None:
+        """Acks of keyed messages, sent once the caller yields (credit waits for the
+        next flush)."""
+        self._acks_soon = False
+        for conn in list(self._conns.values()):
+            if conn.acks:
+                acks, conn.acks = conn.acks, []
+                self._spawn(self._send(conn, f.Ack(acks)), "keyed acks")
 
     async def close(self) -> None:
         self._closed = True
