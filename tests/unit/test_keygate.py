@@ -3,10 +3,14 @@ messages one at a time and in read order, across extents by how far each was rea
 
 from __future__ import annotations
 
-from cherami.metadata.models import AckLevel, Extent
+from typing import cast
+
+from cherami.metadata.models import AckLevel, Extent, Group, GroupConfig, Queue, QueueConfig
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.extentreader import ExtentCursor
 from cherami.roles.outputhost.keygate import KeyGate
+from cherami.roles.outputhost.readwindow import ReadWindow
+from cherami.roles.outputhost.redelivery import Redeliveries
 from cherami.wire.keys import plain_key
 from cherami.wire.records import Record
 from cherami.wire.store import PLAIN
@@ -106,3 +110,22 @@ def test_a_read_batch_is_admitted_at_once_as_one_by_one_and_waits_when_behind() 
     late = [_entry(a, 5, "x", 19), _entry(a, 6, "y", 21)]  # b not read past 21
     assert gate.admit_read(late) == [late[0]]
     assert gate.pending and gate.top()[-1] == ("y", 1)
+
+
+async def test_messages_due_again_that_all_wait_at_the_gate_leave_the_window_unreadable() -> None:
+    """A parked keyed message due while its key is held (or while a failover's parked
+    rows are resolved) goes to wait at the gate: ``readable`` stays clear. It was set
+    over an empty ready queue, and every stream's pump then looped on it without ever
+    yielding: the node answered nothing more (the restart of the SIGKILL test never
+    became healthy)."""
+    a = _cursor("a")
+    gate = KeyGate(lambda _: None)
+    queue = Queue(name="q", config=QueueConfig(), created_at=0)
+    group = Group(queue="q", name="g", config=GroupConfig(), created_at=0, start_ms=0, dlq="d")
+    window = ReadWindow("q/g", queue, group, {"a": a}, cast(Redeliveries, None), gate)
+    holder, later = _entry(a, 1, "k"), _entry(a, 2, "k")
+    assert gate.admit([holder]) == [holder]
+    window.put_first([later])  # due again while k is held
+    assert not window.ready and not window.readable.is_set()
+    window.put_first([_entry(a, 3, None)])
+    assert len(window.ready) == 1 and window.readable.is_set()

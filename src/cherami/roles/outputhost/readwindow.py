@@ -170,6 +170,12 @@ class ReadWindow:
         self.signal()
 
     def signal(self) -> None:
+        """Something was made ready. Not when it all went to wait at the gate (parked
+        keyed messages due while their keys are held, or while a failover's parked rows
+        are resolved): ``readable`` set over an empty ready queue had every stream's
+        pump loop on it without ever yielding, and the process answered nothing more."""
+        if not self.ready:
+            return
         if not self.readable.is_set():
             self.readable.set()
         self.on_ready()
