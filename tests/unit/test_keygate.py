@@ -122,7 +122,7 @@ async def test_messages_due_again_that_all_wait_at_the_gate_leave_the_window_unr
     gate = KeyGate(lambda _: None)
     queue = Queue(name="q", config=QueueConfig(), created_at=0)
     group = Group(queue="q", name="g", config=GroupConfig(), created_at=0, start_ms=0, dlq="d")
-    window = ReadWindow("q/g", queue, group, {"a": a}, cast(Redeliveries, None), gate)
+    window = ReadWindow("q/g", queue, group, {"a": a}, cast(Redeliveries, None), gate, 20_000)
     holder, later = _entry(a, 1, "k"), _entry(a, 2, "k")
     assert gate.admit([holder]) == [holder]
     window.put_first([later])  # due again while k is held
