@@ -299,7 +299,15 @@ async def test_a_cluster_with_many_queues_restarts_its_controllers_and_store_hos
     # load (20-60 s; the controllers' restart, which seals nothing, 20-23 s), and one
     # run's storehost-0 round delivered 18 late (the last queues' group b, checked last,
     # after the 60 s): the round comes back once the test passes 5 runs in a row.
-    # _seen_dead and the until_dead path stay for it.
+    # _seen_dead and the until_dead path stay for it. Since (2026-11-28, 04:00-04:40):
+    # the output host takes a tick's units in one lease call and renews those it holds
+    # while a tick runs, the leader renews its lease while a tick waits, a reader pauses
+    # longer while every replica is down, and each round's processes restart together.
+    # The power loss then delivered 400 of 400 in 11.3 and 25.1 s at load 1-4; at load
+    # 25-33 (4 runs; the controllers' round 11-27 s, a store host's 42-64 s) 2 runs
+    # delivered everything of every round (the power loss in 39.4 and 48.2 s), 2 left
+    # deliveries of the store-host rounds (and in one the power loss's 114) for after
+    # the 60 s, delivered late in the next round, none lost: still out of CI.
     back: dict[str, float] = {}
     reports: dict[str, Counter[str]] = {}
     tally = Tally()

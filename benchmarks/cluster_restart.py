@@ -1,0 +1,198 @@
+"""How long a cluster with many queues takes to serve again after its controllers and its
+store hosts are restarted (issue 34: "the same for a cluster's controller and store
+hosts with many extents", <= 30 s, every message published before delivered after).
+
+A cluster of role processes on loopback (3 store hosts, 2 controllers, an input host, an
+output host, a frontend; PostgreSQL metadata on 127.0.0.1:5432, database ``test``, in a
+schema of its own, dropped at the end) with N queues of G groups and one message in each
+queue; then, one after another:
+
+- ``controllers``: both controllers SIGKILLed and restarted together;
+- ``stores``: every store host SIGKILLed, down until the cluster counts them dead and
+  the leader has tried to seal their extents (a power loss), then restarted together;
+- ``none``: nothing restarted: how long the check itself takes on this machine now.
+
+After each, the time until the cluster serves again: every queue takes a publish and
+every group has received (and acked) what was published before and that publish. It
+prints that time, what was lost, and the phases from the processes' logs: the store
+hosts listening, the leader's "replaced the extents of lost hosts" line, and the last
+unit the output host took.
+
+    .venv/bin/python benchmarks/cluster_restart.py --queues 1000
+    .venv/bin/python benchmarks/cluster_restart.py --queues 100 --rounds stores
+
+Nothing is estimated; one run per invocation."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from cherami import timing  # noqa: E402
+from cherami.bounded import each  # noqa: E402
+from cherami.client.asyncclient import AsyncClient  # noqa: E402
+from cherami.devcluster.local import LocalCluster  # noqa: E402
+from cherami.errors import Unavailable  # noqa: E402
+
+PG = "postgresql://postgres@127.0.0.1:5432/test"
+COUNTS = {"storehost": 3, "controller": 2, "inputhost": 1, "outputhost": 1, "frontend": 1}
+AT_ONCE = 24  # requests under way at once
+REPLACED = re.compile(r"replaced the extents of lost hosts: .*")
+STAMP = re.compile(r"^\S+ (\d\d:\d\d:\d\d,\d+) ")
+
+
+def _live_stores(schema: str) -> int:
+    with psycopg.connect(PG, autocommit=True) as conn:
+        row = conn.execute(
+            f"SELECT count(*) FROM {schema}.hosts WHERE role = 'storehost' AND heartbeat_at >= %s",
+            (time.time() - timing.DEFAULT.dead_after,),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _each(n: int, one, at_once: int = AT_ONCE) -> None:  # type: ignore[no-untyped-def]
+    """``one(i)`` for i in range(n), ``at_once`` at a time."""
+    await each(range(n), one, at_once)
+
+
+async def _publish(client: AsyncClient, queue: str, body: str, deadline: float) -> None:
+    """Publish, sent again while refused (503: extents being replaced) until ``deadline``."""
+    await client.publish(queue, [body], retry_seconds=max(1.0, deadline - time.monotonic()))
+
+
+async def _served(
+    client: AsyncClient, queues: int, groups: int, tags: tuple[str, str], deadline: float
+) -> tuple[int, int]:
+    """Publish ``tags[1]`` to every queue, then receive and ack in every group until it
+    and ``tags[0]`` are there (or the deadline): (delivered, lost)."""
+    counts = [0, 0]
+
+    async def one(i: int) -> None:
+        await _publish(client, f"q{i}", f"{tags[1]}-{i}", deadline)
+        for g in range(groups):
+            want, got = {f"{t}-{i}" for t in tags}, set[str]()
+            while want - got and time.monotonic() < deadline:
+                try:
+                    batch = await client.receive(f"q{i}", f"g{g}", max_messages=10, wait_seconds=1)
+                    if batch:
+                        await client.ack(f"q{i}", f"g{g}", [m.receipt or "" for m in batch])
+                except Unavailable:
+                    await asyncio.sleep(0.2)
+                    continue
+                got |= {m.text for m in batch}
+            counts[0] += len(want & got)
+            counts[1] += len(want - got)
+
+    await _each(queues, one)
+    return counts[0], counts[1]
+
+
+def _lines(local: LocalCluster, role: str, since: dict[str, int]) -> list[str]:
+    out = []
+    for name in local.names(role):
+        with open(local.procs[name].log, "rb") as log:
+            log.seek(since.get(name, 0))
+            out += log.read().decode(errors="replace").splitlines()
+    return out
+
+
+def _last(lines: list[str], pattern: str) -> str:
+    """The time of the last line matching ``pattern`` (HH:MM:SS,mmm), or '-'."""
+    stamps = [m.group(1) for line in lines if re.search(pattern, line) and (m := STAMP.match(line))]
+    return max(stamps, default="-")
+
+
+async def run(queues: int, groups: int, rounds: list[str], within: float, keep: str | None) -> None:
+    schema = f"bench_{uuid.uuid4().hex[:10]}"
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(keep or tmp) / "cluster"
+        local = LocalCluster(root, f"{PG}?schema={schema}", COUNTS)
+        try:
+            local.up()
+            async with AsyncClient(local.url, timeout=60) as client:
+                started = time.monotonic()
+
+                async def make(i: int) -> None:
+                    await client.create_queue(f"q{i}")
+                    for g in range(groups):
+                        await client.create_group(f"q{i}", f"g{g}")
+
+                await _each(queues, make, 16)
+                made = time.monotonic() - started
+
+                async def first(i: int) -> None:
+                    await _publish(client, f"q{i}", f"b0-{i}", started + 600)
+
+                await _each(queues, first)
+                print(f"{queues} queues x {groups} groups made in {made:.1f} s, "
+                      f"one message in each {time.monotonic() - started:.1f} s after the start",
+                      flush=True)  # fmt: skip
+                for r, what in enumerate(rounds):
+                    names = {"controllers": local.names("controller"), "none": [],
+                             "stores": local.names("storehost")}[what]  # fmt: skip
+                    sizes = {n: local.procs[n].log.stat().st_size for n in local.procs}
+                    for name in names:
+                        local.signal(name, signal.SIGKILL)
+                    for name in names:
+                        popen = local.procs[name].popen
+                        assert popen is not None
+                        await asyncio.to_thread(popen.wait, 20)
+                    killed = time.strftime("%H:%M:%S")
+                    if what == "stores":  # down until counted dead and the leader tried
+                        while await asyncio.to_thread(_live_stores, schema) or not any(
+                            "no replica of extent" in line
+                            for line in _lines(local, "controller", sizes)
+                        ):
+                            await asyncio.sleep(0.2)
+                    restarted = time.monotonic()
+                    at = time.strftime("%H:%M:%S")
+                    await asyncio.to_thread(local.restart, *names)
+                    listening = time.monotonic() - restarted
+                    delivered, lost = await _served(
+                        client, queues, groups, (f"b{r}", f"a{r}"), restarted + within
+                    )
+                    back = time.monotonic() - restarted
+                    leader = [m.group(0) for line in _lines(local, "controller", sizes)
+                              if (m := REPLACED.search(line))]  # fmt: skip
+                    took = _last(_lines(local, "outputhost", sizes), r" takes \S+ extent ")
+                    print(f"{what} (killed {killed}, restarted {at}): served again in "
+                          f"{back:.1f} s (listening after {listening:.1f} s); delivered "
+                          f"{delivered}, lost {lost}; leader: {leader or '-'}; the output "
+                          f"host's last take {took}", flush=True)  # fmt: skip
+
+                    async def next_(i: int, tag: str = f"b{r + 1}") -> None:
+                        await _publish(client, f"q{i}", f"{tag}-{i}", time.monotonic() + 120)
+
+                    await _each(queues, next_)
+        finally:
+            local.down()
+            with psycopg.connect(PG, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--queues", type=int, default=1000)
+    parser.add_argument("--groups", type=int, default=2)
+    parser.add_argument("--rounds", default="controllers,stores",
+                        help="comma-separated: controllers, stores, none")  # fmt: skip
+    parser.add_argument("--within", type=float, default=180.0,
+                        help="seconds a round may take; what is missing then is lost")  # fmt: skip
+    parser.add_argument("--keep", help="a directory to leave the cluster's logs and data in")
+    args = parser.parse_args()
+    asyncio.run(run(args.queues, args.groups, args.rounds.split(","), args.within, args.keep))
+
+
+if __name__ == "__main__":
+    main()
