@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.server import ServerProcess
+from tests.support.inprocess import InProcessNode
 
 QUEUES = [f"page-{i:03d}" for i in range(250)]
 OTHERS = ["other-a", "other-b"]
@@ -23,8 +23,10 @@ GROUPS = ["g-1", "g-2", "g-3", "g_4", "h-1"]
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("listing"), stores=1).start()
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessNode]:
+    """The listing is the frontend's and the metadata's logic: its node's store host is
+    the in-process double (tests/support/inprocess.py)."""
+    proc = InProcessNode(tmp_path_factory.mktemp("listing"), stores=1).start()
     with httpx.Client(base_url=proc.url, timeout=30) as http:
         for name in QUEUES + OTHERS:
             assert http.put(f"/v1/queues/{name}").status_code == 201
@@ -35,7 +37,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture
-def http(node: ServerProcess) -> Iterator[httpx.Client]:
+def http(node: InProcessNode) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=node.url, timeout=30) as c:
         yield c
 
@@ -131,7 +133,7 @@ def test_any_well_formed_cursor_is_a_place_in_the_listing(http: httpx.Client) ->
     assert http.get("/v1/queues", params={"cursor": ""}).json()["queues"][0]["name"] == "other-a"
 
 
-def test_clients_page_through_everything(node: ServerProcess) -> None:
+def test_clients_page_through_everything(node: InProcessNode) -> None:
     from cherami import Client
 
     with Client(node.url) as client:
@@ -145,7 +147,7 @@ def test_clients_page_through_everything(node: ServerProcess) -> None:
         assert [g["name"] for g in client.iter_groups("other-a", page_size=2)] == GROUPS
 
 
-async def test_the_async_client_pages_as_it_goes(node: ServerProcess) -> None:
+async def test_the_async_client_pages_as_it_goes(node: InProcessNode) -> None:
     from cherami import AsyncClient
 
     async with AsyncClient(node.url) as client:
@@ -156,7 +158,7 @@ async def test_the_async_client_pages_as_it_goes(node: ServerProcess) -> None:
         assert groups == GROUPS[:4]
 
 
-def _cli(node: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+def _cli(node: InProcessNode, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHERAMI_")}
     env["CHERAMI_URL"] = node.url
     return subprocess.run(
@@ -165,7 +167,7 @@ def _cli(node: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_cli_lists_every_page_and_filters(node: ServerProcess) -> None:
+def test_cli_lists_every_page_and_filters(node: InProcessNode) -> None:
     listed = _cli(node, "queue", "list")
     assert listed.returncode == 0, listed.stderr
     assert [q["name"] for q in json.loads(listed.stdout)] == sorted(QUEUES + OTHERS)
