@@ -85,7 +85,7 @@ bench-floor: $(STAMP)
 bench-ratio: $(STAMP)
 	$(PY) benchmarks/throughput.py --replicas 3 --floor
 
-## bench-scaleout: publish and consume+ack with 1, 2, 4 capped hosts in network namespaces
+## bench-scaleout: publish and consume+ack with 1, 2, 4 capped hosts in network namespaces, then a saturating scaling run
 ## (root); ARGS=--quick for a short run
 bench-scaleout: $(STAMP) sysdeps
 	$(PY) benchmarks/scaleout.py $(ARGS)

@@ -529,6 +529,11 @@ def main() -> None:
         default=300.0,
         help="saturate: seconds to watch the shrink (ends at 1 extent)",
     )
+    parser.add_argument(
+        "--extent-messages",
+        type=int,
+        help="saturate: the cluster's --extent-max-messages (1,000,000)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     opts = parser.parse_args()
     opts.seconds = opts.seconds or (3.0 if opts.quick else 12.0)

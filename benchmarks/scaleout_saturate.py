@@ -4,7 +4,7 @@ a cluster of 4 input hosts, none capped, published as fast as ``--saturate-produ
 streaming publishers go for ``--saturate-seconds`` (60), then left idle for up to
 ``--shrink-seconds`` (300) or until it is back to one extent. The controller keeps its
 default windows (up 10 s, down 60 s, load reports every 2 s) and extents their default
-size (1,000,000 messages), so at full speed they roll over every few seconds.
+size (1,000,000 messages), so at full speed they roll over while it runs.
 
 Every second it records, from the metadata store (what the leading controller reads):
 
@@ -128,7 +128,8 @@ async def saturate(
     stores = opts.stores or max(2, opts.replicas)
     counts = {"storehost": stores, "controller": 1, "inputhost": INPUTS, "outputhost": 1,
               "frontend": 1}  # fmt: skip
-    with netns_cluster_on_pg(tmp / "saturate", counts) as cluster:
+    extra = ["--extent-max-messages", str(opts.extent_messages)] if opts.extent_messages else []
+    with netns_cluster_on_pg(tmp / "saturate", counts, extra_args=extra) as cluster:
         async with AsyncClient(cluster.url) as client:
             await client.create_queue(
                 QUEUE, replicas=opts.replicas, min_extents=1, max_extents=MAX_EXTENTS,
@@ -176,6 +177,7 @@ async def saturate(
             "extent_target_rate": TARGET, "min_extents": 1, "max_extents": MAX_EXTENTS,
             "replicas": opts.replicas},
         "producers": opts.saturate_producers, "publish_seconds": stopped,
+        "extent_max_messages": opts.extent_messages or 1_000_000,
         "acked": acked, "errors": sum(r.get("errors", 0) for r in results),
         "msgs_s": round(acked / stopped, 1) if stopped else 0.0,
         "acks_per_second": acks,
