@@ -5,7 +5,6 @@ and hands its binary frames here (client.OutputHostClient.open_stream)."""
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
@@ -25,9 +24,6 @@ MAX_CREDIT = 100_000
 MAX_SETTLE_HANDLES = MAX_CREDIT
 DELIVER_BATCH = 1000
 DELIVER_BYTES = 8 << 20  # a frame holds at least one message, and stops growing past this
-KEYED_SHARE_MIN = 16  # a stream's share of a keyed group's ready messages, at least
-# the streams open here to each group (keyed messages ready are shared among them)
-_STREAMS: Counter[GroupConsumer] = Counter()
 
 
 class StreamSocket(Protocol):
@@ -51,7 +47,6 @@ class ConsumeStream:
         self.credit = 0
         self._credited = asyncio.Event()
         self._detach: Callable[[], None] = outputs.attach(consumer, self._close)
-        _STREAMS[consumer] += 1
 
     async def _close(self, code: int, reason: str) -> None:
         await self.ws.close(code=code, message=reason.encode())
@@ -63,9 +58,6 @@ class ConsumeStream:
     def end(self) -> None:
         """The stream closed: what it was delivered and did not settle goes back."""
         self._detach()
-        _STREAMS[self.consumer] -= 1
-        if _STREAMS[self.consumer] <= 0:
-            del _STREAMS[self.consumer]
         self.consumer.release_owner(self)
 
     async def handle(self, data: bytes) -> None:
@@ -137,14 +129,9 @@ class ConsumeStream:
             if not consumer.acts_at_all():
                 await asyncio.sleep(NOT_ACTING_WAIT)
                 continue
-            limit = min(self.credit, DELIVER_BATCH)
-            if consumer.keys:  # a keyed group's ready messages come a few at a time (one
-                # a key, as acks free the keys): shared among its streams, one consumer
-                # processes its share while another's acks come back (else they take
-                # turns, each waiting for the other's whole batch)
-                share = len(consumer.ready) // max(1, _STREAMS[consumer]) + KEYED_SHARE_MIN
-                limit = min(limit, share)
-            taken, count = consumer.take_runs(limit, owner=self, max_bytes=DELIVER_BYTES)
+            taken, count = consumer.take_runs(
+                min(self.credit, DELIVER_BATCH), owner=self, max_bytes=DELIVER_BYTES
+            )
             if not taken:
                 if consumer.ready:  # only messages of extents it may not act for now
                     await asyncio.sleep(NOT_ACTING_WAIT)
