@@ -96,6 +96,7 @@ class Leader:
         self._again: set[str] = set()  # queues a tick could not settle: the next looks again
         self._wide: set[str] = set()  # queues above their minimum plain extents (scaling)
         self._to_seal: list[Extent] = []
+        self._owed: set[str] = set()  # seals that reached no replica: owed, hosts back or not
         self._busy: set[str] = set()  # extents the input hosts' load reports show written
         self._rolled_all_at = -ROLL_CHECK_ALL  # the first pass looks at every open extent
         # the queue of each plain extent open now or in the latest load reports, and the
@@ -334,7 +335,8 @@ class Leader:
         and made its store hosts suspects at every roll-over of a queue at full speed."""
         mine = [e for e in extents if e.status == FAILING and self.controller.sealing(e.id)]
         extents = [e for e in extents if e not in mine]
-        broken = [e for e in extents if _needs_seal(e, live_inputs, live_stores)]
+        broken = [e for e in extents
+                  if e.id in self._owed or _needs_seal(e, live_inputs, live_stores)]  # fmt: skip
         if mine:
             self._again.add(name)
         for extent in broken:
@@ -453,8 +455,10 @@ class Leader:
             async with self._seals:
                 await self.controller.seal_extent(extent)
             self._count(sealed=1)
+            self._owed.discard(extent.id)
         except CheramiError as err:
             log.warning("cannot seal extent %s yet: %s", extent.id, err)
+            self._owed.add(extent.id)
         except Exception:
             log.exception("sealing extent %s failed", extent.id)
 
