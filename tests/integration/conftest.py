@@ -10,11 +10,13 @@ from tests.support.inprocess import InProcessNode
 from tests.support.server import ServerProcess
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessNode]:
-    """One node for the tests of the roles' logic; each test uses its own queues. In
-    this process, its store hosts the in-process double (tests/support/inprocess.py):
-    the tests that kill, restart or fill a node use processes (``fresh_server``)."""
+    """A module's node for the tests of the roles' logic; each test uses its own queues.
+    In this process, its store hosts the in-process double (tests/support/inprocess.py):
+    the tests that kill, restart or fill a node use processes (``fresh_server``). One a
+    module (it starts in about a second), not one a session: a module that forks
+    children with a preexec_fn (test_first_hour) runs without a node's thread beside it."""
     node = InProcessNode(tmp_path_factory.mktemp("node")).start()
     yield node
     node.stop()

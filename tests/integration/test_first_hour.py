@@ -80,6 +80,17 @@ def take_terminal() -> None:
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A node process, not the shared in-process node: these tests fork CLI children
+    with a preexec_fn (their own terminal), which a test process running a node's event
+    loop in a thread must not do (with it, a Ctrl-C'd `cherami publish` of no lines ran
+    on past 10 s, twice, among the other modules' tests)."""
+    proc = ServerProcess(tmp_path_factory.mktemp("first-hour")).start()
+    yield proc
+    proc.stop()
+
+
 @pytest.fixture
 def terminal() -> Iterator[Terminal]:
     t = Terminal()
