@@ -8,6 +8,7 @@ every group.
 
     .venv/bin/python benchmarks/breadth.py 25 50 100          # queue counts, 2 groups each
     .venv/bin/python benchmarks/breadth.py --groups 1 --idle 10 --concurrency 4 200
+    .venv/bin/python benchmarks/breadth.py --cluster 1000 2000   # see breadth_cluster.py
 
 Prints one row per N; nothing is estimated."""
 
@@ -201,7 +202,23 @@ def main() -> None:
         help="seconds left after creating before the idle measure starts",
     )
     parser.add_argument("--concurrency", type=int, default=16, help="queues created at once")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="a cluster on PostgreSQL "
+        "(3 input, 3 output, 3 store hosts, 2 controllers): breadth_cluster.py",
+    )
+    parser.add_argument(
+        "--postgres",
+        default="postgresql://postgres@127.0.0.1:5432/test",
+        help="--cluster: the database (a schema of its own, dropped after)",
+    )
     args = parser.parse_args()
+    if args.cluster:
+        from breadth_cluster import main as cluster_main  # noqa: PLC0415
+
+        cluster_main(args)
+        return
     p50, p99 = empty_latency()
     print(f"empty node: publish to receive p50 / p99 {p50:.1f} / {p99:.1f} ms", flush=True)
     print("| queues x groups | create all (s) | queues/s | idle CPU (% of a core) | RSS (MB) "

@@ -1,0 +1,126 @@
+"""``breadth.py --cluster``: how a cluster's costs grow with the number of queues. A
+cluster on PostgreSQL (3 input, 3 output and 3 store hosts, 2 controllers, a frontend,
+in a schema of its own) gets N queues of G groups each (one message in each); then
+its idle CPU (every process, over --idle seconds after --settle), its resident set,
+the metadata calls a second of its HTTP processes (store hosts have no /metrics
+here), the rows read from the leases table a second (PostgreSQL's table statistics:
+what the output hosts' ownership ticks read), and the publish -> receive -> ack round
+trip on one more queue; the same round trip on an empty cluster first, in the same run.
+
+    .venv/bin/python benchmarks/breadth.py --cluster 1000 2000
+    .venv/bin/python benchmarks/breadth.py --cluster --idle 30 --settle 30 500
+
+Prints one row per N; nothing is estimated."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from breadth import _CALLS, _cpu_seconds, _create, _latency, _rss_mb
+from cherami.devcluster.local import LocalCluster
+
+COUNTS = {"storehost": 3, "controller": 2, "inputhost": 3, "outputhost": 3, "frontend": 1}
+HTTP_ROLES = ("controller", "inputhost", "outputhost", "frontend")
+
+
+def _metadata_calls(local: LocalCluster) -> float:
+    """The metadata calls of every HTTP process so far (their /metrics), in all."""
+    import urllib.request  # noqa: PLC0415
+
+    total = 0.0
+    for proc in local.procs.values():
+        if proc.role not in HTTP_ROLES:
+            continue
+        with urllib.request.urlopen(f"http://{proc.address}/metrics", timeout=60) as resp:
+            for line in resp.read().decode().splitlines():
+                match = _CALLS.match(line)
+                if match:
+                    total += float(match.group(2))
+    return total
+
+
+def _connect(pg: str) -> psycopg.Connection[Any]:
+    """A connection, waiting for one while the server has none to spare (other tests)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return psycopg.connect(pg, autocommit=True)
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _lease_rows_read(pg: str, schema: str) -> float:
+    """Rows read from the schema's leases table so far (sequential and by index)."""
+    with _connect(pg) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) "
+            "FROM pg_stat_user_tables WHERE schemaname = %s AND relname = 'leases'",
+            (schema,),
+        ).fetchone()
+    return float(row[0]) if row else 0.0
+
+
+class _Cluster:
+    def __init__(self, pg: str, root: Path) -> None:
+        self.pg = pg
+        self.schema = f"b_{uuid.uuid4().hex[:12]}"
+        self.local = LocalCluster(root, f"{pg}?schema={self.schema}", COUNTS)
+
+    def __enter__(self) -> LocalCluster:
+        self.local.up(timeout=300)
+        return self.local
+
+    def __exit__(self, *exc: object) -> None:
+        self.local.down()
+        with _connect(self.pg) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
+
+
+def run(queues: int, groups: int, args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = _Cluster(args.postgres, Path(tmp) / "cluster")
+        with cluster as local:
+            created = asyncio.run(_create(local.url, queues, groups, args.concurrency))
+            pids = [str(p.pid) for p in local.procs.values()]
+            time.sleep(args.settle)  # what creating left behind settles
+            cpu, calls = _cpu_seconds(pids), _metadata_calls(local)
+            leases = _lease_rows_read(args.postgres, cluster.schema)
+            time.sleep(args.idle)
+            cpu = (_cpu_seconds(pids) - cpu) / args.idle * 100
+            calls = (_metadata_calls(local) - calls) / args.idle
+            leases = (_lease_rows_read(args.postgres, cluster.schema) - leases) / args.idle
+            rss = _rss_mb(pids)
+            p50, p99 = asyncio.run(_latency(local.url))
+    return {
+        "create_s": created, "idle_cpu_pct": cpu, "rss_mb": rss, "metadata_per_s": calls,
+        "lease_rows_per_s": leases, "p50": p50, "p99": p99,
+    }  # fmt: skip
+
+
+def main(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp, _Cluster(args.postgres, Path(tmp) / "c") as local:
+        p50, p99 = asyncio.run(_latency(local.url))
+    print(f"empty cluster: publish to receive p50 / p99 {p50:.1f} / {p99:.1f} ms", flush=True)
+    print("| queues x groups | create all (s) | queues/s | idle CPU (% of a core, all "
+          "processes) | RSS (MB, all) | metadata calls/s idle (HTTP processes) "
+          "| lease rows read/s idle | publish to receive p50 / p99 (ms) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for n in args.queues:
+        r = run(n, args.groups, args)
+        print(
+            f"| {n} x {args.groups} | {r['create_s']:.1f} | {n / r['create_s']:.0f} "
+            f"| {r['idle_cpu_pct']:.1f} | {r['rss_mb']:.0f} | {r['metadata_per_s']:.1f} "
+            f"| {r['lease_rows_per_s']:.0f} | {r['p50']:.1f} / {r['p99']:.1f} |",
+            flush=True,
+        )
