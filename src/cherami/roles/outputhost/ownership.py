@@ -208,13 +208,14 @@ class ExtentOwnership:
         token = object()
         asked = self._asking[token] = self.clock()
         try:
-            return await call
+            result = await call
         finally:
             del self._asking[token]
             now = self.clock()
             # how long it waited with no other call answered meanwhile
             self._longest_ask = max(self._longest_ask, now - max(asked, self._answered))
-            self._answered = now
+        self._answered = now  # an answer: a call that failed says nothing of a store up
+        return result
 
     def store_unreachable(self) -> bool:
         """Whether this host cannot reach the metadata store now, by its last tick (it
