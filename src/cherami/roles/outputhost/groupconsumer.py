@@ -21,19 +21,19 @@ from cherami.metadata.models import STREAM, AckLevel, Extent, Group, Queue, Rede
 from cherami.roles.outputhost.deadletterqueue import DeadLetters
 from cherami.roles.outputhost.entry import Delivered, Entry, Run
 from cherami.roles.outputhost.extentreader import ExtentCursor, read_extent
+from cherami.roles.outputhost.flag import Flag
 from cherami.roles.outputhost.inflight import InFlight
 from cherami.roles.outputhost.keygate import KeyGate
 from cherami.roles.outputhost.readwindow import ReadWindow
 from cherami.roles.outputhost.redelivery import GONE, OUT, Parked, Redeliveries, read_one
 from cherami.roles.outputhost.sharedreads import SharedReads
+from cherami.roles.outputhost.ticker import MAX_TICK, Ticker
 from cherami.telemetry import END_TO_END_BUCKETS, Histogram
 from cherami.wire.keys import seq_of
 from cherami.wire.records import message_id
 
 log = logging.getLogger("cherami.outputhost.groupconsumer")
 
-TICK = 0.02  # a group's timers fire at most this often
-MAX_TICK = 1.0  # and look at least this often while it has any
 PIN_CHECK = 0.5  # how often a full read window looks for deliveries held at its head
 RETRY_READ_MS = 1000  # a parked body that could not be read by key is tried again then
 
@@ -64,10 +64,12 @@ class GroupConsumer:
         self.reads = reads
         self._acts = acts
         self.cursors: dict[str, ExtentCursor] = {}
-        self._timers_due = asyncio.Event()  # a new timer: the ticker looks again
+        self.ticker = Ticker(self._has_timers, self._next_timer_in, self._expire, self.clock,
+                             lambda: self.window.stopped)  # fmt: skip
+        self._wake = self.ticker.wake  # a new timer: the ticker looks again
         self.parked = Redeliveries(group.queue, group.name, self._covered, self._redeliver)
         self.parked.on_pending = self._unwritten
-        self.parked.on_waiting = self._timers_due.set
+        self.parked.on_waiting = self._wake
         self.keys = KeyGate(
             lambda e: self.window.put_first(e, True), self.cursors, lambda: reads.stores
         )
@@ -84,7 +86,6 @@ class GroupConsumer:
         self._reading: set[asyncio.Task[None]] = set()  # parked bodies read by key
         self._held: set[int] = set()  # in flight at a full window's head at the last check
         self._pin_at = 0.0
-        self._ticker: asyncio.Task[None] | None = None
         self.delivered = self.acked = self.redelivered = self.dead_lettered = 0
         self.nacked = 0
         self.end_to_end = Histogram(END_TO_END_BUCKETS)  # publish to ack, seconds
@@ -118,7 +119,7 @@ class GroupConsumer:
         return self.window.ready
 
     @property
-    def readable(self) -> asyncio.Event:
+    def readable(self) -> Flag:
         return self.window.readable
 
     @property
@@ -130,7 +131,7 @@ class GroupConsumer:
         return len(self.flight)
 
     def start(self) -> None:
-        self._ticker = asyncio.create_task(self._tick_loop())
+        self.ticker.start()
 
     def halt(self) -> None:
         """Deliver and settle nothing more here (the group is being unloaded)."""
@@ -139,7 +140,7 @@ class GroupConsumer:
     async def stop(self) -> None:
         self.window.stop()
         self.flight.activity.gone(*self.cursors.values())
-        tasks = [c.task for c in self.cursors.values()] + [self._ticker, self.dead.task]
+        tasks = [c.task for c in self.cursors.values()] + [self.ticker.task, self.dead.task]
         live = [t for t in [*tasks, *self._reading, *self.keys.stop()] if t is not None]
         for task in live:
             task.cancel()
@@ -298,7 +299,7 @@ class GroupConsumer:
         )  # fmt: skip
         window.taken()
         if taken:
-            self._timers_due.set()
+            self._wake()
             self.delivered += count
             self.redelivered += redelivered
         if redelivered:  # handed out now: their rows count these deliveries
@@ -327,7 +328,7 @@ class GroupConsumer:
     def extend(self, numbers: list[int], visibility: float, owner: Any = None) -> list[int]:
         stale = self.flight.extend(numbers, self.clock() + visibility, owner)
         if len(stale) < len(numbers):
-            self._timers_due.set()
+            self._wake()
         return stale
 
     def release_owner(self, owner: Any) -> None:
@@ -426,7 +427,7 @@ class GroupConsumer:
             self.group.config.max_delivery_count, int(time.time() * 1000),
         )  # fmt: skip
         self.keys.resolve([p for (e, _), p in self.parked.rows.items() if e in extents])
-        self._timers_due.set()
+        self._wake()
 
     def _pin_held(self, now: float) -> None:
         """With the read window full, deliveries in flight at its head since the last
@@ -446,25 +447,6 @@ class GroupConsumer:
                 self.parked.pin(entry, now_ms + int(max(0.0, entry.deadline - now) * 1000))
 
     # timers
-    async def _tick_loop(self) -> None:
-        """Wakes when the group's next timer is due (a visibility timeout, a parked
-        message, the full window's check), at most every TICK and at least every
-        MAX_TICK while it has deliveries, parked rows or dead letters to look after; a
-        new timer wakes it early. An idle group's ticker waits, costing nothing."""
-        while True:
-            if not self._has_timers():
-                self._timers_due.clear()
-                await self._timers_due.wait()
-            self._timers_due.clear()
-            wait = max(TICK, self._next_timer_in(self.clock()))
-            try:
-                async with asyncio.timeout(wait):
-                    await self._timers_due.wait()
-                await asyncio.sleep(TICK)  # what a burst of new timers brings, together
-            except TimeoutError:
-                pass
-            self._expire(self.clock())
-
     def _next_timer_in(self, now: float) -> float:
         """Seconds until the first of the group's timers is due (MAX_TICK at most)."""
         first = now + MAX_TICK

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from cherami.errors import CheramiError
 from cherami.metadata.models import Group, Queue
 from cherami.roles.outputhost.entry import DELIVERY, ENQUEUED, KEY, Entry, Run
+from cherami.roles.outputhost.flag import Flag
 from cherami.wire.keys import seq_of
 from cherami.wire.store import TIMER
 
@@ -55,8 +56,8 @@ class ReadWindow:
         self._parked = parked
         self._gate = gate
         self.ready: deque[Entry | Run] = deque()
-        self.readable = asyncio.Event()  # set while ready is not empty
-        self._room = asyncio.Event()
+        self.readable = Flag()  # set while ready is not empty
+        self._room = Flag()
         self._room.set()
         self.stopped = False
         self.on_ready: Callable[[], None] = lambda: None
