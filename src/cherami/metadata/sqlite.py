@@ -348,9 +348,8 @@ class SqliteMetadataStore(CancelledMessages):
         sql = (
             "INSERT INTO ack_levels VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (queue, grp, extent) "
             "DO UPDATE SET "
-            # a level never moves backward; a merged DLQ range only grows, and lands
-            # even when the level it came with is behind the stored one (a merge
-            # reads the group's levels while its consumers go on acking)
+            # a level never moves backward; a merged DLQ range only grows, and lands even
+            # behind the stored level (a merge reads levels while consumers go on acking)
             "level = CASE WHEN excluded.acked >= ack_levels.acked THEN excluded.level "
             "ELSE ack_levels.level END, acked = max(excluded.acked, ack_levels.acked), "
             "lim = CASE WHEN ack_levels.lim IS NULL OR excluded.lim > ack_levels.lim "
@@ -369,7 +368,6 @@ class SqliteMetadataStore(CancelledMessages):
         sql = "DELETE FROM ack_levels WHERE queue = ? AND grp = ? AND extent = ?"
         await self._write(lambda: self._tx([(sql, (queue, group, e)) for e in extents]))
 
-    # redeliveries
     async def get_redeliveries(self, queue: str, group: str) -> list[Redelivery]:
         rows = await self._run(
             lambda: self._db.execute(
@@ -400,7 +398,6 @@ class SqliteMetadataStore(CancelledMessages):
         ]
         await self._write(lambda: self._tx(statements, fence))
 
-    # queue properties
     async def get_queue_properties(self, queue: str, prefix: str = "") -> dict[str, str]:
         sql, args = select_properties(queue, prefix, "?")
         return dict(await self._run(lambda: self._db.execute(sql, args).fetchall()))

@@ -19,15 +19,7 @@ from cherami.context import DEFAULT, ProcessContext
 from cherami.errors import CheramiError, QueueNotFound
 from cherami.membership import INPUTHOST, live_hosts
 from cherami.metadata.base import MetadataStore
-from cherami.metadata.models import (
-    FAILING,
-    OPEN,
-    Extent,
-    Fence,
-    Queue,
-    min_plain,
-    wants_timers,
-)
+from cherami.metadata.models import FAILING, OPEN, Extent, Fence, Queue, min_plain, wants_timers
 from cherami.periodic import Periodic
 from cherami.roles.controller.retention import Retention
 from cherami.roles.controller.scaling import (
@@ -45,15 +37,13 @@ from cherami.wire.store import PLAIN, TIMER
 
 log = logging.getLogger("cherami.controller.leader")
 
-LEASE = "controller-leader"
-# the defaults (timing.py); a process uses its context's timing (context.py)
+LEASE = "controller-leader"  # the defaults below: timing.py; a process uses its context's
 LEASE_TTL = timing.DEFAULT.lease_ttl
 MARGIN = timing.DEFAULT.lease_margin  # seconds before the lease's end the leader stops acting
 TICK = timing.DEFAULT.leader_tick
 RETENTION_INTERVAL = 2.0  # seconds between retention passes (each behind the tick)
 ROLL_CHECK_ALL = 60.0  # every open extent is looked at for rolling over this often
-# after a power loss every queue has extents to seal and to replace: one seal or one
-# queue after another, 2,100 extents took 33 s to replace (the opens at ~90 a second)
+# after a power loss, one at a time, 2,100 extents took 33 s to replace
 SEALS_AT_ONCE = 32  # seals under way at once (each asks every replica, then the metadata)
 TENDS_AT_ONCE = 8  # queues opening extents at once (each under its lock; 10 connections)
 RENEW_WITHIN = 1.5  # a tick still running this near its acting window's end renews
@@ -216,11 +206,9 @@ class Leader:
         inputs_alive: bool,
         rates: dict[str, float],
     ) -> None:
-        """Tend the queues, TENDS_AT_ONCE at a time, renewing the lease as the acting
-        window nears its end; once the lease may have run out, the rest are left to the
-        next tick. (After a power loss, ticks that outlasted the lease on a loaded machine
-        handed the lead from one controller to the other every few seconds, and each new
-        leader began again with a whole read of the catalog.)"""
+        """Tend the queues, TENDS_AT_ONCE at a time, renewing the lease near the end of
+        the acting window (long ticks once lost the lead after a power loss); once it may
+        have run out, the rest are left to the next tick."""
         names = iter(look)
         stopped = False
 
