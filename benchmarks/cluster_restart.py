@@ -73,29 +73,42 @@ async def _publish(client: AsyncClient, queue: str, body: str, deadline: float) 
 
 async def _served(
     client: AsyncClient, queues: int, groups: int, tags: tuple[str, str], deadline: float
-) -> tuple[int, int]:
+) -> tuple[int, int, list[str], list[float]]:
     """Publish ``tags[1]`` to every queue, then receive and ack in every group until it
-    and ``tags[0]`` are there (or the deadline): (delivered, lost)."""
-    counts = [0, 0]
+    and ``tags[0]`` are there (or the deadline), in passes over the groups still waiting
+    (one receive each a pass: a group that delivers nothing does not hold back the
+    others' checks): (delivered, lost, the groups lost, when each delivery was seen)."""
+    started = time.monotonic()
 
-    async def one(i: int) -> None:
+    async def publish(i: int) -> None:
         await _publish(client, f"q{i}", f"{tags[1]}-{i}", deadline)
-        for g in range(groups):
-            want, got = {f"{t}-{i}" for t in tags}, set[str]()
-            while want - got and time.monotonic() < deadline:
-                try:
-                    batch = await client.receive(f"q{i}", f"g{g}", max_messages=10, wait_seconds=1)
-                    if batch:
-                        await client.ack(f"q{i}", f"g{g}", [m.receipt or "" for m in batch])
-                except Unavailable:
-                    await asyncio.sleep(0.2)
-                    continue
-                got |= {m.text for m in batch}
-            counts[0] += len(want & got)
-            counts[1] += len(want - got)
 
-    await _each(queues, one)
-    return counts[0], counts[1]
+    await _each(queues, publish)
+    want = {(i, g): {f"{t}-{i}" for t in tags} for i in range(queues) for g in range(groups)}
+    seen: list[float] = []
+
+    async def one(key: tuple[int, int]) -> None:
+        i, g = key
+        try:
+            batch = await client.receive(f"q{i}", f"g{g}", max_messages=10, wait_seconds=1)
+            if batch:
+                await client.ack(f"q{i}", f"g{g}", [m.receipt or "" for m in batch])
+        except Unavailable:
+            await asyncio.sleep(0.2)
+            return
+        for m in batch:
+            if m.text in want[key]:
+                want[key].discard(m.text)
+                seen.append(time.monotonic() - started)
+
+    while time.monotonic() < deadline:
+        waiting = [key for key, left in want.items() if left]
+        if not waiting:
+            break
+        await each(waiting, one, AT_ONCE)
+    missed = sorted(f"q{i}/g{g}" for (i, g), left in want.items() if left)
+    lost = sum(len(left) for left in want.values())
+    return len(want) * len(tags) - lost, lost, missed, sorted(seen)
 
 
 def _lines(local: LocalCluster, role: str, since: dict[str, int]) -> list[str]:
@@ -159,7 +172,7 @@ async def run(queues: int, groups: int, rounds: list[str], within: float, keep: 
                     at = time.strftime("%H:%M:%S")
                     await asyncio.to_thread(local.restart, *names)
                     listening = time.monotonic() - restarted
-                    delivered, lost = await _served(
+                    delivered, lost, missed, seen = await _served(
                         client, queues, groups, (f"b{r}", f"a{r}"), restarted + within
                     )
                     back = time.monotonic() - restarted
@@ -170,6 +183,13 @@ async def run(queues: int, groups: int, rounds: list[str], within: float, keep: 
                           f"{back:.1f} s (listening after {listening:.1f} s); delivered "
                           f"{delivered}, lost {lost}; leader: {leader or '-'}; the output "
                           f"host's last take {took}", flush=True)  # fmt: skip
+                    # when the deliveries came, from the check's start (after the publishes)
+                    marks = [seen[int(len(seen) * f) - 1] for f in (0.5, 0.9, 0.99, 1.0) if seen]
+                    print("  deliveries seen by (s from the check's start): 50/90/99/100%: "
+                          + "/".join(f"{m:.1f}" for m in marks), flush=True)  # fmt: skip
+                    if missed:
+                        print(f"  groups missing a delivery: {' '.join(missed[:20])}"
+                              + (" ..." if len(missed) > 20 else ""), flush=True)  # fmt: skip
 
                     async def next_(i: int, tag: str = f"b{r + 1}") -> None:
                         await _publish(client, f"q{i}", f"{tag}-{i}", time.monotonic() + 120)

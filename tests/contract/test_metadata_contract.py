@@ -109,6 +109,35 @@ async def test_every_group_of_every_queue_in_one_read(meta: MetadataStore) -> No
     assert [(g.queue, g.name) for g in await meta.list_every_group()] == [("q1", "a"), ("q1", "b")]
 
 
+async def test_every_merged_dead_letter_extent_in_one_read(meta: MetadataStore) -> None:
+    """What ``get_ack_levels`` and ``list_extents(group.dlq)`` say of each group, for
+    every group at once: the ranges merged back whose DLQ extent's row is there."""
+    assert await meta.list_merged_extents() == []
+    for queue in ("q2", "q1"):
+        await meta.insert_queue(_queue(queue))
+        for name in ("b", "a"):
+            group = Group(queue=queue, name=name, config=GroupConfig(), created_at=0,
+                          start_ms=0, dlq=f"{queue}.{name}.dlq")  # fmt: skip
+            await meta.insert_group(group)
+            assert await meta.insert_extent(_extent(f"{queue}.{name}.d1", f"{queue}.{name}.dlq"))
+            assert await meta.insert_extent(_extent(f"{queue}.{name}.d2", f"{queue}.{name}.dlq"))
+    await meta.put_ack_levels([
+        AckLevel(queue="q2", group="a", extent="q2.a.d2", limit=b"\x05"),
+        AckLevel(queue="q1", group="b", extent="q1.b.d1", limit=b"\x01"),
+        AckLevel(queue="q1", group="b", extent="q1.b.d2", limit=b"\x02"),
+        AckLevel(queue="q1", group="a", extent="q1.a.d1", acked=3),  # no range merged
+        AckLevel(queue="q1", group="a", extent="q2.a.d1", limit=b"\x01"),  # another's DLQ
+        AckLevel(queue="q1", group="a", extent="gone", limit=b"\x01"),  # no such extent
+        AckLevel(queue="q3", group="a", extent="q1.a.d2", limit=b"\x01"),  # no such group
+    ])  # fmt: skip
+    merged = [("q1", "b", "q1.b.d1"), ("q1", "b", "q1.b.d2"), ("q2", "a", "q2.a.d2")]
+    assert await meta.list_merged_extents() == merged
+    await meta.set_extent_status("q1.b.d1", SEALED, sealed_seq=3)  # any status: its row is there
+    assert await meta.list_merged_extents() == merged
+    await meta.delete_group("q2", "a")
+    assert await meta.list_merged_extents() == merged[:2]
+
+
 async def test_extents_and_conditional_successor(meta: MetadataStore) -> None:
     assert await meta.insert_extent(_extent("e1"))
     assert await meta.insert_extent(_extent("e2", predecessor="e1"))

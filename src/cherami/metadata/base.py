@@ -133,6 +133,11 @@ class MetadataStore(Protocol):
         """Every extent of every queue in one of ``statuses``, in one read (a node's
         recovery looks at all its open extents at once, not queue by queue)."""
 
+    async def list_merged_extents(self) -> list[tuple[str, str, str]]:
+        """(queue, group, extent) of every dead-letter extent with a range merged back
+        into a group (an ack level with a limit) while the extent's row is in the
+        group's DLQ, in one read: the extents a group reads besides its queue's."""
+
     async def set_extent_status(
         self,
         extent_id: str,

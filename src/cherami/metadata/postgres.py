@@ -17,7 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from cherami.errors import AlreadyExists, Fenced, GroupNotFound, QueueNotFound
 from cherami.metadata.base import page_clause
-from cherami.metadata.cancelled import CancelledMessages
+from cherami.metadata.bulk import BulkReads
 from cherami.metadata.models import (
     DELETED,
     FAILING,
@@ -103,7 +103,7 @@ def _config(value: msgspec.Struct) -> Jsonb:
     return Jsonb(value, dumps=_json.encode)
 
 
-class PostgresMetadataStore(CancelledMessages):
+class PostgresMetadataStore(BulkReads):
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
 

@@ -18,7 +18,7 @@ import msgspec
 
 from cherami.errors import AlreadyExists, Fenced, GroupNotFound, QueueNotFound
 from cherami.metadata.base import page_clause
-from cherami.metadata.cancelled import CancelledMessages, Statement
+from cherami.metadata.bulk import BulkReads, Statement
 from cherami.metadata.models import (
     DELETED,
     FAILING,
@@ -49,7 +49,7 @@ T = TypeVar("T")
 _json = msgspec.json.Encoder()
 
 
-class SqliteMetadataStore(CancelledMessages):
+class SqliteMetadataStore(BulkReads):
     """Writes on one thread and connection, committed in groups (sqlite_commit.py); reads
     on another, so a read never waits for a commit's sync (the log lets readers go on
     while one writes); ``self._db``: the connection of its thread; leases expire by ``clock``."""

@@ -46,8 +46,9 @@ from cherami.context import DEFAULT, ProcessContext
 from cherami.errors import GroupNotFound, QueueNotFound
 from cherami.membership import OUTPUTHOST, live_hosts
 from cherami.metadata.base import MetadataStore
-from cherami.metadata.models import FAILING, OPEN, SEALED, STREAM, Fence, Group, Queue
+from cherami.metadata.models import Fence
 from cherami.periodic import Periodic
+from cherami.roles.outputhost.catalog import READS_AT_ONCE, WHOLE, Unit, UnitCatalog
 from cherami.roles.outputhost.outage import OutageWatch
 from cherami.roles.outputhost.service import DELETED_CLOSE, MOVED_CLOSE, OutputHostService
 
@@ -62,21 +63,14 @@ TICK = timing.DEFAULT.ownership_tick
 # each unit goes back to the holder that has its acks in memory, not to whichever host
 # ticks first (that would deliver them all again), and a holder that rode the outage out
 # on its peers' word (outage.py) has stopped or renewed before anyone takes its units
-# queues a tick reads at once: after a power loss the change log names every queue, and
-# read one after another (a few calls each) a tick took 5-8 s with 100 on a loaded machine
-READS_AT_ONCE = 8
 RENEW_WITHIN = 1.0  # a tick still taking units renews those it held this near their end
 # units whose leases one call takes (a call each, a tick after a power loss took 400 units
 # in 15-25 s on a loaded machine, and its groups read none of them until its end)
 TAKES_AT_ONCE = 200
-WHOLE = "*"  # the extent of a unit that is the whole group
 LEASES = "group:"  # the prefix of every unit's lease
 
 
 T = TypeVar("T")
-Unit = tuple[str, str, str]  # queue, group, extent id (or WHOLE)
-# a queue's units with their extents' kinds, its groups, and its groups' dead-letter queues
-_QueueUnits = tuple[dict[Unit, str], set[tuple[str, str]], set[str]]
 
 
 def unit_lease(queue: str, group: str, extent: str) -> str:
@@ -86,13 +80,6 @@ def unit_lease(queue: str, group: str, extent: str) -> str:
 def group_leases(queue: str, group: str) -> str:
     """The prefix of the lease names of a group's units."""
     return f"{LEASES}{queue}/{group}/"
-
-
-def group_units(queue: Queue, group: Group, extents: list[str]) -> list[Unit]:
-    """A group's units, given the extents it may still read."""
-    if queue.config.type == "cp" or group.config.type == STREAM:
-        return [(group.queue, group.name, WHOLE)]
-    return [(group.queue, group.name, e) for e in extents]
 
 
 @dataclass
@@ -137,11 +124,7 @@ class ExtentOwnership:
         self.outage = OutageWatch(self, ctx)
         self._unheld_since: dict[Unit, float] = {}  # units no lease holds, since when
         # what the metadata says of each queue's units, kept up by its change log
-        self._seen = -1
-        self._catalog: dict[str, _QueueUnits] = {}
-        self._dlq_of: dict[str, str] = {}  # a group's dead-letter queue -> its queue
-        # every queue's units and groups together, as _units last merged them
-        self._last: tuple[dict[Unit, str], set[tuple[str, str]]] | None = None
+        self._catalog = UnitCatalog(metadata, self._ask)
 
     def _find(self, queue: str, group: str, extent: str) -> _Held | None:
         return self.held.get((queue, group, extent)) or self.held.get((queue, group, WHOLE))
@@ -279,68 +262,8 @@ class ExtentOwnership:
                 log.debug("renewal within a tick failed: %s", err)
 
     async def _units(self) -> tuple[dict[Unit, str], set[tuple[str, str]]]:
-        """Every unit with its extent's kind (plain or timer: a group's share of each
-        is counted apart), and every group (those without units too). Read from the
-        metadata only for the queues the change log names since the last tick (a
-        queue's record, groups, extents or merged dead-letter ranges; all of them the
-        first time, or when the log cannot say): an idle catalog costs one query."""
-        latest, changed = await self._ask(self.metadata.changes_since(self._seen))
-        if changed is not None and not changed and self._last is not None:
-            return self._last  # nothing changed: the catalog as last merged
-        if changed is None:
-            queues = await self._ask(self.metadata.list_queues())
-            self._catalog = {}
-        else:  # a dead-letter queue's extents are those of its group's merged ranges
-            names = changed | {self._dlq_of[n] for n in changed if n in self._dlq_of}
-            for name in names:
-                self._catalog.pop(name, None)
-            queues = [q for q in await each(sorted(names), self._changed_queue, READS_AT_ONCE) if q]
-        for queue, read in zip(
-            queues, await each(queues, self._queue_units, READS_AT_ONCE), strict=True
-        ):
-            self._catalog[queue.name] = read
-        self._seen = latest
-        self._dlq_of = {dlq: name for name, (_, _, dlqs) in self._catalog.items() for dlq in dlqs}
-        units: dict[Unit, str] = {}
-        groups: set[tuple[str, str]] = set()
-        for queue_units, queue_groups, _ in self._catalog.values():
-            units.update(queue_units)
-            groups |= queue_groups
-        self._last = units, groups
-        return units, groups
-
-    async def _changed_queue(self, name: str) -> Queue | None:
-        try:
-            return await self._ask(self.metadata.get_queue(name))
-        except QueueNotFound:
-            return None
-
-    async def _queue_units(self, queue: Queue) -> _QueueUnits:
-        """One queue's units (with their kinds), groups and groups' dead-letter queues."""
-        listed = await self._ask(self.metadata.list_groups(queue.name))
-        if not listed:
-            return {}, set(), set()
-        readable = await self._ask(self.metadata.list_extents(queue.name, (OPEN, FAILING, SEALED)))
-        extents = [e.id for e in readable]
-        kinds = {e.id: e.kind for e in readable}
-        units: dict[Unit, str] = {}
-        for group in listed:
-            merged = []
-            if queue.config.type != "cp" and group.config.type != STREAM:
-                merged = await self._merged(group)
-            for unit in group_units(queue, group, extents + merged):
-                units[unit] = kinds.get(unit[2], "dlq")
-        return units, {(g.queue, g.name) for g in listed}, {g.dlq for g in listed}
-
-    async def _merged(self, group: Group) -> list[str]:
-        """The dead-letter extents with ranges merged back into the group, while they
-        exist."""
-        levels = await self._ask(self.metadata.get_ack_levels(group.queue, group.name))
-        merged = [lv.extent for lv in levels if lv.limit is not None]
-        if merged:
-            dlq = {e.id for e in await self._ask(self.metadata.list_extents(group.dlq))}
-            merged = [e for e in merged if e in dlq]
-        return merged
+        """Every unit with its extent's kind and every group (catalog.py)."""
+        return await self._catalog.units()
 
     async def tick(self) -> None:
         units, groups = await self._units()
