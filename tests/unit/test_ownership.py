@@ -504,6 +504,40 @@ async def test_units_keep_acting_while_a_tick_loads_the_groups_it_took(
     assert renewed and a.acting(*old) and len(a.held) == 2
 
 
+async def test_the_groups_of_a_call_load_before_the_next_call_takes(
+    meta: SqliteMetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a power loss at 1,000 queues a tick took 8,000 units in calls of
+    TAKES_AT_ONCE, some of them waiting tens of seconds on the metadata store, and the
+    groups of the units taken loaded only at the tick's end: none of them delivered
+    meanwhile. Each call's groups load while the tick goes on."""
+    for i in range(4):
+        await _queue(meta, f"q{i}", ["g"], [PLAIN])
+    outputs = _Outputs()
+    take = meta.try_leases
+    calls = 0
+
+    async def second_waits_for_loads(names: list[str], holder: str, ttl: float) -> dict[str, int]:
+        nonlocal calls
+        calls += 1
+        if calls > 1:  # a call that waits: the groups taken before it load meanwhile
+            async with asyncio.timeout(5):
+                while not any(e[0] == "took" for e in outputs.events):
+                    await asyncio.sleep(0.01)
+        return await take(names, holder, ttl)
+
+    monkeypatch.setattr(ownership, "TAKES_AT_ONCE", 2)
+    patched = _Patched(meta, try_leases=second_waits_for_loads)
+    a = ExtentOwnership(outputs, patched, "outputhost-a", ProcessContext(clock=_Clock()))  # type: ignore[arg-type]
+    await _alive(meta, a.id)
+    a._taking_after = 0.0
+    await a.tick()
+    assert calls == 2 and len(a.held) == 4
+    assert sorted(e[1] for e in outputs.events if e[0] == "took") == [
+        (f"q{i}", "g") for i in range(4)
+    ]
+
+
 class _Patched:
     """A store with some calls replaced."""
 
