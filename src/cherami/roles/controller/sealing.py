@@ -65,24 +65,32 @@ class Sealer:
             raise
 
     async def _seal(self, extent: Extent) -> int:
+        """The replicas are asked at once in each step (one after another, a seal took
+        six round trips: at 1,000 queues after a power loss, 2,000 seals 32 at a time)."""
         lasts: dict[str, int] = {}
-        for store_id in extent.stores:
+
+        async def stop(store_id: str) -> None:
             try:
                 lasts[store_id] = await self.stores.get(store_id).seal(extent.id, -1)
             except CheramiError as err:
                 if isinstance(err, StoreError) and err.code == "extent_not_found":
-                    continue  # this store never got a replica of the extent
+                    return  # this store never got a replica of the extent
                 log.warning("replica %s of %s unreachable at seal: %s", store_id, extent.id, err)
                 self.unsealed_replicas.add((extent.id, store_id))
+
+        await asyncio.gather(*(stop(s) for s in extent.stores))
         if not lasts:
             raise Unavailable(f"no replica of extent {extent.id} is reachable")
         at = min(lasts.values())
-        for store_id in lasts:
+
+        async def cut(store_id: str) -> None:
             try:
                 await self.stores.get(store_id).seal(extent.id, at)
             except CheramiError as err:
                 log.warning("replica %s of %s not sealed: %s", store_id, extent.id, err)
                 self.unsealed_replicas.add((extent.id, store_id))
+
+        await asyncio.gather(*(cut(s) for s in sorted(lasts)))
         await self.metadata.set_extent_status(extent.id, SEALED, sealed_seq=at, fence=self._fence())
         log.info("extent %s of queue %s sealed at %d", extent.id, extent.queue, at)
         return at

@@ -1,0 +1,81 @@
+"""How the controller seals an extent's replicas (sealing.py, no I/O): each step asks
+every replica at once. One after another, a seal of 3 replicas was six round trips, and
+after a power loss at 1,000 queues the leader sealed 2,000 extents 32 at a time."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from cherami.errors import Unavailable
+from cherami.metadata.models import OPEN, SEALED, Extent, Fence
+from cherami.roles.controller.sealing import Sealer
+
+
+class _Replica:
+    """A store host's replica: its last sequence number; a seal at -1 stops it there, a
+    seal at ``at`` cuts it back. Each step's answer waits until every replica of the
+    extent has been asked for that step (a deadline: asked one after another, the
+    first never answers)."""
+
+    def __init__(self, stores: _Stores, last: int | None) -> None:
+        self.stores, self.last = stores, last
+
+    async def seal(self, extent: str, at: int) -> int:
+        step = "stop" if at < 0 else "cut"
+        self.stores.asked.append((step, self))
+        async with asyncio.timeout(2):
+            while sum(s == step for s, _ in self.stores.asked) < self.stores.waiting[step]:
+                await asyncio.sleep(0)
+        if self.last is None:
+            raise Unavailable("store host down")
+        if at >= 0:
+            self.last = at
+        return self.last
+
+
+class _Stores:
+    def __init__(self, lasts: dict[str, int | None]) -> None:
+        self.asked: list[tuple[str, _Replica]] = []
+        self.replicas = {s: _Replica(self, last) for s, last in lasts.items()}
+        self.waiting = {"stop": len(lasts), "cut": sum(v is not None for v in lasts.values())}
+
+    def get(self, store_id: str) -> _Replica:
+        return self.replicas[store_id]
+
+
+class _Metadata:
+    def __init__(self) -> None:
+        self.sealed: list[tuple[str, str, int | None]] = []
+
+    async def set_extent_status(
+        self, extent_id: str, status: str, sealed_seq: int | None = None, fence: Fence | None = None
+    ) -> None:
+        self.sealed.append((extent_id, status, sealed_seq))
+
+
+def _extent(stores: list[str]) -> Extent:
+    return Extent(id="e", queue="q", kind="plain", status=OPEN, input_host="in", stores=stores,
+                  created_at=0.0)  # fmt: skip
+
+
+async def test_a_seal_asks_every_replica_at_once_and_cuts_back_to_the_least() -> None:
+    stores = _Stores({"s0": 7, "s1": 5, "s2": None})  # s2 is down
+    metadata = _Metadata()
+    sealer = Sealer(metadata, stores, lambda: None)  # type: ignore[arg-type]
+    assert await sealer.seal_extent(_extent(["s0", "s1", "s2"])) == 5
+    assert [r.last for r in stores.replicas.values()] == [5, 5, None]
+    assert metadata.sealed == [("e", SEALED, 5)]
+    assert sealer.unsealed_replicas == {("e", "s2")}  # sealed when it answers again
+    # every replica stopped before any was cut back
+    assert [step for step, _ in stores.asked] == ["stop"] * 3 + ["cut"] * 2
+
+
+async def test_a_seal_that_reaches_no_replica_writes_nothing() -> None:
+    stores = _Stores({"s0": None, "s1": None})
+    metadata = _Metadata()
+    sealer = Sealer(metadata, stores, lambda: None)  # type: ignore[arg-type]
+    with pytest.raises(Unavailable):
+        await sealer.seal_extent(_extent(["s0", "s1"]))
+    assert metadata.sealed == [] and not sealer.sealing("e")
