@@ -802,7 +802,7 @@ async def test_queue_properties(metadata_backend: MetadataBackend) -> None:
 
 
 async def test_a_queue_asks_for_timer_extents_once(meta: MetadataStore) -> None:
-    """``timers``: stored as made, set by want_timers (a change in the change log the
+    """``timers``: stored as made, set by mark_queue (a change in the change log the
     first time only), never unset by an update of the config."""
     await meta.insert_queue(_queue("plain"))
     await meta.insert_queue(msgspec.structs.replace(_queue("delayed"), timers=True))
@@ -810,10 +810,10 @@ async def test_a_queue_asks_for_timer_extents_once(meta: MetadataStore) -> None:
         ("delayed", True), ("plain", False),
     ]  # fmt: skip
     start, _ = await meta.changes_since(-1)
-    await meta.want_timers("plain")
+    await meta.mark_queue("plain", "timers")
     at, changed = await meta.changes_since(start)
     assert changed == {"plain"} and (await meta.get_queue("plain")).timers
-    await meta.want_timers("plain")  # already: nothing written
+    await meta.mark_queue("plain", "timers")  # already: nothing written
     assert await meta.changes_since(at) == (at, set())
     stale = msgspec.structs.replace(await meta.get_queue("plain"), timers=False)
     stale.config.retention_seconds = 60
@@ -821,7 +821,25 @@ async def test_a_queue_asks_for_timer_extents_once(meta: MetadataStore) -> None:
     got = await meta.get_queue("plain")
     assert got.timers and got.config.retention_seconds == 60
     with pytest.raises(QueueNotFound):
-        await meta.want_timers("nope")
+        await meta.mark_queue("nope", "timers")
+
+
+async def test_a_queue_is_marked_keyed_once(meta: MetadataStore) -> None:
+    """``keyed``: false as made, set by mark_queue (a change in the change log the first
+    time only: output hosts serve its groups whole from then), never unset by an update."""
+    await meta.insert_queue(_queue("q"))
+    assert not (await meta.get_queue("q")).keyed
+    start, _ = await meta.changes_since(-1)
+    await meta.mark_queue("q", "keyed")
+    at, changed = await meta.changes_since(start)
+    assert changed == {"q"} and (await meta.get_queue("q")).keyed
+    assert not (await meta.get_queue("q")).timers  # the one flag only
+    await meta.mark_queue("q", "keyed")  # already: nothing written
+    assert await meta.changes_since(at) == (at, set())
+    await meta.update_queue(msgspec.structs.replace(await meta.get_queue("q"), keyed=False))
+    assert [q.keyed for q in await meta.list_queues()] == [True]
+    with pytest.raises(QueueNotFound):
+        await meta.mark_queue("nope", "keyed")
 
 
 async def test_sqlite_made_before_lazy_timers_keeps_them(tmp_path: Path) -> None:
@@ -832,7 +850,8 @@ async def test_sqlite_made_before_lazy_timers_keeps_them(tmp_path: Path) -> None
         "dlq_of TEXT)",
         "('old', '{}', ?, NULL)",
     )
-    assert (await meta.get_queue("old")).timers
+    old = await meta.get_queue("old")
+    assert old.timers and not old.keyed  # (keyed: an output host marks it, service.py)
     await meta.close()
 
 

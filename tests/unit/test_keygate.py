@@ -50,6 +50,25 @@ def test_a_key_waits_for_its_holder_and_others_pass() -> None:
     assert not gate and gate.top() == []
 
 
+def test_a_host_not_serving_the_group_whole_lets_no_keyed_message_go() -> None:
+    """In a cluster, a host holding a keyed queue's group extent by extent (before it
+    saw the queue marked keyed) holds every keyed message back, read one by one or as
+    a batch; unkeyed ones go on. Served whole, they join their keys in order."""
+    ready: list[Entry] = []
+    a = _cursor("a")
+    gate = KeyGate(ready.extend, {"a": a})
+    whole = False
+    gate.whole = lambda: whole
+    entries = [_entry(a, 1, "k"), _entry(a, 2, None), _entry(a, 3, "k"), _entry(a, 4, "j")]
+    assert _bodies(gate.admit_read(entries[:2])) == ["a/2"]
+    assert _bodies(gate.admit(entries[2:])) == []
+    gate.read()
+    assert ready == [] and gate.pending and not gate
+    whole = True
+    gate.read()
+    assert _bodies(ready) == ["a/1", "a/4"] and not gate.pending  # a/3 waits behind a/1
+
+
 def test_a_message_of_an_extent_read_past_by_the_others_joins_at_once() -> None:
     a, b = _cursor("a"), _cursor("b")
     gate = KeyGate(lambda _: None, {"a": a, "b": b})

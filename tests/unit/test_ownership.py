@@ -238,6 +238,30 @@ async def test_merged_dead_letters_are_units_and_cp_groups_are_whole(
     assert a.holds("c", "g", "any-extent") and a.fence("c", "g", "x") is not None
 
 
+async def test_a_keyed_queue_s_group_is_whole_once_its_extents_leases_end(
+    meta: SqliteMetadataStore,
+) -> None:
+    """A queue marked keyed (its first keyed message) has each group served whole by one
+    host; the WHOLE unit is taken only once every lease of the group's extents has
+    ended, so no two hosts act for an extent at once (before: per extent for good)."""
+    short = msgspec.structs.replace(timing.DEFAULT, lease_ttl=0.4, lease_margin=0.1)
+    await _queue(meta, "q", ["g"], [PLAIN, PLAIN])
+    a, b = _host(meta, "outputhost-a", short), _host(meta, "outputhost-b", short)
+    await _ticks([a, b], meta, 3)
+    assert sorted(u[2] for u in _held(a, b)) == ["q-e0", "q-e1"] and a.held and b.held
+    await meta.mark_queue("q", "keyed")
+    whole = ("q", "g", ownership.WHOLE)
+    for _ in range(12):
+        await _ticks([a, b], meta, 1)
+        held = await meta.lease_holders(ownership.group_leases("q", "g"))
+        if any(h.holds(*whole) for h in (a, b)):
+            assert list(held) == [ownership.unit_lease(*whole)], held
+        else:
+            assert ownership.unit_lease(*whole) not in held
+    assert list(_held(a, b)) == [whole]
+    assert sum(("unload", ("q", "g")) in h.outputs.events for h in (a, b)) == 2  # type: ignore[attr-defined]
+
+
 class _Peers:
     """The answers of a host's peers, as the outage watch would get them."""
 

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from cherami.metadata.models import AckLevel, Extent, Fence, Group, Host, Queue, Redelivery
+from cherami.metadata.models import (
+    AckLevel,
+    Extent,
+    Fence,
+    Group,
+    Host,
+    Queue,
+    QueueFlag,
+    Redelivery,
+)
 
 _MAX_CHAR = 0x10FFFF
 _SURROGATES = range(0xD800, 0xE000)
@@ -73,13 +82,14 @@ class MetadataStore(Protocol):
         out. A page is one index range read, whatever the number of queues."""
 
     async def update_queue(self, queue: Queue) -> None:
-        """Stores the queue's config (and its ``timers`` flag, which only ever goes from
-        false to true)."""
+        """Stores the queue's config (and its ``timers`` and ``keyed`` flags, which only
+        ever go from false to true)."""
         ...
 
-    async def want_timers(self, name: str) -> None:
-        """The queue keeps timer extents from now on (``Queue.timers``); a change in the
-        change log when it did not already. Raises QueueNotFound."""
+    async def mark_queue(self, name: str, flag: QueueFlag) -> None:
+        """Sets the queue's ``flag`` for good: "timers" (it keeps timer extents from now
+        on, ``Queue.timers``) or "keyed" (it took a keyed message, ``Queue.keyed``); a
+        change in the change log when it was not set already. Raises QueueNotFound."""
         ...
 
     async def delete_queue(self, name: str) -> None:

@@ -96,6 +96,14 @@ class Queue(msgspec.Struct, kw_only=True):
     # whether the queue keeps timer extents (for delayed messages) beside its plain ones:
     # set when it is made with a delay or takes its first delayed message, never unset
     timers: bool = False
+    # whether the queue took a keyed message (an input host marks it before writing its
+    # first one): in a cluster each of its groups is then served whole by one output
+    # host (docs/design/ordering-keys.md, "A cluster"); never unset
+    keyed: bool = False
+
+
+QueueFlag = Literal["timers", "keyed"]  # what MetadataStore.mark_queue sets
+QUEUE_FLAGS = {"timers": "timers", "keyed": "keyed"}  # each one's column
 
 
 def min_plain(queue: Queue) -> int:
@@ -107,7 +115,7 @@ def min_plain(queue: Queue) -> int:
 def wants_timers(queue: Queue) -> bool:
     """Whether the queue keeps a timer extent beside its plain ones: once it was made
     with a delay or took a delayed message (an input host asks for one then:
-    ``MetadataStore.want_timers``); never a dead-letter queue (only the output host
+    ``MetadataStore.mark_queue``); never a dead-letter queue (only the output host
     publishes there, never a delayed message)."""
     return queue.dlq_of is None and queue.timers
 

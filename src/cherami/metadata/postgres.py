@@ -22,6 +22,7 @@ from cherami.metadata.models import (
     DELETED,
     FAILING,
     OPEN,
+    QUEUE_FLAGS,
     AckLevel,
     Extent,
     Fence,
@@ -31,6 +32,7 @@ from cherami.metadata.models import (
     LoadReport,
     Queue,
     QueueConfig,
+    QueueFlag,
     Redelivery,
 )
 from cherami.metadata.postgres_failover import EPOCH_FLOOR, FailoverPool, failover_conninfo
@@ -46,18 +48,23 @@ Pool = AsyncConnectionPool[psycopg.AsyncConnection[Row]]
 POOL_TIMEOUT = 5.0
 
 
-_QUEUE_COLUMNS = "name, config, created_at, dlq_of, timers"
+_QUEUE_COLUMNS = "name, config, created_at, dlq_of, timers, keyed"
 _EXTENT_COLUMNS = "id, queue, kind, status, input_host, stores, created_at, sealed_seq, predecessor"
 
 _json = msgspec.json.Encoder()
 
 
 def _queue(row: Row) -> Queue:
-    name, config, created_at, dlq_of, timers = row
+    name, config, created_at, dlq_of, timers, keyed = row
     return Queue(
         name=name, config=msgspec.convert(config, QueueConfig), created_at=created_at,
-        dlq_of=dlq_of, timers=timers,
+        dlq_of=dlq_of, timers=timers, keyed=keyed,
     )  # fmt: skip
+
+
+def _values(queue: Queue) -> tuple[Any, ...]:
+    return (queue.name, _config(queue.config), queue.created_at, queue.dlq_of,
+            queue.timers, queue.keyed)  # fmt: skip
 
 
 _GROUPS = "queue, name, config, created_at, start_ms, dlq"
@@ -118,15 +125,13 @@ class PostgresMetadataStore(BulkReads):
         await migrate(url, schema)
         pool: Pool = FailoverPool(
             with_search_path(url, schema),
-            min_size=1,
-            max_size=max_connections,
+            min_size=1, max_size=max_connections,
             kwargs={"autocommit": True, "connect_timeout": int(POOL_TIMEOUT)},
             timeout=POOL_TIMEOUT,
             reconnect_timeout=POOL_TIMEOUT,  # bounds the reconnect back-off after an outage
             check=AsyncConnectionPool.check_connection,
-            name=f"cherami-metadata-{schema}",
-            open=False,
-        )
+            name=f"cherami-metadata-{schema}", open=False,
+        )  # fmt: skip
         try:
             await pool.open(wait=True)
         except BaseException:
@@ -164,14 +169,8 @@ class PostgresMetadataStore(BulkReads):
     async def insert_queue(self, queue: Queue) -> None:
         try:
             await self._execute(
-                f"INSERT INTO queues ({_QUEUE_COLUMNS}) VALUES (%s, %s, %s, %s, %s)",
-                (
-                    queue.name,
-                    _config(queue.config),
-                    queue.created_at,
-                    queue.dlq_of,
-                    queue.timers,
-                ),  # fmt: skip
+                f"INSERT INTO queues ({_QUEUE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s)",
+                _values(queue),
             )
         except psycopg.errors.UniqueViolation:
             raise AlreadyExists(f"queue {queue.name} exists") from None
@@ -199,19 +198,17 @@ class PostgresMetadataStore(BulkReads):
 
     async def update_queue(self, queue: Queue) -> None:
         await self._execute(
-            "UPDATE queues SET config = %s, timers = (timers OR %s) WHERE name = %s",
-            (_config(queue.config), queue.timers, queue.name),
+            "UPDATE queues SET config = %s, timers = (timers OR %s), keyed = (keyed OR %s) "
+            "WHERE name = %s",
+            (_config(queue.config), queue.timers, queue.keyed, queue.name),
         )
 
-    async def want_timers(self, name: str) -> None:
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(
-                "UPDATE queues SET timers = true WHERE name = %s AND NOT timers", (name,)
-            )
-            if not cur.rowcount:
-                cur = await conn.execute("SELECT 1 FROM queues WHERE name = %s", (name,))
-                if await cur.fetchone() is None:
-                    raise QueueNotFound(f"no queue {name}")
+    async def mark_queue(self, name: str, flag: QueueFlag) -> None:
+        column = QUEUE_FLAGS[flag]  # (never what a request says)
+        sql = f"UPDATE queues SET {column} = true WHERE name = %s AND NOT {column}"
+        exists = "SELECT 1 FROM queues WHERE name = %s"
+        if not await self._execute(sql, (name,)) and not await self._fetchone(exists, (name,)):
+            raise QueueNotFound(f"no queue {name}")
 
     async def delete_queue(self, name: str) -> None:
         await self._tx(

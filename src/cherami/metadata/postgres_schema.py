@@ -120,6 +120,8 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     # a cancel is in the change log: output hosts read the queue's tombstones again
     "CREATE TRIGGER cancelled_changed AFTER INSERT ON cancelled "
     "FOR EACH ROW EXECUTE FUNCTION note_change();",
+    # a queue that took a keyed message: each of its groups is served whole (Queue.keyed)
+    "ALTER TABLE queues ADD COLUMN keyed boolean NOT NULL DEFAULT false;",
 )
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")

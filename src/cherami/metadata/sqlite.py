@@ -23,12 +23,14 @@ from cherami.metadata.models import (
     DELETED,
     FAILING,
     OPEN,
+    QUEUE_FLAGS,
     AckLevel,
     Extent,
     Fence,
     Group,
     Host,
     Queue,
+    QueueFlag,
     Redelivery,
 )
 from cherami.metadata.properties import find_properties, select_properties, write_properties
@@ -42,6 +44,7 @@ from cherami.metadata.sqlite_schema import (
     group_row,
     host_row,
     queue_row,
+    queue_values,
 )
 
 T = TypeVar("T")
@@ -126,14 +129,8 @@ class SqliteMetadataStore(BulkReads):
         def insert() -> None:
             try:
                 self._db.execute(
-                    f"INSERT INTO queues ({QUEUE_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
-                    (
-                        queue.name,
-                        _json.encode(queue.config),
-                        queue.created_at,
-                        queue.dlq_of,
-                        queue.timers,
-                    ),  # fmt: skip
+                    f"INSERT INTO queues ({QUEUE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                    queue_values(queue),
                 )
             except sqlite3.IntegrityError:
                 raise AlreadyExists(f"queue {queue.name} exists") from None
@@ -164,14 +161,16 @@ class SqliteMetadataStore(BulkReads):
     async def update_queue(self, queue: Queue) -> None:
         await self._write(
             lambda: self._db.execute(
-                "UPDATE queues SET config = ?, timers = (timers OR ?) WHERE name = ?",
-                (_json.encode(queue.config), queue.timers, queue.name),
+                "UPDATE queues SET config = ?, timers = (timers OR ?), keyed = (keyed OR ?) "
+                "WHERE name = ?",
+                (_json.encode(queue.config), queue.timers, queue.keyed, queue.name),
             )
         )
 
-    async def want_timers(self, name: str) -> None:
+    async def mark_queue(self, name: str, flag: QueueFlag) -> None:
         def want() -> None:
-            sql = "UPDATE queues SET timers = 1 WHERE name = ? AND timers = 0"
+            column = QUEUE_FLAGS[flag]  # (never what a request says)
+            sql = f"UPDATE queues SET {column} = 1 WHERE name = ? AND {column} = 0"
             if not self._db.execute(sql, (name,)).rowcount:
                 if self._db.execute("SELECT 1 FROM queues WHERE name = ?", (name,)).fetchone():
                     return

@@ -22,7 +22,7 @@ from cherami.metadata.models import (
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS queues (
     name TEXT PRIMARY KEY, config TEXT NOT NULL, created_at REAL NOT NULL, dlq_of TEXT,
-    timers INTEGER NOT NULL DEFAULT 1
+    timers INTEGER NOT NULL DEFAULT 1, keyed INTEGER NOT NULL DEFAULT 0
 );
 -- the queues a listing shows (not the groups' DLQs), in name order
 CREATE INDEX IF NOT EXISTS queues_public ON queues (name) WHERE dlq_of IS NULL;
@@ -108,20 +108,29 @@ def create_schema(db: sqlite3.Connection) -> None:
     queues = [row[1] for row in db.execute("PRAGMA table_info(queues)")]
     if "timers" not in queues:  # made when every queue had timer extents
         db.execute("ALTER TABLE queues ADD COLUMN timers INTEGER NOT NULL DEFAULT 1")
+    if "keyed" not in queues:  # made before Queue.keyed
+        db.execute("ALTER TABLE queues ADD COLUMN keyed INTEGER NOT NULL DEFAULT 0")
     hosts = [row[1] for row in db.execute("PRAGMA table_info(hosts)")]
     if "zone" not in hosts:  # made before zones and load reports
         db.execute("ALTER TABLE hosts ADD COLUMN zone TEXT NOT NULL DEFAULT ''")
         db.execute("ALTER TABLE hosts ADD COLUMN load TEXT")
 
 
+def queue_values(queue: Queue) -> tuple[Any, ...]:
+    """A queue's row, in QUEUE_COLUMNS' order."""
+    config = msgspec.json.encode(queue.config)
+    return queue.name, config, queue.created_at, queue.dlq_of, queue.timers, queue.keyed
+
+
 def queue_row(row: tuple[Any, ...]) -> Queue:
-    name, config, created_at, dlq_of, timers = row
+    name, config, created_at, dlq_of, timers, keyed = row
     return Queue(
         name=name,
         config=msgspec.json.decode(config, type=QueueConfig),
         created_at=created_at,
         dlq_of=dlq_of,
         timers=bool(timers),
+        keyed=bool(keyed),
     )
 
 
@@ -160,5 +169,5 @@ def host_row(row: tuple[Any, ...]) -> Host:
     )  # fmt: skip
 
 
-QUEUE_COLUMNS = "name, config, created_at, dlq_of, timers"
+QUEUE_COLUMNS = "name, config, created_at, dlq_of, timers, keyed"
 EXTENT_COLUMNS = "id, queue, kind, status, input_host, stores, created_at, sealed_seq, predecessor"

@@ -6,7 +6,8 @@ implementation; a node's is the same. An input host reports a failed extent thro
 metadata store (``report_failing``); the leading controller (leader.py) acts on it. A
 group's dead-letter queue holds no extent until the output host moves its first message
 there (``wake_dead_letter_queue``, also through the metadata store), and a queue holds no
-timer extent until its first delayed message (``want_timers``)."""
+timer extent until its first delayed message (``want_timers``); an AP queue is marked
+keyed before its first keyed message is written (``want_keyed``)."""
 
 from __future__ import annotations
 
@@ -78,8 +79,19 @@ async def want_timers(metadata: MetadataStore, queue: Queue) -> None:
     log and opens one beside each of the queue's plain extents at its next tick, and the
     publish waits for it meanwhile, as when an extent is replaced."""
     if queue.dlq_of is None and not queue.timers:
-        await metadata.want_timers(queue.name)
+        await metadata.mark_queue(queue.name, "timers")
         queue.timers = True
+
+
+async def want_keyed(metadata: MetadataStore, queue: Queue) -> None:
+    """An input host takes a keyed message for an AP queue not marked keyed yet: mark
+    it before writing the message, so that in a cluster each of its groups is served
+    whole by one output host (a CP queue's always is). Output hosts see the change in
+    the change log; one holding a group's extents one by one meanwhile holds its keyed
+    messages back (docs/design/ordering-keys.md, "A cluster")."""
+    if queue.config.type != "cp" and not queue.keyed:
+        await metadata.mark_queue(queue.name, "keyed")
+        queue.keyed = True
 
 
 async def wake_dead_letter_queue(metadata: MetadataStore, dlq: str) -> Queue:

@@ -25,7 +25,7 @@ from cherami.membership import STOREHOST
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN, Queue
 from cherami.periodic import Background
-from cherami.roles.controller.client import want_timers
+from cherami.roles.controller.client import want_keyed, want_timers
 from cherami.roles.inputhost.dedup import Deduplicator
 from cherami.roles.inputhost.extentwriter import ExtentWriter
 from cherami.roles.storehost.directory import StoreDirectory
@@ -222,6 +222,8 @@ class InputHostService:
             writers.loaded = False  # look again: the queue may be newer than what we know
             if (await self._writers(queue.name)).created_at != queue.created_at:
                 raise QueueNotFound(f"queue {queue.name} was deleted")
+        if not queue.keyed and any(m.key is not None for m in messages):
+            await want_keyed(self.metadata, queue)  # before its first keyed message is in
         plain_idx, plain_records, timer_idx, timer_records, timer_due = _split(
             messages, int(time.time() * 1000), int(queue.config.delay_seconds * 1000)
         )

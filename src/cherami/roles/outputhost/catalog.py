@@ -39,11 +39,26 @@ class Ask(Protocol):
     def __call__(self, call: Awaitable[T], /) -> Awaitable[T]: ...
 
 
+def whole(queue: Queue, group: Group) -> bool:
+    """Whether the group is one unit: a CP queue's group (its extents are read in order
+    across seals), a stream-mode group (no cursors here), and a group of a queue that
+    took keyed messages (``Queue.keyed``: a key may be in an extent on each input host,
+    and only one output host seeing them all keeps its order)."""
+    return queue.config.type == "cp" or queue.keyed or group.config.type == STREAM
+
+
 def group_units(queue: Queue, group: Group, extents: list[str]) -> list[Unit]:
     """A group's units, given the extents it may still read."""
-    if queue.config.type == "cp" or group.config.type == STREAM:
+    if whole(queue, group):
         return [(group.queue, group.name, WHOLE)]
     return [(group.queue, group.name, e) for e in extents]
+
+
+def split_groups(held_by: dict[str, str]) -> set[str]:
+    """The groups (by their lease prefix) with an extent's lease held: their WHOLE unit
+    is not taken until those leases end, so that no two hosts act for an extent when a
+    queue becomes keyed (its groups' units go from extents to WHOLE)."""
+    return {n[: n.rindex("/") + 1] for n in held_by if not n.endswith("/" + WHOLE)}
 
 
 def queue_units(
@@ -60,7 +75,7 @@ def queue_units(
     kinds = {e.id: e.kind for e in readable}
     units: dict[Unit, str] = {}
     for group in groups:
-        more = merged(group) if queue.config.type != "cp" and group.config.type != STREAM else []
+        more = [] if whole(queue, group) else merged(group)
         for unit in group_units(queue, group, extents + more):
             units[unit] = kinds.get(unit[2], "dlq")
     return units, {(g.queue, g.name) for g in groups}, {g.dlq for g in groups}
@@ -144,10 +159,8 @@ class UnitCatalog:
             return {}, set(), set()
         readable = await self._ask(self.metadata.list_extents(queue.name, READABLE))
         merged = {
-            (g.queue, g.name): await self._merged(g)
-            if queue.config.type != "cp" and g.config.type != STREAM else []
-            for g in listed
-        }  # fmt: skip
+            (g.queue, g.name): [] if whole(queue, g) else await self._merged(g) for g in listed
+        }
         return queue_units(queue, listed, readable, lambda g: merged[(g.queue, g.name)])
 
     async def _merged(self, group: Group) -> list[str]:

@@ -20,7 +20,8 @@ log = logging.getLogger("cherami.outputhost.committer")
 
 class Holdings(Protocol):
     """Which groups and extents this output host serves, and whether it may act for
-    them now (ownership.py)."""
+    them now (ownership.py). ``holds(queue, group, catalog.WHOLE)``: whether it serves the group
+    whole."""
 
     def owns(self, queue: str, group: str) -> bool: ...
 

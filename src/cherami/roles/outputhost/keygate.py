@@ -34,7 +34,12 @@ it was asked (cost follows work: a probe only while a keyed message waits on it)
 messages delivered before, not acked, which may hold their keys. Their bodies (and so
 their keys) are not in the rows, so every keyed message of the group waits (pending)
 until each row's record has been read again by key and its key claimed for it
-(``resolve``); then the later messages of those keys wait behind them as before."""
+(``resolve``); then the later messages of those keys wait behind them as before.
+
+**In a cluster** a group whose queue took keyed messages is served whole by one output
+host (ownership.py ``group_units``): a host holding the group's extents one by one
+(before it saw the queue marked keyed) lets no keyed message go: they wait pending,
+unacked, and the host that takes the group whole reads them again."""
 
 from __future__ import annotations
 
@@ -92,6 +97,9 @@ class KeyGate:
         # a message starts waiting in a pending queue (the next refresh looks again)
         self.known_ms: Callable[[], float] = lambda: math.inf
         self.on_pending: Callable[[], None] = lambda: None
+        # whether this host serves the group whole (a node, a CP or keyed queue's group
+        # in a cluster): one holding its extents one by one lets no keyed message go
+        self.whole: Callable[[], bool] = lambda: True
 
     def __bool__(self) -> bool:
         return bool(self.held)
@@ -242,8 +250,8 @@ class KeyGate:
         read past ``enqueued_ms`` (those whose readers wait are probed), or one with an
         earlier keyed message pending (its extent was read past, and the cursor's
         ``seen_ms`` is moved only once what it read is admitted)."""
-        if enqueued_ms >= self.known_ms():  # an extent made since is not known here yet
-            return True
+        if enqueued_ms >= self.known_ms() or not self.whole():  # an extent made since is
+            return True  # not known here yet; or other hosts hold extents of the group
         for other, pending in self._pending.items():  # (one stamped in the same ms was
             # published at about the same time, not before: else the two would wait on
             # each other)

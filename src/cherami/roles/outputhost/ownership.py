@@ -48,7 +48,7 @@ from cherami.membership import OUTPUTHOST, live_hosts
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Fence
 from cherami.periodic import Periodic
-from cherami.roles.outputhost.catalog import READS_AT_ONCE, WHOLE, Unit, UnitCatalog
+from cherami.roles.outputhost.catalog import READS_AT_ONCE, WHOLE, Unit, UnitCatalog, split_groups
 from cherami.roles.outputhost.outage import OutageWatch
 from cherami.roles.outputhost.service import DELETED_CLOSE, MOVED_CLOSE, OutputHostService
 
@@ -290,6 +290,7 @@ class ExtentOwnership:
             await self._drop(unit, MOVED_CLOSE if moved else DELETED_CLOSE)
         shed = False
         wanted: list[Unit] = []  # units to take, in one call per TAKES_AT_ONCE
+        split: set[str] | None = None  # split_groups(held_by), once a WHOLE unit is wanted
         before = list(self.held)  # their leases are renewed together, after the shares
         for members in shares.values():
             fair_here = math.ceil(len(members) / len(live))
@@ -317,6 +318,10 @@ class ExtentOwnership:
                 full = mine >= fair_here or (len(self.held) + len(wanted) >= fair and mine >= floor)
                 if not orphaned and full:
                     continue
+                if unit[2] == WHOLE:
+                    split = split_groups(held_by) if split is None else split
+                    if group_leases(*unit[:2]) in split:
+                        continue  # its extents' leases have not ended yet
                 wanted.append(unit)
                 mine += 1  # counted as taken: a lease another host took first is not
         # the groups of each call's units load while the tick goes on (READS_AT_ONCE at

@@ -20,6 +20,7 @@ from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import CONSUMED, FAILING, OPEN, SEALED, Group, Queue
 from cherami.periodic import Periodic
 from cherami.roles.outputhost.cancels import CancelCache
+from cherami.roles.outputhost.catalog import WHOLE
 from cherami.roles.outputhost.committer import AckCommitter, Holdings
 from cherami.roles.outputhost.deadletterqueue import DeadLetterMover
 from cherami.roles.outputhost.entry import Entry
@@ -92,6 +93,7 @@ class OutputHostService:
         self._keyed_pending: set[str] = set()
         self._refreshing = asyncio.Lock()
         self._soon: asyncio.Task[None] | None = None  # a refresh for keyed messages
+        self._marking: set[asyncio.Task[None]] = set()  # queues being marked keyed
         self._refresher = Periodic(
             "extent refresh", ctx.timing.extent_refresh_interval, self._refresh
         )
@@ -184,6 +186,8 @@ class OutputHostService:
             consumer.window.cancelled_of = partial(self._cancels.of, queue)
             consumer.keys.known_ms = partial(self._known_ms, key)
             consumer.keys.on_pending = partial(self._keyed_waiting, key)
+            if self._holdings is not None:  # a cluster: keyed messages only from WHOLE
+                consumer.keys.whole = partial(self._holdings.holds, queue, name, WHOLE)
             consumer.flight.activity = self.activity
             consumer.start()
             self.groups[key] = consumer
@@ -305,6 +309,24 @@ class OutputHostService:
         self._keyed_pending.add(key)
         if self._soon is None or self._soon.done():
             self._soon = asyncio.create_task(self._refresh_soon())
+        consumer = self.groups.get(key)
+        if consumer is not None and not consumer.queue.keyed and not consumer.keys.whole():
+            consumer.queue.keyed = True  # asked once
+            task = asyncio.create_task(self._mark_keyed(consumer.queue.name))
+            self._marking.add(task)
+            task.add_done_callback(self._marking.discard)
+
+    async def _mark_keyed(self, queue: str) -> None:
+        """A keyed message in a group whose extents are held one by one, of a queue not
+        marked keyed (written before input hosts marked queues): mark it, so that its
+        groups are served whole and their keyed messages go on."""
+        try:
+            await self.metadata.mark_queue(queue, "keyed")
+        except Exception as err:  # the next keyed message that waits asks again
+            log.warning("queue %s not marked keyed: %s", queue, err)
+            for consumer in self.groups.values():
+                if consumer.group.queue == queue:
+                    consumer.queue.keyed = False
 
     async def _refresh_soon(self) -> None:
         await asyncio.sleep(KEYED_REFRESH)  # what a burst of reads brings, together
