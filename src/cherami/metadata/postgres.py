@@ -129,7 +129,6 @@ class PostgresMetadataStore(BulkReads):
             kwargs={"autocommit": True, "connect_timeout": int(POOL_TIMEOUT)},
             timeout=POOL_TIMEOUT,
             reconnect_timeout=POOL_TIMEOUT,  # bounds the reconnect back-off after an outage
-            check=AsyncConnectionPool.check_connection,
             name=f"cherami-metadata-{schema}", open=False,
         )  # fmt: skip
         try:
