@@ -125,14 +125,19 @@ def _metadata_calls(url: str) -> dict[str, float]:
 _CALLS = re.compile(r'cherami_metadata_call_latency_seconds_count\{op="([^"]+)"\} (\S+)')
 
 
-def _idle(node: NodeProcess, seconds: float, settle: float) -> dict[str, Any]:
-    """The node's CPU over ``seconds`` of idling (% of a core, every process), its RSS
-    after (MB) and its metadata calls a second while idle (in all, and the busiest)."""
+def _pids(node: NodeProcess) -> list[str]:
+    """The node's process, then its store hosts'."""
     assert node.proc is not None
     children = subprocess.run(
         ["pgrep", "-P", str(node.proc.pid)], capture_output=True, text=True
     ).stdout.split()
-    pids = [str(node.proc.pid), *children]
+    return [str(node.proc.pid), *children]
+
+
+def _idle(node: NodeProcess, seconds: float, settle: float) -> dict[str, Any]:
+    """The node's CPU over ``seconds`` of idling (% of a core, every process), its RSS
+    after (MB) and its metadata calls a second while idle (in all, and the busiest)."""
+    pids = _pids(node)
     time.sleep(settle)  # what creating and the first deliveries left behind settles
     before, calls_before = _cpu_seconds(pids), _metadata_calls(node.url)
     time.sleep(seconds)
@@ -171,7 +176,10 @@ def run(queues: int, groups: int, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         node = NodeProcess(Path(tmp) / "node").start()
         try:
+            pids = _pids(node)
+            cpu = _cpu_seconds(pids[:1]), _cpu_seconds(pids[1:])
             created = asyncio.run(_create(node.url, queues, groups, args.concurrency))
+            create_cpu = _cpu_seconds(pids[:1]) - cpu[0], _cpu_seconds(pids[1:]) - cpu[1]
             idle = _idle(node, args.idle, args.settle)
             scrape = _scrape_seconds(node.url)
             p50, p99 = asyncio.run(_latency(node.url))
@@ -183,7 +191,8 @@ def run(queues: int, groups: int, args: argparse.Namespace) -> dict[str, Any]:
         finally:
             node.stop()
     return {
-        "queues": queues, "groups": groups, "create_s": created, **idle, "scrape_s": scrape,
+        "queues": queues, "groups": groups, "create_s": created, "create_cpu": create_cpu,
+        **idle, "scrape_s": scrape,
         "latency_p50_ms": p50, "latency_p99_ms": p99,
         "sigterm_restart_s": sigterm, "sigkill_restart_s": sigkill,
         "missing_after_sigterm": missing_term, "missing_after_sigkill": missing_kill,
@@ -221,15 +230,17 @@ def main() -> None:
         return
     p50, p99 = empty_latency()
     print(f"empty node: publish to receive p50 / p99 {p50:.1f} / {p99:.1f} ms", flush=True)
-    print("| queues x groups | create all (s) | queues/s | idle CPU (% of a core) | RSS (MB) "
+    print("| queues x groups | create all (s) | queues/s "
+          "| CPU to create: node / store hosts (s) | idle CPU (% of a core) | RSS (MB) "
           "| metadata calls/s idle (busiest) | /metrics scrape (s) "
           "| publish to receive p50 / p99 (ms) "
           "| SIGTERM restart (s) | SIGKILL restart (s) | not delivered after |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in args.queues:
         r = run(n, args.groups, args)
         print(
             f"| {n} x {args.groups} | {r['create_s']:.1f} | {n / r['create_s']:.0f} "
+            f"| {r['create_cpu'][0]:.1f} / {r['create_cpu'][1]:.1f} "
             f"| {r['idle_cpu_pct']:.1f} | {r['rss_mb']:.0f} "
             f"| {r['metadata_per_s']:.2f} ({r['metadata_busiest']}) | {r['scrape_s']:.2f} "
             f"| {r['latency_p50_ms']:.1f} / {r['latency_p99_ms']:.1f} "

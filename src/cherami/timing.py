@@ -23,6 +23,8 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     ack_flush_interval: float = 0.05  # stream acks gather this long into one ack-level write
     extent_refresh_interval: float = 1.0  # output hosts read a group's extents again
     read_ahead: int = 20_000  # messages read and not acked yet, per group per host
+    # a node unloads a group left alone this long with nothing in flight (0: never)
+    group_idle_unload: float = 60.0
     # the lease-related safety times (design/fencing.md, design/metadata-outage.md)
     slow_tick: float = 1.0  # an ownership tick running this long counts as an outage
     recovery_grace: float = 2.0  # after an outage a host renews only its own leases so long
@@ -50,6 +52,8 @@ class Timing(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             raise ConfigError(
                 "timing: 0 < outage_ask_timeout and seal_wait < lease_ttl - lease_margin"
             )
+        if not 0 <= self.group_idle_unload <= 86_400:
+            raise ConfigError("timing: 0 <= group_idle_unload <= 86,400 seconds")
         if not 100 <= self.read_ahead <= 10_000_000:
             raise ConfigError("timing: read_ahead must be 100 to 10,000,000 messages")
 

@@ -181,6 +181,14 @@ class _Scrape:
             (([st.group.queue, st.group.name], st.end_to_end) for st in states),
         )  # fmt: skip
         self.out += [*g.values(), *c.values(), e2e]
+        if outputs:
+            loaded = gauge(
+                "cherami_output_groups_loaded", "Consumer groups loaded in this process's "
+                "output host (a node loads a group at its first consumer and unloads it "
+                "when left idle: timing.group_idle_unload)", [],
+            )  # fmt: skip
+            loaded.add_metric([], outputs.loaded_groups())
+            self.out.append(loaded)
 
     async def _dlq_depth(self, dlq: str) -> int:
         if dlq not in self.extents:

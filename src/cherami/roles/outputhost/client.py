@@ -15,16 +15,17 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from cherami.loadmeter import Counts
-from cherami.metadata.models import Group, Queue
+from cherami.metadata.models import CONSUMED, FAILING, OPEN, SEALED, STREAM, Extent, Group, Queue
 from cherami.roles.outputhost.consumestream import ConsumeStream, StreamSocket
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.extentreader import ExtentCursor
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
+from cherami.roles.outputhost.idlegroups import Unloaded
 from cherami.roles.outputhost.keygate import TOP_KEYS
 from cherami.roles.outputhost.ownership import group_leases
 from cherami.roles.outputhost.receipts import host_tag, tag_of
 from cherami.roles.outputhost.service import DELETED_CLOSE, MOVED_CLOSE, OutputHostService
-from cherami.telemetry import Histogram
+from cherami.telemetry import END_TO_END_BUCKETS, Histogram
 
 __all__ = ["DELETED_CLOSE", "MOVED_CLOSE", "TOP_KEYS", "Entry", "GroupState", "LocalOutputHost",
            "group_leases", "host_tag", "tag_of",
@@ -76,6 +77,11 @@ class OutputHostClient(Protocol):
         its record as served here, or None."""
         ...
 
+    async def served(self, queue: str, group: str) -> Group | None:
+        """``load`` for a host that serves groups as they are made; one that loads them
+        when they are consumed (a node) answers for a group loaded now and loads none."""
+        ...
+
     async def state(self, group: Group) -> GroupState | None:
         """The group's state here; None when this host serves none of it."""
         ...
@@ -106,6 +112,10 @@ class OutputHostClient(Protocol):
 
     def open_extents(self) -> int: ...
 
+    def loaded_groups(self) -> int:
+        """The groups loaded here now (a node unloads idle ones: idlegroups.py)."""
+        ...
+
     def update_queue(self, queue: Queue) -> None: ...
 
     def update_group(self, group: Group) -> None: ...
@@ -116,6 +126,8 @@ class OutputHostClient(Protocol):
 
 
 OPEN_COUNT_INTERVAL = 60.0
+NONE_OBSERVED = Histogram(END_TO_END_BUCKETS)  # an unloaded group's that counted nothing
+STATS_STATUSES = (OPEN, FAILING, SEALED, CONSUMED)  # the extents a group's backlog counts
 
 
 class LocalOutputHost:
@@ -137,24 +149,74 @@ class LocalOutputHost:
             return None
         return (await self.service.group(queue, group)).group
 
+    async def served(self, queue: str, group: str) -> Group | None:
+        if not self.service.lazy:
+            return await self.load(queue, group)
+        consumer = self.service.groups.get(f"{queue}/{group}")
+        return None if consumer is None else consumer.group
+
     async def state(self, group: Group) -> GroupState | None:
+        if not self.owns(group.queue, group.name):
+            return None
+        consumer = self.service.groups.get(f"{group.queue}/{group.name}")
+        if consumer is None and self.service.lazy:  # not loaded: from the metadata
+            return (await self._unloaded_states([group], None))[0]
         consumer = await self._consumer(group)
         return None if consumer is None else await self._state(consumer)
 
     async def states(self, queues: Collection[str]) -> list[GroupState]:
+        service = self.service
         consumers = [
-            c for c in list(self.service.groups.values())
-            if c.group.queue in queues and not c.stopped
+            c for c in list(service.groups.values()) if c.group.queue in queues and not c.stopped
         ]  # fmt: skip
         # every cursor's extent asked at once: one request per store host, not one per
         # extent of every group (a scrape of a node with 10,000 queues made 20,000)
         extents = {c.extent.id: c.extent for g in consumers for c in list(g.cursors.values())}
-        infos = await self.service.stores.infos(list(extents.values()))
-        return [
+        infos = await service.stores.infos(list(extents.values()))
+        loaded = [
             _state_of(g, {c.id: infos[c.extent.id].count
                           for c in list(g.cursors.values()) if c.extent.id in infos})
             for g in consumers
         ]  # fmt: skip
+        if not service.lazy:
+            return loaded
+        unloaded = [  # the groups not loaded: one read of every group, one of every extent
+            g for g in await service.metadata.list_every_group()
+            if g.queue in queues and not g.name.startswith("_")
+            and f"{g.queue}/{g.name}" not in service.groups
+        ]  # fmt: skip
+        if not unloaded:
+            return loaded
+        every = await service.metadata.list_extents_in(STATS_STATUSES)
+        return loaded + await self._unloaded_states(unloaded, every)
+
+    async def _unloaded_states(
+        self, groups: list[Group], every: list[Extent] | None
+    ) -> list[GroupState]:
+        """The state of groups not loaded here, by their persisted acked counts and their
+        extents' message counts (``every``: every extent; None: their queues' and DLQs'
+        read now)."""
+        metadata = self.service.metadata
+        if every is None:
+            names = {n for g in groups for n in (g.queue, g.dlq)}
+            every = [e for n in names for e in await metadata.list_extents(n, STATS_STATUSES)]
+        by_queue: dict[str, list[Extent]] = {}
+        by_id = {e.id: e for e in every}
+        for extent in every:
+            by_queue.setdefault(extent.queue, []).append(extent)
+        kept = [await self.service.kept(g) for g in groups]
+        theirs = [
+            [] if k.group.config.type == STREAM  # read by their clients: no backlog here
+            else by_queue.get(k.group.queue, []) + [
+                by_id[e] for e, (_, limit) in (k.levels or {}).items()
+                if limit is not None and e in by_id
+            ]
+            for k in kept
+        ]  # fmt: skip
+        wanted = {e.id: e for extents in theirs for e in extents}
+        infos = await self.service.stores.infos(list(wanted.values()))
+        counts = {i: info.count for i, info in infos.items()}
+        return [_kept_state(k, extents, counts) for k, extents in zip(kept, theirs, strict=True)]
 
     async def _state(self, consumer: GroupConsumer) -> GroupState:
         counts = {}
@@ -214,6 +276,9 @@ class LocalOutputHost:
             self._open_count = sum(len(c.cursors) for c in self.service.groups.values())
         return self._open_count
 
+    def loaded_groups(self) -> int:
+        return len(self.service.groups)
+
     def update_queue(self, queue: Queue) -> None:
         self.service.update_queue(queue)
 
@@ -232,6 +297,19 @@ def _action(consumer: GroupConsumer, how: Settlement) -> Callable[[list[int]], l
     if how.kind == "nack":
         return lambda numbers: consumer.nack(numbers, how.seconds)
     return lambda numbers: consumer.extend(numbers, how.seconds)
+
+
+def _kept_state(kept: Unloaded, extents: list[Extent], counts: dict[str, int]) -> GroupState:
+    oldest = kept.oldest_ms
+    return GroupState(
+        group=kept.group, backlog=kept.backlog(extents, counts), in_flight=0,
+        oldest_unacked_age_seconds=max(0.0, time.time() - oldest / 1000) if oldest else 0.0,
+        delivered=kept.counted("delivered"), acked=kept.counted("acked"),
+        nacked=kept.counted("nacked"), redelivered=kept.counted("redelivered"),
+        dead_lettered=kept.counted("dead_lettered"),
+        end_to_end=kept.end_to_end or NONE_OBSERVED, top_keys=[],
+        expired=kept.expired, cancelled=kept.cancelled,
+    )  # fmt: skip
 
 
 def _state_of(consumer: GroupConsumer, counts: dict[str, int]) -> GroupState:

@@ -61,6 +61,7 @@ class AckCommitter:
         self._flushed: dict[str, asyncio.Future[dict[str, Exception]]] = {}
         self._wake = asyncio.Event()  # a settlement waits for the next flush
         self._unwritten: set[str] = set()  # groups with levels or rows to write
+        self._writing: set[str] = set()  # the groups of the flush under way
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -79,6 +80,10 @@ class AckCommitter:
     def mark(self, key: str) -> None:
         """The group has levels or rows to write (the set of the moment: a flush swaps it)."""
         self._unwritten.add(key)
+
+    def busy(self, key: str) -> bool:
+        """Whether the group has levels or rows to write, or in a write under way."""
+        return key in self._unwritten or key in self._writing
 
     async def flushed(self, consumer: GroupConsumer, extents: Iterable[str] | None = None) -> None:
         """Wait until every ack of the group made so far is persisted; raises
@@ -121,6 +126,14 @@ class AckCommitter:
             return failed
         # only the groups that were told of a change: an idle group costs the flush nothing
         keys, self._unwritten = self._unwritten, set()
+        self._writing = keys
+        try:
+            return await self._flush(keys)
+        finally:
+            self._writing = set()
+
+    async def _flush(self, keys: set[str]) -> Failed:
+        failed: Failed = {}
         touched = [c for k in keys if (c := self._groups.get(k)) is not None]
         holdings = self._holdings
         if holdings is None:

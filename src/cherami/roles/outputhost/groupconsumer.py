@@ -86,6 +86,10 @@ class GroupConsumer:
         self._reading: set[asyncio.Task[None]] = set()  # parked bodies read by key
         self._held: set[int] = set()  # in flight at a full window's head at the last check
         self._pin_at = 0.0
+        # a node unloads a group left alone (idlegroups.py): receives waiting on it now,
+        # and when it was last asked for (the clock's seconds)
+        self.users = 0
+        self.used_at = self.clock()
         self.delivered = self.acked = self.redelivered = self.dead_lettered = 0
         self.nacked = 0
         self.end_to_end = Histogram(END_TO_END_BUCKETS)  # publish to ack, seconds
@@ -125,6 +129,11 @@ class GroupConsumer:
     @property
     def stopped(self) -> bool:
         return self.window.stopped
+
+    @property
+    def reading(self) -> bool:
+        """Whether bodies of due parked messages are being read again."""
+        return bool(self._reading)
 
     @property
     def in_flight(self) -> int:

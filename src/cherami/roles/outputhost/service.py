@@ -25,6 +25,7 @@ from cherami.roles.outputhost.committer import AckCommitter, Holdings
 from cherami.roles.outputhost.deadletterqueue import DeadLetterMover
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
+from cherami.roles.outputhost.idlegroups import Unloaded, quiet
 from cherami.roles.outputhost.receipts import ReceiptSigner
 from cherami.roles.outputhost.sharedreads import SharedReads
 from cherami.roles.storehost.directory import StoreDirectory
@@ -78,7 +79,15 @@ class OutputHostService:
         self._numbers = itertools.count(1)
         self.groups: dict[str, GroupConsumer] = {}
         self._named: dict[str, set[str]] = {}  # a queue's or a DLQ's name -> its groups' keys
-        self._loading: dict[str, asyncio.Lock] = {}
+        self._loading: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # and how many wait
+        # a node loads a group when it is asked for and unloads it when left alone
+        # (idlegroups.py); what is kept of the groups not loaded, by key
+        self.lazy = holdings is None and ctx.timing.group_idle_unload > 0
+        self.unloaded: dict[str, Unloaded] = {}
+        self._idle_after = ctx.timing.group_idle_unload
+        self._sweeper = Periodic(
+            "idle group unload", max(0.5, self._idle_after / 4), self.unload_idle
+        )
         self._loader: asyncio.Task[None] | None = None
         self.activity = Activity()  # the cursors that delivered (load reports)
         self.committer = AckCommitter(
@@ -120,7 +129,12 @@ class OutputHostService:
         Returns the function that unregisters it."""
         streams = self._streams.setdefault(consumer.key, set())
         streams.add(closer)
-        return lambda: streams.discard(closer)
+
+        def detach() -> None:
+            streams.discard(closer)
+            consumer.used_at = self.ctx.clock()  # left alone from now
+
+        return detach
 
     async def _close_streams(self, key: str, code: int, reason: str) -> None:
         closers = self._streams.pop(key, set())
@@ -136,6 +150,8 @@ class OutputHostService:
             self._loader = asyncio.create_task(self._load_every_group())
         self.committer.start()
         self._refresher.start()
+        if self.lazy:
+            self._sweeper.start()
 
     async def _load_every_group(self) -> None:
         loaded = 0
@@ -144,6 +160,8 @@ class OutputHostService:
             if group.name.startswith("_"):
                 continue  # internal (a DLQ's cursor, which no name a client gives can be)
             try:
+                if self.lazy and not await self.metadata.get_redeliveries(group.queue, group.name):
+                    continue  # nothing parked: it loads when it is asked for
                 await self.group(group.queue, group.name)
             except (GroupNotFound, QueueNotFound):
                 continue  # deleted meanwhile
@@ -158,6 +176,7 @@ class OutputHostService:
             self._loader.cancel()
             await asyncio.gather(self._loader, return_exceptions=True)
         await self._refresher.stop()
+        await self._sweeper.stop()
         if self._soon is not None:
             self._soon.cancel()
         await self.committer.stop()
@@ -171,30 +190,42 @@ class OutputHostService:
         key = f"{queue}/{name}"
         consumer = self.groups.get(key)
         if consumer is not None:
+            consumer.used_at = self.ctx.clock()
             return consumer
-        async with self._loading.setdefault(key, asyncio.Lock()):
-            consumer = self.groups.get(key)
-            if consumer is not None:
-                return consumer
-            group = await self.metadata.get_group(queue, name)
-            queue_record = await self.metadata.get_queue(queue)
-            acts = None if self._holdings is None else partial(self._acts, queue, name)
-            consumer = GroupConsumer(
-                queue_record, group, self.reads, self._dead_letter, self._numbers, acts, self.ctx
-            )
-            consumer.on_unwritten = partial(self.committer.mark, key)
-            consumer.window.cancelled_of = partial(self._cancels.of, queue)
-            consumer.keys.known_ms = partial(self._known_ms, key)
-            consumer.keys.on_pending = partial(self._keyed_waiting, key)
-            if self._holdings is not None:  # a cluster: keyed messages only from WHOLE
-                consumer.keys.whole = partial(self._holdings.holds, queue, name, WHOLE)
-            consumer.flight.activity = self.activity
-            consumer.start()
-            self.groups[key] = consumer
-            for named in (queue, group.dlq):
-                self._named.setdefault(named, set()).add(key)
-            await self._sync(consumer, (group, queue_record))
+        lock, waiting = self._loading.setdefault(key, (asyncio.Lock(), [0]))
+        waiting[0] += 1
+        try:
+            async with lock:
+                return await self._load(key, queue, name)
+        finally:
+            waiting[0] -= 1
+            if not waiting[0]:  # no lock left behind a group: a node may hold many
+                del self._loading[key]
+
+    async def _load(self, key: str, queue: str, name: str) -> GroupConsumer:
+        consumer = self.groups.get(key)
+        if consumer is not None:
             return consumer
+        group = await self.metadata.get_group(queue, name)
+        queue_record = await self.metadata.get_queue(queue)
+        acts = None if self._holdings is None else partial(self._acts, queue, name)
+        consumer = GroupConsumer(
+            queue_record, group, self.reads, self._dead_letter, self._numbers, acts, self.ctx
+        )
+        consumer.on_unwritten = partial(self.committer.mark, key)
+        consumer.window.cancelled_of = partial(self._cancels.of, queue)
+        consumer.keys.known_ms = partial(self._known_ms, key)
+        consumer.keys.on_pending = partial(self._keyed_waiting, key)
+        if self._holdings is not None:  # a cluster: keyed messages only from WHOLE
+            consumer.keys.whole = partial(self._holdings.holds, queue, name, WHOLE)
+        consumer.flight.activity = self.activity
+        if (kept := self.unloaded.pop(key, None)) is not None:
+            kept.restore(consumer)
+        consumer.start()
+        self.groups[key] = consumer
+        self._name(key, group)
+        await self._sync(consumer, (group, queue_record))
+        return consumer
 
     async def _sync(self, consumer: GroupConsumer, read: tuple[Group, Queue] | None = None) -> None:
         """Follow the group's extents (those this host holds): new ones get a cursor,
@@ -257,22 +288,76 @@ class OutputHostService:
         closed with DELETED_CLOSE) or it moved to another output host (MOVED_CLOSE)."""
         reason = "deleted" if close_code == DELETED_CLOSE else "group moved; reconnect"
         for key in sorted(self._named.get(queue, ())):
-            consumer = self.groups[key]
-            if consumer.group.queue == queue and (name is None or consumer.group.name == name):
-                del self.groups[key]
-                for named in (queue, consumer.group.dlq):
-                    keys = self._named.get(named, set())
-                    keys.discard(key)
-                    if not keys:
-                        self._named.pop(named, None)
-                consumer.halt()  # nothing more is delivered or settled here
-                await self._close_streams(key, close_code, reason)
-                await consumer.stop()
+            consumer = self.groups.get(key)
+            group = consumer.group if consumer is not None else self.unloaded[key].group
+            if group.queue != queue or (name is not None and group.name != name):
+                continue
+            self.unloaded.pop(key, None)
+            for named in (queue, group.dlq):
+                keys = self._named.get(named, set())
+                keys.discard(key)
+                if not keys:
+                    self._named.pop(named, None)
+            if consumer is not None:
+                await self._drop(consumer, close_code, reason)
+
+    async def _drop(self, consumer: GroupConsumer, close_code: int, reason: str) -> None:
+        del self.groups[consumer.key]
+        consumer.halt()  # nothing more is delivered or settled here
+        await self._close_streams(consumer.key, close_code, reason)
+        await consumer.stop()
+
+    def _name(self, key: str, group: Group) -> None:
+        """The group (loaded, or kept unloaded) is followed by its queue's and its DLQ's
+        names (the refresh, a deletion)."""
+        for named in (group.queue, group.dlq):
+            self._named.setdefault(named, set()).add(key)
+
+    # idle groups (a node: idlegroups.py)
+    async def unload_idle(self) -> int:
+        """Unload the groups left alone for group_idle_unload seconds that nothing
+        needs loaded (idlegroups.quiet); how many were."""
+        now = self.ctx.clock()
+        unloaded = 0
+        for key, consumer in list(self.groups.items()):
+            if (
+                now - consumer.used_at < self._idle_after
+                or self._streams.get(key)
+                or self.committer.busy(key)
+                or not quiet(consumer)
+                or self.groups.get(key) is not consumer
+            ):
+                continue
+            self.unloaded[key] = Unloaded.of(consumer)  # checked and kept without a pause
+            await self._drop(consumer, close.GOING_AWAY, "group unloaded")
+            unloaded += 1
+        if unloaded:
+            log.info("unloaded %d idle groups (%d loaded)", unloaded, len(self.groups))
+        return unloaded
+
+    async def kept(self, group: Group) -> Unloaded:
+        """What is kept of a group not loaded here, with its persisted acked counts
+        (read now if not known)."""
+        key = f"{group.queue}/{group.name}"
+        kept = self.unloaded.get(key)
+        if kept is None:
+            kept = self.unloaded[key] = Unloaded(group)
+            self._name(key, group)
+        if kept.levels is None:
+            rows = await self.metadata.get_ack_levels(group.queue, group.name)
+            kept.levels = {
+                r.extent: (r.acked, None if r.limit is None else int.from_bytes(r.limit, "big"))
+                for r in rows
+            }  # fmt: skip
+        return kept
 
     def update_group(self, group: Group) -> None:
-        consumer = self.groups.get(f"{group.queue}/{group.name}")
+        key = f"{group.queue}/{group.name}"
+        consumer = self.groups.get(key)
         if consumer is not None:
             consumer.configure(group=group)
+        elif (kept := self.unloaded.get(key)) is not None:
+            kept.group = group
 
     def update_queue(self, queue: Queue) -> None:
         for consumer in self.groups.values():
@@ -351,6 +436,9 @@ class OutputHostService:
             if changed is None
             else again.union(*(self._named.get(name, ()) for name in changed))
         )  # the groups of the queues and DLQs written since: not a walk over them all
+        for key in self.unloaded if changed is None else stale:
+            if (kept := self.unloaded.get(key)) is not None:
+                kept.levels = None  # a merge may have written them: read again when asked
         for key in sorted(stale):
             consumer = self.groups.get(key)
             if consumer is not None and not await self._sync_quietly(consumer):
@@ -379,6 +467,16 @@ class OutputHostService:
 
     # connectionless receive and settle
     async def receive(
+        self, consumer: GroupConsumer, max_messages: int, wait: float, visibility: float | None
+    ) -> list[tuple[Entry, str]]:
+        consumer.users += 1  # not unloaded while it waits
+        try:
+            return await self._receive(consumer, max_messages, wait, visibility)
+        finally:
+            consumer.users -= 1
+            consumer.used_at = self.ctx.clock()
+
+    async def _receive(
         self, consumer: GroupConsumer, max_messages: int, wait: float, visibility: float | None
     ) -> list[tuple[Entry, str]]:
         deadline = time.monotonic() + wait

@@ -62,8 +62,8 @@ class GroupHandlers:
         name = check_name("group", request.match_info["group"])
         config = await decode(request, GroupConfig)
         group, created = await self.controller.create_group(queue.name, name, config)
-        if self.outputs is not None:
-            await self.outputs.load(queue.name, name)
+        if self.outputs is not None:  # a node loads it at its first consumer
+            await self.outputs.served(queue.name, name)
         return json_response(group_json(group), 201 if created else 200)
 
     async def list_groups(self, request: web.Request) -> web.Response:
@@ -80,7 +80,7 @@ class GroupHandlers:
         stats = await self.routing.stats(
             request, group, lambda: self._group_stats(group), lambda: self._group_stats(group, True)
         )
-        served = await self.outputs.load(group.queue, group.name) if self.outputs else None
+        served = await self.outputs.served(group.queue, group.name) if self.outputs else None
         body = {**group_json(served or group), "stats": stats}
         if group.config.type == STREAM:
             body["lag"] = (await stream_lag(self.metadata, self.stores, group)).json()

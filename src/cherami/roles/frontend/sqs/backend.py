@@ -71,7 +71,7 @@ class Backend:
         queue, _ = await self.r.controller.create_queue(name, config)
         made, _ = await self.r.controller.create_group(queue.name, SQS_GROUP, group)
         if self.r.outputs is not None:
-            await self.r.outputs.load(queue.name, SQS_GROUP)
+            await self.r.outputs.served(queue.name, SQS_GROUP)
         return made
 
     async def names(self, prefix: str, after: str | None, limit: int) -> list[str]:

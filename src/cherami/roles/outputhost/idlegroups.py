@@ -1,0 +1,99 @@
+"""Idle groups on a node: loaded when asked for, unloaded when idle (issue 29).
+
+A node's output host loads a group (its GroupConsumer: cursors, readers, read window,
+timers) when something asks for it: a receive, a settle, a stream, or at the node's
+start a group with parked messages. A loaded group is unloaded again once it has been
+left alone for ``timing.group_idle_unload`` seconds with nothing that needs it loaded:
+no stream open and no receive waiting, nothing in flight, no parked (redelivery) rows,
+nothing on its way to the DLQ, every ack level and row written, and no ack above an ack
+level (an ack there is not persisted: it would be delivered again). What is dropped
+then is only what is read again from the persisted state: the messages read ahead and
+not delivered yet. A group nobody consumes costs no reader, no store read and no
+memory but what is kept here (its counters; its ack counts, read once, for its stats).
+
+Unloaded groups' stats come from the metadata and the store hosts: the backlog is each
+extent's message count above the group's persisted acked count; nothing is in flight."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from cherami.metadata.models import Extent, Group
+from cherami.roles.outputhost.groupconsumer import GroupConsumer
+from cherami.telemetry import Histogram
+
+# kept across an unload, so that the group's counters do not start again from 0
+COUNTERS = ("delivered", "acked", "nacked", "redelivered", "dead_lettered")
+
+
+def quiet(consumer: GroupConsumer) -> bool:
+    """Whether nothing of the group is lost or delayed by unloading it now (its users,
+    streams and the committer's writes are the service's to check)."""
+    if consumer.stopped or consumer.users or len(consumer.flight) or consumer.dead:
+        return False
+    parked = consumer.parked
+    if parked.rows or parked.pending or consumer.reading or consumer.keys.pending:
+        return False
+    for cursor in consumer.cursors.values():
+        if cursor.ack.dirty or cursor.ack.acked_above_level():
+            return False
+    return True
+
+
+@dataclass(slots=True, eq=False)
+class Unloaded:
+    """What is kept of a group that is not loaded: its record, its counters and
+    histogram (None while nothing was counted), and its persisted acked counts by
+    extent (None until its stats are first asked: read then from the metadata) with a
+    merged DLQ range's end where it has one."""
+
+    group: Group
+    counters: tuple[int, ...] | None = None
+    end_to_end: Histogram | None = None
+    expired: int = 0
+    cancelled: int = 0
+    levels: dict[str, tuple[int, int | None]] | None = None
+    oldest_ms: int | None = None  # the oldest unacked message when it was unloaded
+
+    @classmethod
+    def of(cls, consumer: GroupConsumer) -> Unloaded:
+        counters = tuple(getattr(consumer, name) for name in COUNTERS)
+        hist = consumer.end_to_end
+        return cls(
+            consumer.group,
+            counters if any(counters) else None,
+            hist if hist.count else None,
+            consumer.flight.expired,
+            consumer.window.cancelled,
+            {
+                c.id: (c.ack.acked, None if c.limit is None else int.from_bytes(c.limit, "big"))
+                for c in consumer.cursors.values()
+            },
+            consumer.oldest_unacked_ms(),
+        )  # fmt: skip
+
+    def restore(self, consumer: GroupConsumer) -> None:
+        """The group is loaded again: it counts on from here."""
+        if self.counters is not None:
+            for name, value in zip(COUNTERS, self.counters, strict=True):
+                setattr(consumer, name, value)
+        if self.end_to_end is not None:
+            consumer.end_to_end = self.end_to_end
+        consumer.flight.expired = self.expired
+        consumer.window.cancelled = self.cancelled
+
+    def counted(self, name: str) -> int:
+        return 0 if self.counters is None else self.counters[COUNTERS.index(name)]
+
+    def backlog(self, extents: Iterable[Extent], counts: dict[str, int]) -> int:
+        """Messages published and not acked: each extent's count above the group's
+        acked count (a merged DLQ range's, up to the range's end)."""
+        levels = self.levels or {}
+        total = 0
+        for extent in extents:
+            if extent.id in counts:
+                acked, limit = levels.get(extent.id, (0, None))
+                count = counts[extent.id] if limit is None else min(counts[extent.id], limit)
+                total += max(0, count - acked)
+        return total
