@@ -3,7 +3,7 @@
 node process with ``timing.group_idle_unload`` 0.5 s (the sweep looks every 0.5 s).
 
 What is waited for is the node's own gauge of loaded groups
-(``cherami_output_groups_loaded``), polled with a deadline. Before the change a group
+(``cherami_output_loaded_groups``), polled with a deadline. Before the change a group
 was loaded at its creation and stayed loaded: the first wait for 0 loaded groups fails."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tests.support.server import ServerProcess, unique
 
 pytestmark = pytest.mark.timeout(180)
 
-LOADED = re.compile(r"^cherami_output_groups_loaded (\S+)$", re.MULTILINE)
+LOADED = re.compile(r"^cherami_output_loaded_groups (\S+)$", re.MULTILINE)
 WAIT = 30.0  # a condition waited for this long at most
 
 
@@ -42,7 +42,7 @@ async def loaded(client: AsyncClient) -> int:
     async with client.session.get(client.url + "/metrics") as resp:
         text = await resp.text()
     match = LOADED.search(text)
-    assert match, "no cherami_output_groups_loaded in /metrics"
+    assert match, "no cherami_output_loaded_groups in /metrics"
     return int(float(match.group(1)))
 
 
@@ -53,7 +53,7 @@ async def until_loaded(client: AsyncClient, n: int) -> None:
         await asyncio.sleep(0.1)  # polling the node's gauge, with a deadline
 
 
-async def stats(client: AsyncClient, queue: str, group: str) -> dict[str, int]:
+async def stats(client: AsyncClient, queue: str, group: str) -> dict[str, float]:
     return (await client.get_group(queue, group))["stats"]  # type: ignore[no-any-return]
 
 
@@ -103,6 +103,7 @@ async def test_an_idle_group_is_unloaded_and_loses_nothing(node: ServerProcess) 
         # the other group, never consumed, never loaded: its stats are right
         s = await stats(c, queue, "other")
         assert (s["backlog"], s["delivered"]) == (4, 0)
+        assert s["oldest_unacked_age_seconds"] > 0  # "a" 's, read from a store host
         assert await loaded(c) == 1
 
 

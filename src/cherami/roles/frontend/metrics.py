@@ -183,7 +183,7 @@ class _Scrape:
         self.out += [*g.values(), *c.values(), e2e]
         if outputs:
             loaded = gauge(
-                "cherami_output_groups_loaded", "Consumer groups loaded in this process's "
+                "cherami_output_loaded_groups", "Consumer groups loaded in this process's "
                 "output host (a node loads a group at its first consumer and unloads it "
                 "when left idle: timing.group_idle_unload)", [],
             )  # fmt: skip

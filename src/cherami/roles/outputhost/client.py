@@ -14,17 +14,19 @@ from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from cherami.errors import CheramiError
 from cherami.loadmeter import Counts
 from cherami.metadata.models import CONSUMED, FAILING, OPEN, SEALED, STREAM, Extent, Group, Queue
 from cherami.roles.outputhost.consumestream import ConsumeStream, StreamSocket
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.extentreader import ExtentCursor
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
-from cherami.roles.outputhost.idlegroups import Unloaded
+from cherami.roles.outputhost.idlegroups import Level, Unloaded
 from cherami.roles.outputhost.keygate import TOP_KEYS
 from cherami.roles.outputhost.ownership import group_leases
 from cherami.roles.outputhost.receipts import host_tag, tag_of
 from cherami.roles.outputhost.service import DELETED_CLOSE, MOVED_CLOSE, OutputHostService
+from cherami.roles.outputhost.sharedreads import decode_chunk
 from cherami.telemetry import END_TO_END_BUCKETS, Histogram
 
 __all__ = ["DELETED_CLOSE", "MOVED_CLOSE", "TOP_KEYS", "Entry", "GroupState", "LocalOutputHost",
@@ -208,7 +210,7 @@ class LocalOutputHost:
         theirs = [
             [] if k.group.config.type == STREAM  # read by their clients: no backlog here
             else by_queue.get(k.group.queue, []) + [
-                by_id[e] for e, (_, limit) in (k.levels or {}).items()
+                by_id[e] for e, (_, limit, _) in (k.levels or {}).items()
                 if limit is not None and e in by_id
             ]
             for k in kept
@@ -216,7 +218,25 @@ class LocalOutputHost:
         wanted = {e.id: e for extents in theirs for e in extents}
         infos = await self.service.stores.infos(list(wanted.values()))
         counts = {i: info.count for i, info in infos.items()}
+        for k, extents in zip(kept, theirs, strict=True):
+            if k.oldest_ms is None and (behind := k.behind(extents, counts)):
+                k.oldest_ms = await self._first_after(behind[0], (k.levels or {}).get(behind[0].id))
         return [_kept_state(k, extents, counts) for k, extents in zip(kept, theirs, strict=True)]
+
+    async def _first_after(self, extent: Extent, level: Level | None) -> int | None:
+        """The enqueue time of the first message of the extent past the group's ack
+        level, read from one of its replicas (None: none answered); kept until the
+        group is loaded again (nothing is acked meanwhile)."""
+        for store_id in extent.stores:
+            try:
+                batch = await self.service.stores.get(store_id).read(
+                    extent.id, level[2] if level else b"", 1, joined=True
+                )
+                chunk = decode_chunk(store_id, extent.id, batch, False)
+            except CheramiError:
+                continue
+            return chunk.records[0].enqueued_ms if chunk.records else None
+        return None
 
     async def _state(self, consumer: GroupConsumer) -> GroupState:
         counts = {}

@@ -22,9 +22,22 @@ from dataclasses import dataclass
 from cherami.metadata.models import Extent, Group
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
 from cherami.telemetry import Histogram
+from cherami.wire.store import PLAIN
 
 # kept across an unload, so that the group's counters do not start again from 0
 COUNTERS = ("delivered", "acked", "nacked", "redelivered", "dead_lettered")
+
+
+# an extent's persisted acked count, a merged DLQ range's end (None: not merged) and the
+# key of the last message acked
+Level = tuple[int, int | None, bytes]
+
+
+NONE_ACKED: Level = (0, None, b"")
+
+
+def level_of(acked: int, limit: bytes | None, level: bytes) -> Level:
+    return acked, None if limit is None else int.from_bytes(limit, "big"), level
 
 
 def quiet(consumer: GroupConsumer) -> bool:
@@ -53,7 +66,7 @@ class Unloaded:
     end_to_end: Histogram | None = None
     expired: int = 0
     cancelled: int = 0
-    levels: dict[str, tuple[int, int | None]] | None = None
+    levels: dict[str, Level] | None = None
     oldest_ms: int | None = None  # the oldest unacked message when it was unloaded
 
     @classmethod
@@ -66,10 +79,7 @@ class Unloaded:
             hist if hist.count else None,
             consumer.flight.expired,
             consumer.window.cancelled,
-            {
-                c.id: (c.ack.acked, None if c.limit is None else int.from_bytes(c.limit, "big"))
-                for c in consumer.cursors.values()
-            },
+            {c.id: level_of(c.ack.acked, c.limit, c.ack.level) for c in consumer.cursors.values()},
             consumer.oldest_unacked_ms(),
         )  # fmt: skip
 
@@ -86,6 +96,15 @@ class Unloaded:
     def counted(self, name: str) -> int:
         return 0 if self.counters is None else self.counters[COUNTERS.index(name)]
 
+    def behind(self, extents: Iterable[Extent], counts: dict[str, int]) -> list[Extent]:
+        """The plain extents with messages above the group's acked count, oldest first."""
+        levels = self.levels or {}
+        return sorted(
+            (e for e in extents if e.kind == PLAIN
+             and counts.get(e.id, 0) > levels.get(e.id, NONE_ACKED)[0]),
+            key=lambda e: e.created_at,
+        )  # fmt: skip
+
     def backlog(self, extents: Iterable[Extent], counts: dict[str, int]) -> int:
         """Messages published and not acked: each extent's count above the group's
         acked count (a merged DLQ range's, up to the range's end)."""
@@ -93,7 +112,7 @@ class Unloaded:
         total = 0
         for extent in extents:
             if extent.id in counts:
-                acked, limit = levels.get(extent.id, (0, None))
+                acked, limit, _ = levels.get(extent.id, NONE_ACKED)
                 count = counts[extent.id] if limit is None else min(counts[extent.id], limit)
                 total += max(0, count - acked)
         return total

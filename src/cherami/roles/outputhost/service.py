@@ -25,7 +25,7 @@ from cherami.roles.outputhost.committer import AckCommitter, Holdings
 from cherami.roles.outputhost.deadletterqueue import DeadLetterMover
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
-from cherami.roles.outputhost.idlegroups import Unloaded, quiet
+from cherami.roles.outputhost.idlegroups import Unloaded, level_of, quiet
 from cherami.roles.outputhost.receipts import ReceiptSigner
 from cherami.roles.outputhost.sharedreads import SharedReads
 from cherami.roles.storehost.directory import StoreDirectory
@@ -345,10 +345,7 @@ class OutputHostService:
             self._name(key, group)
         if kept.levels is None:
             rows = await self.metadata.get_ack_levels(group.queue, group.name)
-            kept.levels = {
-                r.extent: (r.acked, None if r.limit is None else int.from_bytes(r.limit, "big"))
-                for r in rows
-            }  # fmt: skip
+            kept.levels = {r.extent: level_of(r.acked, r.limit, r.level) for r in rows}
         return kept
 
     def update_group(self, group: Group) -> None:
