@@ -21,7 +21,7 @@ from cherami.roles.outputhost.consumestream import ConsumeStream, StreamSocket
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.extentreader import ExtentCursor
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
-from cherami.roles.outputhost.idlegroups import Level, Unloaded
+from cherami.roles.outputhost.idlegroups import Level, Unloaded, level_of
 from cherami.roles.outputhost.keygate import TOP_KEYS
 from cherami.roles.outputhost.ownership import group_leases
 from cherami.roles.outputhost.receipts import host_tag, tag_of
@@ -206,7 +206,7 @@ class LocalOutputHost:
         by_id = {e.id: e for e in every}
         for extent in every:
             by_queue.setdefault(extent.queue, []).append(extent)
-        kept = [await self.service.kept(g) for g in groups]
+        kept = [await self._kept(g) for g in groups]
         theirs = [
             [] if k.group.config.type == STREAM  # read by their clients: no backlog here
             else by_queue.get(k.group.queue, []) + [
@@ -222,6 +222,19 @@ class LocalOutputHost:
             if k.oldest_ms is None and (behind := k.behind(extents, counts)):
                 k.oldest_ms = await self._first_after(behind[0], (k.levels or {}).get(behind[0].id))
         return [_kept_state(k, extents, counts) for k, extents in zip(kept, theirs, strict=True)]
+
+    async def _kept(self, group: Group) -> Unloaded:
+        """What is kept of a group not loaded here, with its persisted acked counts
+        (read now if not known)."""
+        key = f"{group.queue}/{group.name}"
+        kept = self.service.unloaded.get(key)
+        if kept is None:
+            kept = self.service.unloaded[key] = Unloaded(group)
+            self.service.follow(key, group)
+        if kept.levels is None:
+            rows = await self.service.metadata.get_ack_levels(group.queue, group.name)
+            kept.levels = {r.extent: level_of(r.acked, r.limit, r.level) for r in rows}
+        return kept
 
     async def _first_after(self, extent: Extent, level: Level | None) -> int | None:
         """The enqueue time of the first message of the extent past the group's ack

@@ -54,6 +54,12 @@ def quiet(consumer: GroupConsumer) -> bool:
     return True
 
 
+def may_unload(consumer: GroupConsumer, since: float, streams: bool, busy: bool) -> bool:
+    """Whether the group, last asked for at ``used_at``, may be unloaded now: left
+    alone since ``since``, with no stream open and nothing for the committer to write."""
+    return consumer.used_at <= since and not streams and not busy and quiet(consumer)
+
+
 @dataclass(slots=True, eq=False)
 class Unloaded:
     """What is kept of a group that is not loaded: its record, its counters and

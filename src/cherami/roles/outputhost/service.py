@@ -25,7 +25,7 @@ from cherami.roles.outputhost.committer import AckCommitter, Holdings
 from cherami.roles.outputhost.deadletterqueue import DeadLetterMover
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
-from cherami.roles.outputhost.idlegroups import Unloaded, level_of, quiet
+from cherami.roles.outputhost.idlegroups import Unloaded, may_unload
 from cherami.roles.outputhost.receipts import ReceiptSigner
 from cherami.roles.outputhost.sharedreads import SharedReads
 from cherami.roles.storehost.directory import StoreDirectory
@@ -80,14 +80,11 @@ class OutputHostService:
         self.groups: dict[str, GroupConsumer] = {}
         self._named: dict[str, set[str]] = {}  # a queue's or a DLQ's name -> its groups' keys
         self._loading: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # and how many wait
-        # a node loads a group when it is asked for and unloads it when left alone
-        # (idlegroups.py); what is kept of the groups not loaded, by key
+        # a node loads a group when asked for, unloads it when left alone (idlegroups.py)
         self.lazy = holdings is None and ctx.timing.group_idle_unload > 0
-        self.unloaded: dict[str, Unloaded] = {}
-        self._idle_after = ctx.timing.group_idle_unload
-        self._sweeper = Periodic(
-            "idle group unload", max(0.5, self._idle_after / 4), self.unload_idle
-        )
+        self.unloaded: dict[str, Unloaded] = {}  # what is kept of those not loaded, by key
+        self._idle_after = idle = ctx.timing.group_idle_unload
+        self._sweeper = Periodic("idle group unload", max(0.5, idle / 4), self.unload_idle)
         self._loader: asyncio.Task[None] | None = None
         self.activity = Activity()  # the cursors that delivered (load reports)
         self.committer = AckCommitter(
@@ -223,7 +220,7 @@ class OutputHostService:
             kept.restore(consumer)
         consumer.start()
         self.groups[key] = consumer
-        self._name(key, group)
+        self.follow(key, group)
         await self._sync(consumer, (group, queue_record))
         return consumer
 
@@ -307,46 +304,25 @@ class OutputHostService:
         await self._close_streams(consumer.key, close_code, reason)
         await consumer.stop()
 
-    def _name(self, key: str, group: Group) -> None:
+    def follow(self, key: str, group: Group) -> None:
         """The group (loaded, or kept unloaded) is followed by its queue's and its DLQ's
         names (the refresh, a deletion)."""
         for named in (group.queue, group.dlq):
             self._named.setdefault(named, set()).add(key)
 
-    # idle groups (a node: idlegroups.py)
     async def unload_idle(self) -> int:
-        """Unload the groups left alone for group_idle_unload seconds that nothing
-        needs loaded (idlegroups.quiet); how many were."""
-        now = self.ctx.clock()
-        unloaded = 0
+        """Unload the groups left alone long enough that nothing needs loaded
+        (idlegroups.py); how many were."""
+        since, unloaded = self.ctx.clock() - self._idle_after, 0
         for key, consumer in list(self.groups.items()):
-            if (
-                now - consumer.used_at < self._idle_after
-                or self._streams.get(key)
-                or self.committer.busy(key)
-                or not quiet(consumer)
-                or self.groups.get(key) is not consumer
-            ):
-                continue
-            self.unloaded[key] = Unloaded.of(consumer)  # checked and kept without a pause
-            await self._drop(consumer, close.GOING_AWAY, "group unloaded")
-            unloaded += 1
+            streams, busy = bool(self._streams.get(key)), self.committer.busy(key)
+            if self.groups.get(key) is consumer and may_unload(consumer, since, streams, busy):
+                self.unloaded[key] = Unloaded.of(consumer)  # checked and kept without a pause
+                await self._drop(consumer, close.GOING_AWAY, "group unloaded")
+                unloaded += 1
         if unloaded:
             log.info("unloaded %d idle groups (%d loaded)", unloaded, len(self.groups))
         return unloaded
-
-    async def kept(self, group: Group) -> Unloaded:
-        """What is kept of a group not loaded here, with its persisted acked counts
-        (read now if not known)."""
-        key = f"{group.queue}/{group.name}"
-        kept = self.unloaded.get(key)
-        if kept is None:
-            kept = self.unloaded[key] = Unloaded(group)
-            self._name(key, group)
-        if kept.levels is None:
-            rows = await self.metadata.get_ack_levels(group.queue, group.name)
-            kept.levels = {r.extent: level_of(r.acked, r.limit, r.level) for r in rows}
-        return kept
 
     def update_group(self, group: Group) -> None:
         key = f"{group.queue}/{group.name}"
