@@ -218,10 +218,12 @@ class MetadataStore(Protocol):
         zone and latest load report."""
 
     async def lease_holder(self, name: str) -> str | None:
-        """Who holds the lease now (None when nobody holds an unexpired one)."""
+        """Who holds the lease now (None when nobody holds an unexpired one: a unit taken
+        under a host lease is held while that host lease is, in the session it names)."""
 
     async def lease_holders(self, prefix: str) -> dict[str, str]:
-        """The unexpired leases whose names start with ``prefix``: name -> holder."""
+        """The leases held now whose names start with ``prefix`` (as ``lease_holder``
+        says): name -> holder."""
 
     async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> int | None:
         """Take or renew the lease for ``ttl_seconds``, judged by the store's clock.
@@ -229,7 +231,8 @@ class MetadataStore(Protocol):
         time the holder changes, and stays on a renewal), else None."""
 
     async def try_leases(self, names: list[str], holder: str, ttl_seconds: float) -> dict[str, int]:
-        """``try_lease`` of each of ``names``, in one statement: name -> epoch of those
+        """``try_lease`` of each of ``names`` (a unit taken under a host lease is left
+        alone: ``take_units`` takes it), in one statement: name -> epoch of those
         ``holder`` holds now (an output host takes hundreds of units after a power loss:
         one round trip each took 15-25 s on a loaded machine)."""
 
@@ -239,3 +242,27 @@ class MetadataStore(Protocol):
         """Renew, in one statement, each lease of ``names`` that ``holder`` still holds
         (as ``try_lease`` renews one: its epoch stays): name -> epoch of those renewed.
         A lease another holder has taken is left alone and absent from the answer."""
+
+    # host leases: an output host's one lease covering its units (hostleases.py)
+    async def begin_host_lease(self, host: str, ttl_seconds: float) -> int | None:
+        """Begin a new session of ``host``'s host lease, for ``ttl_seconds`` by the
+        store's clock, once its last session (if any) has expired: its number (greater
+        than any before), or None while that one has not expired (the host restarted
+        quickly, or another process runs with its id)."""
+
+    async def renew_host_lease(self, host: str, session: int, ttl_seconds: float) -> bool:
+        """Renew the session for ``ttl_seconds``; False once it has ended (a host took
+        one of its units after it expired, or a new session began): then every unit it
+        held may be another's. A session that expired and nobody ended renews."""
+
+    async def take_units(
+        self, names: list[str], host: str, session: int, ttl_seconds: float
+    ) -> dict[str, int] | None:
+        """Take, in one transaction, those of the unit leases ``names`` that nobody
+        holds (``lease_holder``), ending the expired sessions of their holders, and
+        renew the session: name -> epoch of those the session holds now (an epoch
+        grows on each change of holder or session). None when the session has ended."""
+
+    async def release_units(self, names: list[str], host: str, session: int) -> None:
+        """Let go of units the session holds: each becomes a lease of its own that
+        expires when the host lease would have now (anyone takes it after that)."""

@@ -35,8 +35,9 @@ from cherami.metadata.models import (
     QueueFlag,
     Redelivery,
 )
-from cherami.metadata.postgres_failover import EPOCH_FLOOR, FailoverPool, failover_conninfo
-from cherami.metadata.postgres_schema import NOW, check_schema, migrate, with_search_path
+from cherami.metadata.postgres_failover import FailoverPool, failover_conninfo
+from cherami.metadata.postgres_leases import PostgresLeases
+from cherami.metadata.postgres_schema import check_schema, migrate, with_search_path
 from cherami.metadata.properties import find_properties, select_properties, write_properties
 from cherami.metadata.purge import dlq_leases, purge_extent, queue_leases
 
@@ -110,7 +111,7 @@ def _config(value: msgspec.Struct) -> Jsonb:
     return Jsonb(value, dumps=_json.encode)
 
 
-class PostgresMetadataStore(BulkReads):
+class PostgresMetadataStore(PostgresLeases, BulkReads):
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
 
@@ -149,6 +150,9 @@ class PostgresMetadataStore(BulkReads):
     async def _fetchall(self, query: Any, args: Any) -> list[Row]:
         async with self._pool.connection() as conn:
             return await (await conn.execute(query, args)).fetchall()
+
+    def _connection(self) -> Any:
+        return self._pool.connection()
 
     async def _tx(self, statements: list[tuple[Any, Any]]) -> int:
         changed = 0  # by the last statement
@@ -448,49 +452,3 @@ class PostgresMetadataStore(BulkReads):
             (role, role, since),
         )
         return [_host(row) for row in rows]
-
-    async def lease_holder(self, name: str) -> str | None:
-        row = await self._fetchone(
-            f"SELECT holder FROM leases WHERE name = %s AND expires_at >= {NOW}", (name,)
-        )
-        return str(row[0]) if row else None
-
-    async def lease_holders(self, prefix: str) -> dict[str, str]:
-        rows = await self._fetchall(
-            "SELECT name, holder FROM leases WHERE substr(name, 1, %s) = %s "
-            f"AND expires_at >= {NOW}",
-            (len(prefix), prefix),
-        )
-        return {str(name): str(holder) for name, holder in rows}
-
-    async def renew_leases(
-        self, names: list[str], holder: str, ttl_seconds: float
-    ) -> dict[str, int]:
-        if not names:
-            return {}
-        rows = await self._fetchall(
-            f"UPDATE leases SET expires_at = {NOW} + %s WHERE holder = %s "
-            "AND name = ANY(%s) RETURNING name, epoch",
-            (ttl_seconds, holder, names),
-        )
-        return {str(name): int(epoch) for name, epoch in rows}
-
-    async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> int | None:
-        return (await self.try_leases([name], holder, ttl_seconds)).get(name)
-
-    async def try_leases(self, names: list[str], holder: str, ttl_seconds: float) -> dict[str, int]:
-        # Expiry by the server's clock, shared by all; a new holder, or one granted before a
-        # failover, gets an epoch above any that timeline granted (postgres_failover.py).
-        # In name order: two hosts taking overlapping sets lock their rows in one order.
-        rows = await self._fetchall(
-            f"WITH t AS (SELECT {EPOCH_FLOOR} AS floor) "
-            "INSERT INTO leases AS l (name, holder, expires_at, epoch) "
-            f"SELECT n, %s, {NOW} + %s, greatest(1, floor) FROM t, unnest(%s::text[]) AS n "
-            "ORDER BY n ON CONFLICT (name) DO UPDATE SET "
-            "holder = excluded.holder, expires_at = excluded.expires_at, "
-            "epoch = CASE WHEN l.holder = excluded.holder AND l.epoch >= excluded.epoch "
-            "THEN l.epoch ELSE greatest(l.epoch + 1, excluded.epoch) END "
-            f"WHERE l.holder = excluded.holder OR l.expires_at < {NOW} RETURNING l.name, l.epoch",
-            (holder, ttl_seconds, sorted(set(names))),
-        )
-        return {str(name): int(epoch) for name, epoch in rows}

@@ -122,6 +122,15 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     "FOR EACH ROW EXECUTE FUNCTION note_change();",
     # a queue that took a keyed message: each of its groups is served whole (Queue.keyed)
     "ALTER TABLE queues ADD COLUMN keyed boolean NOT NULL DEFAULT false;",
+    # output hosts' host leases (hostleases.py): a unit whose session is set is held
+    # while its holder's row has that session, unexpired
+    """
+    CREATE TABLE host_leases (
+        host text COLLATE "C" PRIMARY KEY, session bigint NOT NULL,
+        expires_at double precision NOT NULL
+    );
+    ALTER TABLE leases ADD COLUMN session bigint;
+    """,
 )
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")

@@ -6,7 +6,6 @@ tables, indexes and change-log triggers are in sqlite_schema.py."""
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 import threading
 import time
@@ -36,6 +35,7 @@ from cherami.metadata.models import (
 from cherami.metadata.properties import find_properties, select_properties, write_properties
 from cherami.metadata.purge import dlq_leases, purge_extent, queue_leases
 from cherami.metadata.sqlite_commit import GroupCommit, connect, unavailable
+from cherami.metadata.sqlite_leases import SqliteLeases
 from cherami.metadata.sqlite_schema import (
     EXTENT_COLUMNS,
     QUEUE_COLUMNS,
@@ -52,7 +52,7 @@ T = TypeVar("T")
 _json = msgspec.json.Encoder()
 
 
-class SqliteMetadataStore(BulkReads):
+class SqliteMetadataStore(SqliteLeases, BulkReads):
     """Writes on one thread and connection, committed in groups (sqlite_commit.py); reads
     on another, so a read never waits for a commit's sync (the log lets readers go on
     while one writes); ``self._db``: the connection of its thread; leases expire by ``clock``."""
@@ -450,50 +450,3 @@ class SqliteMetadataStore(BulkReads):
             ).fetchall()
         )
         return [host_row(row) for row in rows]
-
-    async def lease_holder(self, name: str) -> str | None:
-        row = await self._run(
-            lambda: self._db.execute(
-                "SELECT holder FROM leases WHERE name = ? AND expires_at >= ?", (name, self.clock())
-            ).fetchone()
-        )
-        return str(row[0]) if row else None
-
-    async def lease_holders(self, prefix: str) -> dict[str, str]:
-        rows = await self._run(
-            lambda: self._db.execute(
-                "SELECT name, holder FROM leases WHERE substr(name, 1, ?) = ? AND expires_at >= ?",
-                (len(prefix), prefix, self.clock()),
-            ).fetchall()
-        )
-        return {str(name): str(holder) for name, holder in rows}
-
-    async def renew_leases(
-        self, names: list[str], holder: str, ttl_seconds: float
-    ) -> dict[str, int]:
-        def renew() -> dict[str, int]:
-            rows = self._db.execute(
-                "UPDATE leases SET expires_at = ? WHERE holder = ? "
-                "AND name IN (SELECT value FROM json_each(?)) RETURNING name, epoch",
-                (self.clock() + ttl_seconds, holder, json.dumps(names)),
-            ).fetchall()
-            return {str(name): int(epoch) for name, epoch in rows}
-
-        return await self._write(renew) if names else {}
-
-    async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> int | None:
-        return (await self.try_leases([name], holder, ttl_seconds)).get(name)
-
-    async def try_leases(self, names: list[str], holder: str, ttl_seconds: float) -> dict[str, int]:
-        def take() -> dict[str, int]:
-            now = self.clock()
-            rows = [(name, self._db.execute(
-                "INSERT INTO leases VALUES (?, ?, ?, 1) ON CONFLICT (name) DO UPDATE SET "
-                "holder = excluded.holder, expires_at = excluded.expires_at, epoch = CASE "
-                "WHEN leases.holder = excluded.holder THEN leases.epoch ELSE leases.epoch + 1 END "
-                "WHERE leases.holder = excluded.holder OR leases.expires_at < ? RETURNING epoch",
-                (name, holder, now + ttl_seconds, now),
-            ).fetchone()) for name in sorted(set(names))]  # fmt: skip
-            return {name: int(row[0]) for name, row in rows if row}
-
-        return await self._write(take) if names else {}

@@ -47,7 +47,12 @@ CREATE TABLE IF NOT EXISTS hosts (
 );
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL,
-    epoch INTEGER NOT NULL DEFAULT 1
+    epoch INTEGER NOT NULL DEFAULT 1, session INTEGER
+);
+-- output hosts' host leases (hostleases.py): a unit whose session is set is held while
+-- its holder's row has that session, unexpired
+CREATE TABLE IF NOT EXISTS host_leases (
+    host TEXT PRIMARY KEY, session INTEGER NOT NULL, expires_at REAL NOT NULL
 );
 -- the change log: a row per write to a queue, its groups, its extents or a merged DLQ
 -- range (an ack level with a limit), in commit order; the newest KEPT_CHANGES are kept
@@ -105,6 +110,8 @@ def create_schema(db: sqlite3.Connection) -> None:
     leases = [row[1] for row in db.execute("PRAGMA table_info(leases)")]
     if "epoch" not in leases:  # made before lease epochs
         db.execute("ALTER TABLE leases ADD COLUMN epoch INTEGER NOT NULL DEFAULT 1")
+    if "session" not in leases:  # made before host leases
+        db.execute("ALTER TABLE leases ADD COLUMN session INTEGER")
     queues = [row[1] for row in db.execute("PRAGMA table_info(queues)")]
     if "timers" not in queues:  # made when every queue had timer extents
         db.execute("ALTER TABLE queues ADD COLUMN timers INTEGER NOT NULL DEFAULT 1")

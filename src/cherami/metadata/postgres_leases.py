@@ -1,0 +1,157 @@
+"""The PostgreSQL store's leases (postgres.py): a lease with its own expiry
+(``try_lease``), and the output hosts' host leases with the units they cover
+(hostleases.py). Expiry is judged by the server's clock, shared by all hosts. A take
+locks the unit rows, then the host rows of their holders (always in that order, each in
+name order: two takes never wait on each other in a cycle), so no renewal of a session
+it ends commits between its look and its write; a fenced write's share lock on a unit
+row (postgres.py) holds a take of that unit back until the write ends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from cherami.metadata.hostleases import HostRow, UnitRow, holders_to_lock, plan_take
+from cherami.metadata.postgres_failover import EPOCH_FLOOR
+from cherami.metadata.postgres_schema import NOW
+
+Row = tuple[Any, ...]
+
+_HOLDERS = (
+    "SELECT l.name, l.holder FROM leases l LEFT JOIN host_leases h ON h.host = l.holder "
+    "WHERE {where} AND CASE WHEN l.session IS NULL THEN l.expires_at >= {now} "
+    "ELSE h.session = l.session AND h.expires_at >= {now} END"
+)
+
+
+class PostgresLeases:
+    async def _fetchall(self, query: Any, args: Any) -> list[Row]:
+        raise NotImplementedError
+
+    def _connection(self) -> Any:
+        raise NotImplementedError
+
+    async def lease_holder(self, name: str) -> str | None:
+        rows = await self._fetchall(_HOLDERS.format(where="l.name = %s", now=NOW), (name,))
+        return str(rows[0][1]) if rows else None
+
+    async def lease_holders(self, prefix: str) -> dict[str, str]:
+        rows = await self._fetchall(
+            _HOLDERS.format(where="substr(l.name, 1, %s) = %s", now=NOW), (len(prefix), prefix)
+        )
+        return {str(name): str(holder) for name, holder in rows}
+
+    async def renew_leases(
+        self, names: list[str], holder: str, ttl_seconds: float
+    ) -> dict[str, int]:
+        if not names:
+            return {}
+        rows = await self._fetchall(
+            f"UPDATE leases SET expires_at = {NOW} + %s WHERE holder = %s "
+            "AND session IS NULL AND name = ANY(%s) RETURNING name, epoch",
+            (ttl_seconds, holder, names),
+        )
+        return {str(name): int(epoch) for name, epoch in rows}
+
+    async def try_lease(self, name: str, holder: str, ttl_seconds: float) -> int | None:
+        return (await self.try_leases([name], holder, ttl_seconds)).get(name)
+
+    async def try_leases(self, names: list[str], holder: str, ttl_seconds: float) -> dict[str, int]:
+        # A new holder, or one granted before a failover, gets an epoch above any that
+        # timeline granted (postgres_failover.py). In name order: two hosts taking
+        # overlapping sets lock their rows in one order.
+        rows = await self._fetchall(
+            f"WITH t AS (SELECT {EPOCH_FLOOR} AS floor) "
+            "INSERT INTO leases AS l (name, holder, expires_at, epoch) "
+            f"SELECT n, %s, {NOW} + %s, greatest(1, floor) FROM t, unnest(%s::text[]) AS n "
+            "ORDER BY n ON CONFLICT (name) DO UPDATE SET "
+            "holder = excluded.holder, expires_at = excluded.expires_at, "
+            "epoch = CASE WHEN l.holder = excluded.holder AND l.epoch >= excluded.epoch "
+            "THEN l.epoch ELSE greatest(l.epoch + 1, excluded.epoch) END "
+            "WHERE l.session IS NULL "
+            f"AND (l.holder = excluded.holder OR l.expires_at < {NOW}) RETURNING l.name, l.epoch",
+            (holder, ttl_seconds, sorted(set(names))),
+        )
+        return {str(name): int(epoch) for name, epoch in rows}
+
+    # host leases (hostleases.py)
+    async def begin_host_lease(self, host: str, ttl_seconds: float) -> int | None:
+        rows = await self._fetchall(
+            f"WITH t AS (SELECT {EPOCH_FLOOR} AS floor) "
+            "INSERT INTO host_leases AS h (host, session, expires_at) "
+            f"SELECT %s, greatest(1, floor), {NOW} + %s FROM t ON CONFLICT (host) DO UPDATE "
+            "SET session = greatest(h.session + 1, excluded.session), "
+            f"expires_at = excluded.expires_at WHERE h.expires_at < {NOW} RETURNING h.session",
+            (host, ttl_seconds),
+        )
+        return int(rows[0][0]) if rows else None
+
+    async def renew_host_lease(self, host: str, session: int, ttl_seconds: float) -> bool:
+        rows = await self._fetchall(
+            f"UPDATE host_leases SET expires_at = {NOW} + %s WHERE host = %s AND session = %s "
+            "RETURNING 1",
+            (ttl_seconds, host, session),
+        )
+        return bool(rows)
+
+    async def take_units(
+        self, names: list[str], host: str, session: int, ttl_seconds: float
+    ) -> dict[str, int] | None:
+        names = sorted(set(names))
+        async with self._connection() as conn, conn.transaction():
+            cur: psycopg.AsyncCursor[Row] = conn.cursor()
+            await cur.execute(
+                "SELECT name, holder, session, expires_at FROM leases WHERE name = ANY(%s) "
+                "ORDER BY name FOR UPDATE",
+                (names,),
+            )
+            units: dict[str, UnitRow] = {r[0]: (r[1], r[2], r[3]) for r in await cur.fetchall()}
+            await cur.execute(
+                f"SELECT host, session, expires_at, {NOW}, {EPOCH_FLOOR} FROM host_leases "
+                "WHERE host = ANY(%s) ORDER BY host FOR UPDATE",
+                (holders_to_lock(units, host),),
+            )
+            found = await cur.fetchall()
+            hosts: dict[str, HostRow] = {r[0]: (r[1], r[2]) for r in found}
+            if not found:
+                return None
+            now, floor = found[0][3], found[0][4]
+            plan = plan_take(names, units, hosts, host, session, now)
+            if plan is None:
+                return None
+            if plan.end:
+                await cur.execute(
+                    "UPDATE host_leases SET session = greatest(session + 1, %s) "
+                    "WHERE host = ANY(%s)",
+                    (floor, plan.end),
+                )
+            await cur.execute(
+                f"UPDATE host_leases SET expires_at = {NOW} + %s WHERE host = %s",
+                (ttl_seconds, host),
+            )
+            await cur.execute(
+                "UPDATE leases SET holder = %s, session = %s, expires_at = 0, epoch = CASE "
+                "WHEN name = ANY(%s) THEN epoch ELSE greatest(epoch + 1, %s) END "
+                "WHERE name = ANY(%s) RETURNING name, epoch",
+                (host, session, plan.keep, floor, plan.taken),
+            )
+            rows = await cur.fetchall()
+            if plan.new:  # a row inserted meanwhile is another's take: left alone
+                await cur.execute(
+                    "INSERT INTO leases (name, holder, expires_at, epoch, session) "
+                    "SELECT n, %s, 0, greatest(1, %s), %s FROM unnest(%s::text[]) AS n "
+                    "ORDER BY n ON CONFLICT (name) DO NOTHING RETURNING name, epoch",
+                    (host, floor, session, plan.new),
+                )
+                rows += await cur.fetchall()
+        return {str(name): int(epoch) for name, epoch in rows}
+
+    async def release_units(self, names: list[str], host: str, session: int) -> None:
+        if names:
+            await self._fetchall(
+                "UPDATE leases SET session = NULL, expires_at = "
+                "(SELECT expires_at FROM host_leases WHERE host = %s) "
+                "WHERE holder = %s AND session = %s AND name = ANY(%s) RETURNING 1",
+                (host, host, session, names),
+            )
