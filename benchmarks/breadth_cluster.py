@@ -3,8 +3,9 @@ cluster on PostgreSQL (3 input, 3 output and 3 store hosts, 2 controllers, a fro
 in a schema of its own) gets N queues of G groups each (one message in each); then
 its idle CPU (every process, over --idle seconds after --settle), its resident set,
 the metadata calls a second of its HTTP processes (store hosts have no /metrics
-here), the rows read from the leases table a second (PostgreSQL's table statistics:
-what the output hosts' ownership ticks read), and the publish -> receive -> ack round
+here), the rows read from and written to the lease tables a second (``leases`` and
+``host_leases``, PostgreSQL's table statistics: what the output hosts' ownership ticks
+read and renew), and the publish -> receive -> ack round
 trip on one more queue; the same round trip on an empty cluster first, in the same run.
 
     .venv/bin/python benchmarks/breadth.py --cluster 1000 2000
@@ -59,16 +60,18 @@ def _connect(pg: str) -> psycopg.Connection[Any]:
             time.sleep(0.5)
 
 
-def _lease_rows_read(pg: str, schema: str) -> float:
-    """Rows read from the schema's leases table so far (sequential and by index)."""
+def _lease_rows(pg: str, schema: str) -> tuple[float, float]:
+    """Rows read from the schema's lease tables so far (sequential and by index), and
+    rows written (inserted, updated, deleted)."""
     with _connect(pg) as conn:
         conn.execute("SELECT pg_stat_clear_snapshot()")
         row = conn.execute(
-            "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) "
-            "FROM pg_stat_user_tables WHERE schemaname = %s AND relname = 'leases'",
+            "SELECT sum(coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)), "
+            "sum(n_tup_ins + n_tup_upd + n_tup_del) FROM pg_stat_user_tables "
+            "WHERE schemaname = %s AND relname IN ('leases', 'host_leases')",
             (schema,),
         ).fetchone()
-    return float(row[0]) if row else 0.0
+    return (float(row[0] or 0), float(row[1] or 0)) if row else (0.0, 0.0)
 
 
 class _Cluster:
@@ -95,16 +98,18 @@ def run(queues: int, groups: int, args: argparse.Namespace) -> dict[str, Any]:
             pids = [str(p.pid) for p in local.procs.values()]
             time.sleep(args.settle)  # what creating left behind settles
             cpu, calls = _cpu_seconds(pids), _metadata_calls(local)
-            leases = _lease_rows_read(args.postgres, cluster.schema)
+            leases = _lease_rows(args.postgres, cluster.schema)
             time.sleep(args.idle)
             cpu = (_cpu_seconds(pids) - cpu) / args.idle * 100
             calls = (_metadata_calls(local) - calls) / args.idle
-            leases = (_lease_rows_read(args.postgres, cluster.schema) - leases) / args.idle
+            read, written = _lease_rows(args.postgres, cluster.schema)
+            reads, writes = (read - leases[0]) / args.idle, (written - leases[1]) / args.idle
             rss = _rss_mb(pids)
             p50, p99 = asyncio.run(_latency(local.url))
     return {
         "create_s": created, "idle_cpu_pct": cpu, "rss_mb": rss, "metadata_per_s": calls,
-        "lease_rows_per_s": leases, "p50": p50, "p99": p99,
+        "lease_reads_per_s": reads,
+        "lease_writes_per_s": writes, "p50": p50, "p99": p99,
     }  # fmt: skip
 
 
@@ -114,13 +119,15 @@ def main(args: argparse.Namespace) -> None:
     print(f"empty cluster: publish to receive p50 / p99 {p50:.1f} / {p99:.1f} ms", flush=True)
     print("| queues x groups | create all (s) | queues/s | idle CPU (% of a core, all "
           "processes) | RSS (MB, all) | metadata calls/s idle (HTTP processes) "
-          "| lease rows read/s idle | publish to receive p50 / p99 (ms) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+          "| lease rows read/s idle | lease rows written/s idle "
+          "| publish to receive p50 / p99 (ms) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in args.queues:
         r = run(n, args.groups, args)
         print(
             f"| {n} x {args.groups} | {r['create_s']:.1f} | {n / r['create_s']:.0f} "
             f"| {r['idle_cpu_pct']:.1f} | {r['rss_mb']:.0f} | {r['metadata_per_s']:.1f} "
-            f"| {r['lease_rows_per_s']:.0f} | {r['p50']:.1f} / {r['p99']:.1f} |",
+            f"| {r['lease_reads_per_s']:.0f} | {r['lease_writes_per_s']:.0f} "
+            f"| {r['p50']:.1f} / {r['p99']:.1f} |",
             flush=True,
         )

@@ -19,11 +19,13 @@ the others take its units over from the persisted ack levels.
 The fencing rule, per unit: an extent has one acting output host at any instant. A
 holder acts for an extent (delivers, settles, writes its ack level and parked rows) only
 while its own clock says the unit's lease cannot have expired yet: from the moment it
-*asked* for the lease, ``LEASE_TTL`` minus ``MARGIN``. The store judges expiry by its own
+*asked* for the lease, ``LEASE_TTL`` minus ``MARGIN``. A unit is held under the host's
+one host lease (hostlease.py): it cannot have expired while that has not, so the moment
+asked is the host lease's last renewal (or take). The store judges expiry by its own
 clock from a later moment (when it served the request), so a holder always stops before
 anyone else can take the lease, whatever happens to it meanwhile (a pause, a slow or
-lost metadata store). Its writes for the extent carry the lease's epoch as well, and the
-store refuses them once the lease has passed to another holder.
+lost metadata store). Its writes for the extent carry the unit's epoch as well, and the
+store refuses them once the unit has passed to another holder.
 
 One exception, outage.py: while *every* live output host says it cannot reach the
 metadata store, nobody can take a lease, so a holder acts on past its window for as
@@ -37,7 +39,6 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from typing import TypeVar
 
 from cherami import timing
@@ -49,6 +50,7 @@ from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Fence
 from cherami.periodic import Periodic
 from cherami.roles.outputhost.catalog import READS_AT_ONCE, WHOLE, Unit, UnitCatalog, split_groups
+from cherami.roles.outputhost.hostlease import LEASES, HostLease, group_leases, unit_lease
 from cherami.roles.outputhost.outage import OutageWatch
 from cherami.roles.outputhost.service import DELETED_CLOSE, MOVED_CLOSE, OutputHostService
 
@@ -63,29 +65,12 @@ TICK = timing.DEFAULT.ownership_tick
 # each unit goes back to the holder that has its acks in memory, not to whichever host
 # ticks first (that would deliver them all again), and a holder that rode the outage out
 # on its peers' word (outage.py) has stopped or renewed before anyone takes its units
-RENEW_WITHIN = 1.0  # a tick still taking units renews those it held this near their end
 # units whose leases one call takes (a call each, a tick after a power loss took 400 units
 # in 15-25 s on a loaded machine, and its groups read none of them until its end)
 TAKES_AT_ONCE = 200
-LEASES = "group:"  # the prefix of every unit's lease
-
+__all__ = ["LEASES", "WHOLE", "ExtentOwnership", "Unit", "group_leases", "unit_lease"]
 
 T = TypeVar("T")
-
-
-def unit_lease(queue: str, group: str, extent: str) -> str:
-    return f"{group_leases(queue, group)}{extent}"
-
-
-def group_leases(queue: str, group: str) -> str:
-    """The prefix of the lease names of a group's units."""
-    return f"{LEASES}{queue}/{group}/"
-
-
-@dataclass
-class _Held:
-    epoch: int
-    acting_until: float  # self.clock()
 
 
 class ExtentOwnership:
@@ -107,8 +92,9 @@ class ExtentOwnership:
         self.outputs = outputs
         self.metadata = metadata
         self.id = host_id
-        self.held: dict[Unit, _Held] = {}
-        self._groups: Counter[tuple[str, str]] = Counter()  # units held per group
+        self.lease = HostLease(metadata, host_id, t, self.clock, self._ask)
+        self.held = self.lease.held
+        self._groups = self.lease.groups  # units held per group
         self._periodic = Periodic(
             "extent ownership tick", t.ownership_tick, self._tick_noting_outages
         )
@@ -126,8 +112,10 @@ class ExtentOwnership:
         # what the metadata says of each queue's units, kept up by its change log
         self._catalog = UnitCatalog(metadata, self._ask)
 
-    def _find(self, queue: str, group: str, extent: str) -> _Held | None:
-        return self.held.get((queue, group, extent)) or self.held.get((queue, group, WHOLE))
+    def _unit(self, queue: str, group: str, extent: str) -> Unit:
+        """The unit held here that covers the extent (the whole group's, if not its own)."""
+        unit = (queue, group, extent)
+        return unit if unit in self.held else (queue, group, WHOLE)
 
     # what OutputHostService asks (service.Holdings)
     def owns(self, queue: str, group: str) -> bool:
@@ -135,26 +123,25 @@ class ExtentOwnership:
         return self._groups[(queue, group)] > 0
 
     def holds(self, queue: str, group: str, extent: str) -> bool:
-        return self._find(queue, group, extent) is not None
+        return self._unit(queue, group, extent) in self.held
 
     def acting(self, queue: str, group: str, extent: str) -> bool:
-        held = self._find(queue, group, extent)
+        held = self.held.get(self._unit(queue, group, extent))
         return held is not None and self.clock() < held.acting_until
 
     def fenced(self, queue: str, group: str, extent: str) -> None:
         """A write under the extent's fence was refused: another host holds its lease
         now. This host stops acting for it at once (the next tick drops it)."""
-        held = self._find(queue, group, extent)
+        unit = self._unit(queue, group, extent)
+        held = self.held.get(unit)
         if held is not None:
             held.acting_until = 0.0
+            self.lease.fenced.add(unit)
 
     def fence(self, queue: str, group: str, extent: str) -> Fence | None:
         """The fence of the unit holding the extent while this host may act for it."""
-        unit = (queue, group, extent)
+        unit = self._unit(queue, group, extent)
         held = self.held.get(unit)
-        if held is None:
-            unit = (queue, group, WHOLE)
-            held = self.held.get(unit)
         if held is None or self.clock() >= held.acting_until:
             return None
         return Fence(lease=unit_lease(*unit), epoch=held.epoch)
@@ -227,7 +214,7 @@ class ExtentOwnership:
     async def _tick_noting_outages(self) -> None:
         self._tick_started = self.clock()
         self._longest_ask = 0.0
-        keep = asyncio.create_task(self._keep_held(), name="keep the units held")
+        keep = asyncio.create_task(self.lease.keep(), name="keep the units held")
         try:
             await self.tick()
         except Exception:
@@ -248,34 +235,32 @@ class ExtentOwnership:
             self._failing = False
             self._taking_after = self.clock() + self.timing.recovery_grace
 
-    async def _keep_held(self) -> None:
-        """While a tick runs, renew the units held as their windows near their end: a
-        tick waits on reads of every queue the change log names and on loading the
-        groups it took (after a store host's restart at load 22, 25 s), and the units
-        renewed only at its end stopped acting meanwhile (acks refused as "moving to
-        another output host", nothing delivered)."""
-        while True:
-            await asyncio.sleep(self.timing.ownership_tick / 2)
-            try:
-                await self._renew_soon(list(self.held))
-            except Exception as err:  # the tick meets it too, and says so
-                log.debug("renewal within a tick failed: %s", err)
-
     async def _units(self) -> tuple[dict[Unit, str], set[tuple[str, str]]]:
         """Every unit with its extent's kind and every group (catalog.py)."""
         return await self._catalog.units()
 
     async def tick(self) -> None:
-        units, groups = await self._units()
+        catalog = await self._units()
+        units, groups = catalog
         hosts = await self._ask(live_hosts(self.metadata, OUTPUTHOST, self.timing.dead_after))
         self.peers = {h.id: h.address for h in hosts if h.id != self.id}
         live = {h.id for h in hosts} | {self.id}
+        if self.lease.session is None:
+            await self._drop_all()
+            if not await self.lease.begin():
+                return  # this host's last session (before a restart) has not expired
+        if self.lease.settled(catalog, live):  # nothing moves: renew only (hostlease.py)
+            if not await self.lease.renew():
+                await self._drop_all()
+            return
         fair = math.ceil(len(units) / len(live))
         held_by = await self._ask(self.metadata.lease_holders(LEASES))  # lease -> holder
         now = self.clock()
         self._unheld_since = {
             u: self._unheld_since.get(u, now) for u in units if unit_lease(*u) not in held_by
         }
+        # quiet: every unit held by a live host, the shares even, nothing to do here
+        quiet = not self._unheld_since and set(held_by.values()) <= live
         shares: dict[tuple[str, str, str], list[Unit]] = {}  # a group's units of one kind
         for unit, kind in units.items():
             shares.setdefault((unit[0], unit[1], kind), []).append(unit)
@@ -288,27 +273,33 @@ class ExtentOwnership:
         for unit in gone:
             moved = unit[:2] in groups and unit[:2] not in deleted
             await self._drop(unit, MOVED_CLOSE if moved else DELETED_CLOSE)
+        released = list(gone)
+        quiet = quiet and not gone and not await self._drop_lost(held_by)
         shed = False
         wanted: list[Unit] = []  # units to take, in one call per TAKES_AT_ONCE
         split: set[str] | None = None  # split_groups(held_by), once a WHOLE unit is wanted
-        before = list(self.held)  # their leases are renewed together, after the shares
+        before = list(self.held)  # renewed as the shares are taken, and after
         for members in shares.values():
             fair_here = math.ceil(len(members) / len(live))
             floor = len(members) // len(live)
             mine = sum(unit in self.held for unit in members)
-            if not shed and mine > fair_here and now >= self._taking_after:
-                here = Counter(held_by.get(unit_lease(*u)) for u in members)
-                if any(here[h] < floor for h in live - {self.id}):
-                    # a live host has less than its share of this group's kind: hand it
-                    # one unit, whatever its total (a host holding every plain extent of
-                    # a group and another every timer one have equal totals, and the
-                    # second would deliver nothing); it takes what it lacks (below)
-                    await self._drop([u for u in members if u in self.held][-1], MOVED_CLOSE)
-                    mine -= 1
-                    shed = True
+            here = Counter(held_by.get(unit_lease(*u)) for u in members)
+            lacking = any(here[h] < floor for h in live - {self.id})
+            below = any(here[h] < floor for h in live)
+            quiet = quiet and not (below and any(here[h] > fair_here for h in live))
+            if not shed and mine > fair_here and now >= self._taking_after and lacking:
+                # a live host has less than its share of this group's kind: hand it one
+                # unit, whatever its total (a host holding every plain extent of a group
+                # and another every timer one have equal totals, and the second would
+                # deliver nothing); it takes what it lacks (below)
+                unit = [u for u in members if u in self.held][-1]
+                await self._drop(unit, MOVED_CLOSE)
+                released.append(unit)
+                mine -= 1
+                shed = True
             for unit in members:
                 if unit in self.held:
-                    continue  # renewed below, with every unit held before this tick
+                    continue  # renewed with the host lease
                 holder = held_by.get(unit_lease(*unit))
                 if holder is not None and holder != self.id:
                     continue  # another host's
@@ -324,6 +315,7 @@ class ExtentOwnership:
                         continue  # its extents' leases have not ended yet
                 wanted.append(unit)
                 mine += 1  # counted as taken: a lease another host took first is not
+        await self.lease.release(released)
         # the groups of each call's units load while the tick goes on (READS_AT_ONCE at
         # once): one after another, the 200 groups a restart of this host took loaded in
         # 25 s at load 22; loaded only after the tick, a tick that took 8,000 units after
@@ -332,15 +324,35 @@ class ExtentOwnership:
         limit = asyncio.Semaphore(READS_AT_ONCE)
         try:
             for at in range(0, len(wanted), TAKES_AT_ONCE):
-                await self._renew_soon(before)
-                taken = await self._take(wanted[at : at + TAKES_AT_ONCE])
-                loads.append(asyncio.create_task(self._load(sorted(taken), limit)))
-            await self._renew([unit for unit in before if unit in self.held])
+                if not await self.lease.renew_soon(before):
+                    break
+                got = await self.lease.take(wanted[at : at + TAKES_AT_ONCE])
+                taken = sorted({unit[:2] for unit in got or ()})
+                loads.append(asyncio.create_task(self._load(taken, limit)))
+            if not await self.lease.renew():
+                await self._drop_all()
         finally:
             loaded = await asyncio.gather(*loads, return_exceptions=True)
+        self.lease.read_all(catalog, live, quiet and not wanted and not shed)
         for result in loaded:
             if isinstance(result, BaseException):
                 raise result
+
+    async def _drop_lost(self, held_by: dict[str, str]) -> bool:
+        """Drop the units held here that another host holds now (this host's session
+        ended and it began again, or a write under a unit's fence was refused); whether
+        any. A unit no one holds is kept: this host's lease expired and nobody took it
+        (it renews), or the unit went with its queue or group (purge.py; the catalog
+        drops it)."""
+        lost = False
+        for unit in sorted(self.held):
+            holder = held_by.get(unit_lease(*unit))
+            if holder not in (None, self.id) or unit in self.lease.fenced:
+                self.held[unit].acting_until = 0.0
+                gone = holder is None and not await self._group_exists(*unit[:2])
+                await self._drop(unit, DELETED_CLOSE if gone else MOVED_CLOSE)
+                lost = True
+        return lost
 
     async def _load(self, groups: list[tuple[str, str]], limit: asyncio.Semaphore) -> list[None]:
         async def took(key: tuple[str, str]) -> None:
@@ -349,54 +361,6 @@ class ExtentOwnership:
 
         return await each(groups, took, len(groups) or 1)
 
-    async def _take(self, units: list[Unit]) -> set[tuple[str, str]]:
-        """Take the units' leases in one call; the groups of those taken."""
-        asked = self.clock()
-        ttl, margin = self.timing.lease_ttl, self.timing.lease_margin
-        names = {unit_lease(*unit): unit for unit in units}
-        epochs = await self._ask(self.metadata.try_leases(list(names), self.id, ttl))
-        for name, epoch in epochs.items():
-            unit = names[name]
-            self.held[unit] = _Held(epoch, asked + ttl - margin)
-            self._groups[unit[:2]] += 1
-            log.info("output host %s takes %s/%s extent %s (epoch %d)",
-                     self.id, *unit, epoch)  # fmt: skip
-        return {names[name][:2] for name in epochs}
-
-    async def _renew_soon(self, before: list[Unit]) -> None:
-        """Renew the units held before this tick while it is still taking others, once
-        an acting window is within RENEW_WITHIN of its end. After a power loss a tick
-        takes hundreds of units (a lease call each took about 25 a second on a loaded
-        machine; now TAKES_AT_ONCE a call): renewed only at the tick's end, every unit
-        held stopped acting meanwhile, its acks refused ("moving to another output
-        host") and its messages not delivered."""
-        held = [u for u in before if u in self.held]
-        ends = min((self.held[u].acting_until for u in held), default=math.inf)
-        if self.clock() > ends - RENEW_WITHIN:
-            await self._renew(held)
-
-    async def _renew(self, units: list[Unit]) -> None:
-        """Renew the leases of ``units`` in one statement; drop those lost (another host
-        took the lease, or took it and this host took it back: a new epoch)."""
-        if not units:
-            return
-        asked = self.clock()
-        ttl, margin = self.timing.lease_ttl, self.timing.lease_margin
-        renewed = await self._ask(
-            self.metadata.renew_leases([unit_lease(*u) for u in units], self.id, ttl)
-        )
-        for unit in units:
-            held = self.held.get(unit)
-            if held is None:
-                continue
-            if renewed.get(unit_lease(*unit)) != held.epoch:
-                held.acting_until = 0.0  # lost: it acts no more while its close is chosen
-                # a lease no one holds went with its queue or group (purge.py)
-                gone = unit_lease(*unit) not in renewed and not await self._group_exists(*unit[:2])
-                await self._drop(unit, DELETED_CLOSE if gone else MOVED_CLOSE)
-            else:
-                held.acting_until = asked + ttl - margin
-
     async def _group_exists(self, queue: str, group: str) -> bool:
         try:
             await self._ask(self.metadata.get_group(queue, group))
@@ -404,13 +368,15 @@ class ExtentOwnership:
             return False
         return True
 
+    async def _drop_all(self) -> None:
+        """The host lease's session ended: no unit held acts now, and all are dropped."""
+        for unit in sorted(self.held):
+            await self._drop(unit, MOVED_CLOSE)
+
     async def _drop(self, unit: Unit, close_code: int) -> None:
-        if self.held.pop(unit, None) is None:
+        if not self.lease.forget(unit):
             return
         key = (unit[0], unit[1])
-        self._groups[key] -= 1
-        if self._groups[key] <= 0:
-            del self._groups[key]
         log.info("output host %s drops %s/%s extent %s", self.id, *unit)
         if unit[2] == WHOLE or key not in self._groups:
             await self.outputs.unload(*key, close_code=close_code)
