@@ -37,6 +37,7 @@ from cherami.client.asyncclient import AsyncClient
 from cherami.client.models import OutgoingMessage
 from cherami.devcluster.local import LocalCluster
 from cherami.errors import CheramiError
+from cherami.metadata.postgres_leases import held_leases
 from cherami.roles.outputhost.ownership import LEASE_TTL, group_leases
 from cherami.wire import close
 from tests.support.drain import drain
@@ -83,8 +84,7 @@ class Cluster:
         process name."""
         prefix = group_leases(queue, group) + (extent or "")
         rows = self._query(
-            "SELECT holder, count(*) FROM leases WHERE left(name, %s) = %s "
-            "AND expires_at >= extract(epoch FROM clock_timestamp()) "
+            f"SELECT holder, count(*) FROM ({held_leases('left(l.name, %s) = %s')}) AS held "
             "GROUP BY holder ORDER BY count(*) DESC, holder",
             len(prefix), prefix,
         )  # fmt: skip

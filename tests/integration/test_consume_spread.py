@@ -27,6 +27,7 @@ import pytest
 from cherami.client.asyncclient import AsyncClient
 from cherami.client.models import Received
 from cherami.devcluster.local import LocalCluster
+from cherami.metadata.postgres_leases import held_leases
 from cherami.roles.outputhost.ownership import LEASE_TTL, group_leases
 from cherami.roles.outputhost.receipts import tag_of
 from tests.support.liveness import Workload
@@ -53,11 +54,8 @@ def _holders(schema: str, queue: str, group: str) -> dict[str, str]:
     """Unexpired leases of the group's units (by the database's clock): lease -> host."""
     prefix = group_leases(queue, group)
     with psycopg.connect(PG) as conn:
-        rows = conn.execute(
-            f"SELECT name, holder FROM {schema}.leases WHERE left(name, %s) = %s "
-            "AND expires_at >= extract(epoch FROM clock_timestamp())",
-            (len(prefix), prefix),
-        ).fetchall()
+        conn.execute(f"SET search_path TO {schema}")
+        rows = conn.execute(held_leases("left(l.name, %s) = %s"), (len(prefix), prefix)).fetchall()
     return {r[0]: r[1] for r in rows}
 
 

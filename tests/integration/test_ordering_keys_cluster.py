@@ -24,6 +24,7 @@ import pytest
 from cherami.client.asyncclient import AsyncClient
 from cherami.client.models import OutgoingMessage
 from cherami.devcluster.local import LocalCluster
+from cherami.metadata.postgres_leases import held_leases
 from cherami.roles.outputhost.ownership import WHOLE, group_leases
 from tests.support.keyorder import KeyOrder, http_consumer, stream_consumer
 from tests.support.pgcluster import PG, cluster_on_postgres
@@ -48,10 +49,10 @@ def _holders(schema: str, queue: str, group: str) -> dict[str, str]:
         plain = {r[0] for r in conn.execute(
             f"SELECT id FROM {schema}.extents WHERE queue = %s AND kind = 'plain'", (queue,)
         ).fetchall()}  # fmt: skip
+        conn.execute(f"SET search_path TO {schema}")
         rows = conn.execute(
-            f"SELECT l.name, h.address FROM {schema}.leases l JOIN {schema}.hosts h "
-            "ON h.id = l.holder WHERE left(l.name, %s) = %s "
-            "AND l.expires_at >= extract(epoch FROM clock_timestamp())",
+            f"SELECT held.name, h.address FROM ({held_leases('left(l.name, %s) = %s')}) AS held "
+            "JOIN hosts h ON h.id = held.holder",
             (len(prefix), prefix),
         ).fetchall()
     units = {r[0][len(prefix) :]: r[1] for r in rows}

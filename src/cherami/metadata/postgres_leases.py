@@ -25,6 +25,13 @@ _HOLDERS = (
 )
 
 
+def held_leases(where: str) -> str:
+    """The query of the leases held now (name, holder) that match ``where`` (on ``l``,
+    the leases table), by either rule: a lease's own expiry, or its holder's host lease
+    in the session it names. What tests that read a cluster's leases ask too."""
+    return _HOLDERS.format(where=where, now=NOW)
+
+
 class PostgresLeases:
     async def _fetchall(self, query: Any, args: Any) -> list[Row]:
         raise NotImplementedError
@@ -33,12 +40,12 @@ class PostgresLeases:
         raise NotImplementedError
 
     async def lease_holder(self, name: str) -> str | None:
-        rows = await self._fetchall(_HOLDERS.format(where="l.name = %s", now=NOW), (name,))
+        rows = await self._fetchall(held_leases("l.name = %s"), (name,))
         return str(rows[0][1]) if rows else None
 
     async def lease_holders(self, prefix: str) -> dict[str, str]:
         rows = await self._fetchall(
-            _HOLDERS.format(where="substr(l.name, 1, %s) = %s", now=NOW), (len(prefix), prefix)
+            held_leases("substr(l.name, 1, %s) = %s"), (len(prefix), prefix)
         )
         return {str(name): str(holder) for name, holder in rows}
 
