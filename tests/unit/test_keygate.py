@@ -3,7 +3,9 @@ messages one at a time and in read order, across extents by how far each was rea
 
 from __future__ import annotations
 
-from typing import cast
+import asyncio
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
 
 from cherami.metadata.models import AckLevel, Extent, Group, GroupConfig, Queue, QueueConfig
 from cherami.roles.outputhost.entry import Entry
@@ -14,6 +16,9 @@ from cherami.roles.outputhost.redelivery import Redeliveries
 from cherami.wire.keys import plain_key
 from cherami.wire.records import Record
 from cherami.wire.store import PLAIN
+
+if TYPE_CHECKING:
+    from cherami.roles.storehost.directory import StoreDirectory
 
 
 def _cursor(extent_id: str, created_s: float = 0.0) -> ExtentCursor:
@@ -67,6 +72,37 @@ def test_a_host_not_serving_the_group_whole_lets_no_keyed_message_go() -> None:
     whole = True
     gate.read()
     assert _bodies(ready) == ["a/1", "a/4"] and not gate.pending  # a/3 waits behind a/1
+
+
+class _EmptyStores:
+    """Store hosts with nothing after any position (a probe finds nothing)."""
+
+    def get(self, store_id: str) -> _EmptyStores:
+        return self
+
+    async def read(self, extent: str, key: bytes, count: int) -> SimpleNamespace:
+        return SimpleNamespace(keys=[])
+
+
+async def test_an_extent_whose_reader_waits_on_a_read_after_a_full_one_is_probed() -> None:
+    """The other extent's last read was full (not ``tailing``), ending with a record
+    stamped in the same ms as the waiting message; its reader then waits on a tail read
+    that may last minutes. It is probed all the same, and the message goes on (before:
+    it waited for that read to end, a backlog's last keyed messages stuck for minutes)."""
+    ready: list[Entry] = []
+    a, b = _cursor("a"), _cursor("b")
+    gate = KeyGate(ready.extend, {"a": a, "b": b}, lambda: cast("StoreDirectory", _EmptyStores()))
+    b.seen_ms, b.tailing, b.in_read = 1000.0, False, True
+    assert gate.admit([_entry(a, 1, "k", enqueued_ms=1000)]) == []
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert _bodies(ready) == ["a/1"] and not gate.pending
+    b.in_read = False  # reading (what it read not admitted yet): not probed
+    later = int(b.seen_ms) + 60_000  # (the probe moved it to when it asked)
+    assert gate.admit([_entry(a, 2, "j", enqueued_ms=later)]) == []
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert gate.pending and _bodies(ready) == ["a/1"]
 
 
 def test_a_message_of_an_extent_read_past_by_the_others_joins_at_once() -> None:

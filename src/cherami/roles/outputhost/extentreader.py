@@ -60,6 +60,10 @@ class ExtentCursor:
         # every record committed before this time (epoch ms) has been read (keygate.py)
         self.seen_ms = 0.0
         self.tailing = False  # its last read found no more than it asked for: caught up
+        # its reader waits on a read at read_key, all it read before admitted (keygate.py
+        # probes it: a full read, then a tail read that waits for new records, is not
+        # ``tailing`` and may wait minutes)
+        self.in_read = False
         self.delivered = self.delivered_bytes = 0  # deliveries from it (load reports)
         self.task: asyncio.Task[None] | None = None
 
@@ -165,9 +169,13 @@ async def read_extent(group: ReadTarget, cursor: ExtentCursor, reads: SharedRead
                 )
                 chunk = decode_chunk(store_id, cursor.id, batch, timer=True)
             else:
-                chunk = await reads.read(
-                    store_id, cursor.id, cursor.read_key, count, tail_wait_ms()
-                )
+                cursor.in_read = True
+                try:
+                    chunk = await reads.read(
+                        store_id, cursor.id, cursor.read_key, count, tail_wait_ms()
+                    )
+                finally:
+                    cursor.in_read = False
                 store_id = chunk.store_id  # another group's read of the same position
         except CheramiError as err:
             if isinstance(err, StoreError) and err.code == "extent_not_found":

@@ -268,7 +268,7 @@ class KeyGate:
             if other.extent.created_at * 1000 > enqueued_ms + CREATED_SLACK_MS:
                 continue
             behind = True
-            if other.tailing and other.id not in self._probing:
+            if (other.tailing or other.in_read) and other.id not in self._probing:
                 self._probe(other)
         return behind
 
@@ -311,13 +311,13 @@ class KeyGate:
         """One read after the reader's position: nothing there moves ``seen_ms`` to when
         it was asked; something there is the reader's to bring (it moves it then)."""
         for store_id in cursor.extent.stores:
-            asked = time.time() * 1000
+            asked, at = time.time() * 1000, cursor.read_key
             try:
                 batch = await stores.get(store_id).read(cursor.id, cursor.read_key, 1)
             except CheramiError as err:
                 log.debug("probe of extent %s on %s failed: %s", cursor.id, store_id, err)
                 continue
-            if not batch.keys and cursor.tailing:
+            if not batch.keys and (cursor.tailing or cursor.in_read) and cursor.read_key == at:
                 cursor.seen_ms = max(cursor.seen_ms, asked)
                 del self._probing[cursor.id]  # done: what still waits on it probes anew
                 self.read()
