@@ -155,6 +155,8 @@ class GroupConsumer:
             task.cancel()
         if live:
             await asyncio.wait(live, timeout=5)
+        for cursor in self.cursors.values():  # load reports keep it a minute (loadmeter):
+            cursor.task, cursor.ack.on_dirty = None, None  # not the group with it
 
     # fencing: asked of ownership, never stamped in
     def not_acting(self) -> set[str] | None:
