@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from cherami.bounded import each
 from cherami.errors import CheramiError
 from cherami.loadmeter import Counts
 from cherami.metadata.models import CONSUMED, FAILING, OPEN, SEALED, STREAM, Extent, Group, Queue
@@ -84,6 +85,10 @@ class OutputHostClient(Protocol):
         when they are consumed (a node) answers for a group loaded now and loads none."""
         ...
 
+    async def made(self, group: Group, created: bool) -> None:
+        """The group was made (``created``: just now, so it has no ack levels yet)."""
+        ...
+
     async def state(self, group: Group) -> GroupState | None:
         """The group's state here; None when this host serves none of it."""
         ...
@@ -128,6 +133,7 @@ class OutputHostClient(Protocol):
 
 
 OPEN_COUNT_INTERVAL = 60.0
+KEPT_READS = 16  # ack levels of unloaded groups read at once (once each: then kept)
 NONE_OBSERVED = Histogram(END_TO_END_BUCKETS)  # an unloaded group's that counted nothing
 STATS_STATUSES = (OPEN, FAILING, SEALED, CONSUMED)  # the extents a group's backlog counts
 
@@ -150,6 +156,14 @@ class LocalOutputHost:
         if not self.owns(queue, group):
             return None
         return (await self.service.group(queue, group)).group
+
+    async def made(self, group: Group, created: bool) -> None:
+        service = self.service
+        if not service.lazy:
+            await self.load(group.queue, group.name)
+        elif created and (key := f"{group.queue}/{group.name}") not in service.groups:
+            service.unloaded.setdefault(key, Unloaded(group, levels={}))  # none to read
+            service.follow(key, group)
 
     async def served(self, queue: str, group: str) -> Group | None:
         if not self.service.lazy:
@@ -206,7 +220,7 @@ class LocalOutputHost:
         by_id = {e.id: e for e in every}
         for extent in every:
             by_queue.setdefault(extent.queue, []).append(extent)
-        kept = [await self._kept(g) for g in groups]
+        kept = await each(groups, self._kept, KEPT_READS)
         theirs = [
             [] if k.group.config.type == STREAM  # read by their clients: no backlog here
             else by_queue.get(k.group.queue, []) + [

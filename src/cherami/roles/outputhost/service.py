@@ -141,8 +141,9 @@ class OutputHostService:
 
     async def start(self) -> None:
         """Start the background work. A host that serves every group (a node) loads them
-        all behind its start, so a node with many groups is up as soon as its roles are;
-        a group asked for before its turn (a receive, a stream, its stats) loads then."""
+        (those with parked messages, unless it keeps every group loaded) behind its
+        start, so a node with many groups is up as soon as its roles are; a group asked
+        for before its turn (a receive, a stream) loads then."""
         if self._holdings is None:
             self._loader = asyncio.create_task(self._load_every_group())
         self.committer.start()

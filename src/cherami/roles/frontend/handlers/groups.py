@@ -63,7 +63,7 @@ class GroupHandlers:
         config = await decode(request, GroupConfig)
         group, created = await self.controller.create_group(queue.name, name, config)
         if self.outputs is not None:  # a node loads it at its first consumer
-            await self.outputs.served(queue.name, name)
+            await self.outputs.made(group, created)
         return json_response(group_json(group), 201 if created else 200)
 
     async def list_groups(self, request: web.Request) -> web.Response:

@@ -69,9 +69,9 @@ class Backend:
 
     async def create(self, name: str, config: QueueConfig, group: GroupConfig) -> Group:
         queue, _ = await self.r.controller.create_queue(name, config)
-        made, _ = await self.r.controller.create_group(queue.name, SQS_GROUP, group)
+        made, created = await self.r.controller.create_group(queue.name, SQS_GROUP, group)
         if self.r.outputs is not None:
-            await self.r.outputs.served(queue.name, SQS_GROUP)
+            await self.r.outputs.made(made, created)
         return made
 
     async def names(self, prefix: str, after: str | None, limit: int) -> list[str]:
