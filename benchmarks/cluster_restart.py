@@ -14,7 +14,9 @@ queue; then, one after another:
 
 After each, the time until the cluster serves again: every queue takes a publish and
 every group has received (and acked) what was published before and that publish. It
-prints that time, what was lost, and the phases from the processes' logs: the store
+prints that time, how many deliveries came within ``--within`` seconds (the bound), how
+many within ``--after`` seconds more (late), and how many never (lost), which groups
+missed one at the bound, and the phases from the processes' logs: the store
 hosts listening, the leader's "replaced the extents of lost hosts" line, and the last
 unit the output host took.
 
@@ -77,13 +79,20 @@ async def _publish(client: AsyncClient, queue: str, body: str, deadline: float) 
 
 
 async def _served(
-    client: AsyncClient, queues: int, groups: int, tags: tuple[str, str], deadline: float
-) -> tuple[int, int, list[str], list[float]]:
+    client: AsyncClient,
+    queues: int,
+    groups: int,
+    tags: tuple[str, str],
+    deadline: float,
+    late: float,
+) -> tuple[int, int, int, list[str], list[float]]:
     """Publish ``tags[1]`` to every queue, then receive and ack in every group until it
-    and ``tags[0]`` are there (or the deadline), in passes over the groups still waiting
-    (one receive each a pass: a group that delivers nothing does not hold back the
-    others' checks): (delivered, lost, the groups lost, when each delivery was seen)."""
+    and ``tags[0]`` are there (or ``late`` seconds past the deadline), in passes over the
+    groups still waiting (one receive each a pass: a group that delivers nothing does not
+    hold back the others' checks): (delivered by the deadline, delivered late, not
+    delivered at all, the groups missing one at the deadline, when each was seen)."""
     started = time.monotonic()
+    end = deadline + late
 
     async def publish(i: int) -> None:
         await _publish(client, f"q{i}", f"{tags[1]}-{i}", deadline)
@@ -94,7 +103,7 @@ async def _served(
 
     async def one(key: tuple[int, int]) -> None:
         i, g = key
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= end:
             return
         try:
             batch = await client.receive(
@@ -110,14 +119,19 @@ async def _served(
                 want[key].discard(m.text)
                 seen.append(time.monotonic() - started)
 
-    while time.monotonic() < deadline:
+    missed: list[str] = []
+    while time.monotonic() < end:
         waiting = [key for key, left in want.items() if left]
         if not waiting:
             break
+        if not missed and time.monotonic() >= deadline:
+            missed = sorted(f"q{i}/g{g}" for i, g in waiting)
         await each(waiting, one, RECEIVES_AT_ONCE)
-    missed = sorted(f"q{i}/g{g}" for (i, g), left in want.items() if left)
+    if not missed and time.monotonic() >= deadline:
+        missed = sorted(f"q{i}/g{g}" for (i, g), left in want.items() if left)
     lost = sum(len(left) for left in want.values())
-    return len(want) * len(tags) - lost, lost, missed, sorted(seen)
+    by_deadline = sum(t <= deadline - started for t in seen)
+    return by_deadline, len(seen) - by_deadline, lost, missed, sorted(seen)
 
 
 def _lines(local: LocalCluster, role: str, since: dict[str, int]) -> list[str]:
@@ -135,7 +149,9 @@ def _last(lines: list[str], pattern: str) -> str:
     return max(stamps, default="-")
 
 
-async def run(queues: int, groups: int, rounds: list[str], within: float, keep: str | None) -> None:
+async def run(
+    queues: int, groups: int, rounds: list[str], within: float, after: float, keep: str | None
+) -> None:
     schema = f"bench_{uuid.uuid4().hex[:10]}"
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(keep or tmp) / "cluster"
@@ -181,8 +197,8 @@ async def run(queues: int, groups: int, rounds: list[str], within: float, keep: 
                     at = time.strftime("%H:%M:%S")
                     await asyncio.to_thread(local.restart, *names)
                     listening = time.monotonic() - restarted
-                    delivered, lost, missed, seen = await _served(
-                        client, queues, groups, (f"b{r}", f"a{r}"), restarted + within
+                    delivered, late, lost, missed, seen = await _served(
+                        client, queues, groups, (f"b{r}", f"a{r}"), restarted + within, after
                     )
                     back = time.monotonic() - restarted
                     leader = [m.group(0) for line in _lines(local, "controller", sizes)
@@ -190,15 +206,16 @@ async def run(queues: int, groups: int, rounds: list[str], within: float, keep: 
                     took = _last(_lines(local, "outputhost", sizes), r" takes \S+ extent ")
                     print(f"{what} (killed {killed}, restarted {at}): served again in "
                           f"{back:.1f} s (listening after {listening:.1f} s); delivered "
-                          f"{delivered}, lost {lost}; leader: {leader or '-'}; the output "
-                          f"host's last take {took}", flush=True)  # fmt: skip
+                          f"{delivered} within {within:.0f} s, {late} more within {after:.0f} s "
+                          f"after, never {lost}; leader: {leader or '-'}; the output host's "
+                          f"last take {took}", flush=True)  # fmt: skip
                     # when the deliveries came, from the check's start (after the publishes)
                     marks = [seen[int(len(seen) * f) - 1] for f in (0.5, 0.9, 0.99, 1.0) if seen]
                     print("  deliveries seen by (s from the check's start): 50/90/99/100%: "
                           + "/".join(f"{m:.1f}" for m in marks), flush=True)  # fmt: skip
                     if missed:
-                        print(f"  groups missing a delivery: {' '.join(missed[:20])}"
-                              + (" ..." if len(missed) > 20 else ""), flush=True)  # fmt: skip
+                        shown = " ".join(missed[:20]) + (" ..." if len(missed) > 20 else "")
+                        print(f"  groups missing a delivery at {within:.0f} s: {shown}", flush=True)
 
                     async def next_(i: int, tag: str = f"b{r + 1}") -> None:
                         await _publish(client, f"q{i}", f"{tag}-{i}", time.monotonic() + 120)
@@ -217,10 +234,15 @@ def main() -> None:
     parser.add_argument("--rounds", default="controllers,stores",
                         help="comma-separated: controllers, stores, none")  # fmt: skip
     parser.add_argument("--within", type=float, default=180.0,
-                        help="seconds a round may take; what is missing then is lost")  # fmt: skip
+                        help="seconds a round may take (its bound)")  # fmt: skip
+    parser.add_argument("--after", type=float, default=60.0,
+                        help="seconds to look on for what the round missed; what is missing "
+                             "then is lost")  # fmt: skip
     parser.add_argument("--keep", help="a directory to leave the cluster's logs and data in")
     args = parser.parse_args()
-    asyncio.run(run(args.queues, args.groups, args.rounds.split(","), args.within, args.keep))
+    asyncio.run(
+        run(args.queues, args.groups, args.rounds.split(","), args.within, args.after, args.keep)
+    )
 
 
 if __name__ == "__main__":
