@@ -135,7 +135,7 @@ class ControllerService:
                 if existing.config != config:
                     raise AlreadyExists(f"queue {name} exists with a different config") from None
                 return existing, False
-            await self._ensure_extents(queue)
+            await self._ensure_extents(queue, made=True)
         return queue, True
 
     async def update_queue(self, queue: Queue) -> None:
@@ -233,12 +233,15 @@ class ControllerService:
             pass
 
     # extents
-    async def _ensure_extents(self, queue: Queue, at_least: int = 0) -> list[Extent]:
+    async def _ensure_extents(
+        self, queue: Queue, at_least: int = 0, made: bool = False
+    ) -> list[Extent]:
         """Open plain extents up to the queue's minimum, and a timer extent beside them on
-        every input host that has a plain one, so one input host takes a whole batch."""
+        every input host that has a plain one, so one input host takes a whole batch.
+        ``made``: the queue was made just now (it has no extent: none is read)."""
         if not self.manage_extents:
             return []
-        open_extents = await self.metadata.list_extents(queue.name, (OPEN,))
+        open_extents = [] if made else await self.metadata.list_extents(queue.name, (OPEN,))
         plain = [e for e in open_extents if e.kind == PLAIN]
         created: list[Extent] = []
         heads = await self._unsucceeded(queue) if queue.config.type == "cp" else []
