@@ -180,3 +180,39 @@ async def test_key_order_holds_in_an_ap_queue_written_through_two_input_hosts(
     for k in keys:
         assert check.acked.get(k) == [f"{k}/{n}" for n in range(per_key)], (k, check.acked.get(k))
     assert list(before) == [WHOLE] and list(after) == [WHOLE] and after[WHOLE] != killed[0]
+
+
+async def test_keyed_messages_of_a_queue_never_marked_keyed_are_delivered_in_order(
+    spread_cluster: tuple[LocalCluster, str],
+) -> None:
+    """A queue holding keyed messages written before queues were marked keyed (here:
+    the mark cleared in the metadata after the publishes): its group is spread over the
+    two output hosts again, each holds its keyed messages back and marks the queue, and
+    the group is served whole; every key then in publish order (before the output
+    host marked the queue, its keyed messages waited for good)."""
+    local, schema = spread_cluster
+    queue, group = "keys-unmarked", "g"
+    keys = [f"k{i}" for i in range(10)]
+    async with AsyncClient(local.url, timeout=30) as client:
+        await client.create_queue(queue, replicas=2, min_extents=2)
+        await client.create_group(queue, group)
+        for n in range(20):
+            await client.publish(queue, [OutgoingMessage(f"{k}/{n}", key=k) for k in keys])
+        assert (await client.request("GET", f"/v1/queues/{queue}/extents"))["extents"]
+        with psycopg.connect(PG, autocommit=True) as conn:
+            conn.execute(f"SET search_path TO {schema}")  # (the change log's trigger)
+            conn.execute("UPDATE queues SET keyed = false WHERE name = %s", (queue,))
+        check = KeyOrder(nack_rate=0.0)
+        deadline = time.monotonic() + 60
+
+        def done() -> bool:
+            return check.total_acked() >= 20 * len(keys) or time.monotonic() > deadline
+
+        await asyncio.gather(*(http_consumer(client, queue, group, check, done) for _ in range(4)))
+        with psycopg.connect(PG) as conn:
+            (keyed,) = conn.execute(
+                f"SELECT keyed FROM {schema}.queues WHERE name = %s", (queue,)
+            ).fetchone() or (None,)
+    assert keyed is True and check.overlaps == []
+    for k in keys:
+        assert check.acked.get(k) == [f"{k}/{n}" for n in range(20)], (k, check.acked.get(k))
