@@ -12,6 +12,7 @@ import pytest
 from cherami.errors import Fenced
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import AckLevel, Fence, Queue, QueueConfig
+from tests.contract.conftest import MetadataBackend
 
 A, B = "group:q/g/e1", "group:q/g/e2"
 
@@ -125,3 +126,27 @@ async def test_two_hosts_taking_at_once_get_each_unit_once(meta: MetadataStore) 
             owners[name] = host
     assert owners == await meta.lease_holders("group:q/")
     assert set(owners) == set(names)
+
+
+async def test_a_renewal_racing_a_takeover_never_both_win(
+    metadata_backend: MetadataBackend,
+) -> None:
+    """o1's host lease has expired; o1 renews while o2 takes one of its units, from two
+    stores (two connection pools) at once: either the renewal wins and nothing is taken,
+    or the take wins and the renewal fails. Both winning would leave two hosts acting
+    for the unit."""
+    first, second = await metadata_backend.open(), await metadata_backend.open()
+    s1, s2 = await _session(first, "o1"), await _session(first, "o2")
+    outcomes = set()
+    for i in range(20):
+        unit = f"group:q/g/race{i}"
+        assert await first.take_units([unit], "o1", s1, 0)  # held, and expired at once
+        renewed, taken = await asyncio.gather(
+            first.renew_host_lease("o1", s1, 30), second.take_units([unit], "o2", s2, 30)
+        )
+        assert taken is not None
+        assert not (renewed and taken), (i, renewed, taken)
+        outcomes.add(bool(renewed))
+        if not renewed:  # o1 lost its session: it begins again, as an output host does
+            s1 = await _session(first, "o1")
+    assert outcomes  # which wins depends on the timing; never both
