@@ -130,6 +130,11 @@ async def _served(
     if not missed and time.monotonic() >= deadline:
         missed = sorted(f"q{i}/g{g}" for (i, g), left in want.items() if left)
     lost = sum(len(left) for left in want.values())
+    if lost:  # by group: which tag of which queue never came
+        never = sorted(
+            f"q{i}/g{g}:{','.join(sorted(left))}" for (i, g), left in want.items() if left
+        )
+        print(f"  never delivered: {' '.join(never[:40])}" + (" ..." if len(never) > 40 else ""))
     by_deadline = sum(t <= deadline - started for t in seen)
     return by_deadline, len(seen) - by_deadline, lost, missed, sorted(seen)
 
