@@ -22,7 +22,7 @@ from cherami.roles.outputhost.consumestream import ConsumeStream, StreamSocket
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.extentreader import ExtentCursor
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
-from cherami.roles.outputhost.idlegroups import Level, Unloaded, level_of
+from cherami.roles.outputhost.idlegroups import NONE_ACKED, Unloaded, level_of
 from cherami.roles.outputhost.keygate import TOP_KEYS
 from cherami.roles.outputhost.ownership import group_leases
 from cherami.roles.outputhost.receipts import host_tag, tag_of
@@ -134,6 +134,7 @@ class OutputHostClient(Protocol):
 
 OPEN_COUNT_INTERVAL = 60.0
 KEPT_READS = 16  # ack levels of unloaded groups read at once (once each: then kept)
+OLDEST_READS = 2000  # store reads a scrape makes at most for unloaded groups' oldest
 NONE_OBSERVED = Histogram(END_TO_END_BUCKETS)  # an unloaded group's that counted nothing
 STATS_STATUSES = (OPEN, FAILING, SEALED, CONSUMED)  # the extents a group's backlog counts
 
@@ -232,9 +233,7 @@ class LocalOutputHost:
         wanted = {e.id: e for extents in theirs for e in extents}
         infos = await self.service.stores.infos(list(wanted.values()))
         counts = {i: info.count for i, info in infos.items()}
-        for k, extents in zip(kept, theirs, strict=True):
-            if k.oldest_ms is None and (behind := k.behind(extents, counts)):
-                k.oldest_ms = await self._first_after(behind[0], (k.levels or {}).get(behind[0].id))
+        await self._oldest(kept, theirs, counts)
         return [_kept_state(k, extents, counts) for k, extents in zip(kept, theirs, strict=True)]
 
     async def _kept(self, group: Group) -> Unloaded:
@@ -250,14 +249,35 @@ class LocalOutputHost:
             kept.levels = {r.extent: level_of(r.acked, r.limit, r.level) for r in rows}
         return kept
 
-    async def _first_after(self, extent: Extent, level: Level | None) -> int | None:
+    async def _oldest(
+        self, kept: list[Unloaded], theirs: list[list[Extent]], counts: dict[str, int]
+    ) -> None:
+        """The oldest unacked message of the unloaded groups that have a backlog and do
+        not know it: read from the store hosts, one read for the groups at the same
+        position, OLDEST_READS at most a scrape (the others are read at the next)."""
+        wanted: dict[tuple[str, bytes], tuple[Extent, list[Unloaded]]] = {}
+        for k, extents in zip(kept, theirs, strict=True):
+            if k.oldest_ms is None and (behind := k.behind(extents, counts)):
+                level = (k.levels or {}).get(behind[0].id, NONE_ACKED)[2]
+                if (at := (behind[0].id, level)) in wanted or len(wanted) < OLDEST_READS:
+                    wanted.setdefault(at, (behind[0], []))[1].append(k)
+
+        async def read(at: tuple[str, bytes]) -> None:
+            extent, groups = wanted[at]
+            oldest = await self._first_after(extent, at[1])
+            for k in groups:
+                k.oldest_ms = oldest
+
+        await each(list(wanted), read, KEPT_READS)
+
+    async def _first_after(self, extent: Extent, level: bytes) -> int | None:
         """The enqueue time of the first message of the extent past the group's ack
         level, read from one of its replicas (None: none answered); kept until the
         group is loaded again (nothing is acked meanwhile)."""
         for store_id in extent.stores:
             try:
                 batch = await self.service.stores.get(store_id).read(
-                    extent.id, level[2] if level else b"", 1, joined=True
+                    extent.id, level, 1, joined=True
                 )
                 chunk = decode_chunk(store_id, extent.id, batch, False)
             except CheramiError:
