@@ -5,6 +5,7 @@ back gets its share again."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -851,3 +852,25 @@ async def test_the_catalog_read_in_bulk_is_the_catalog_read_queue_by_queue(
     }  # fmt: skip
     assert bulk["c"][0] == {("c", "g", "*"): "dlq"} and bulk["done"][0] == {}
     assert bulk["lonely"] == ({}, set(), set())
+
+
+async def test_a_unit_the_store_no_longer_has_is_dropped_after_a_failed_tick(
+    meta: SqliteMetadataStore, tmp_path: Path
+) -> None:
+    """A failover to a standby that lacks the last takes (asynchronous replication): the
+    host lease renews, but a unit taken in the lost tail is no one's there. The first
+    tick after the outage reads every lease (however settled the host was) and drops a
+    unit that no one holds in a read made while its host lease was live (it kept it,
+    acting while another host could take it)."""
+    await _queue(meta, "q", ["g"], [PLAIN, PLAIN])
+    a = _host(meta, "outputhost-a")
+    a._taking_after = 0.0
+    await _ticks([a], meta, 3)
+    assert len(a.held) == 2
+    lost = ("q", "g", "q-e1")
+    with sqlite3.connect(tmp_path / "meta.db") as db:  # the take the standby lacks
+        db.execute("DELETE FROM leases WHERE name = ?", (ownership.unit_lease(*lost),))
+    await _failing_tick(a)  # the outage of the failover
+    await a._tick_noting_outages()
+    assert lost not in a.held and len(a.held) == 1
+    assert ("dropped", "q-e1") in a.outputs.events  # type: ignore[attr-defined]

@@ -16,7 +16,10 @@ tick costs at breadth, and when nothing moves it tells nothing new. So a tick sk
 it, and only renews, while the catalog has not changed (the change log), the live
 output hosts are the same, the last full read found every unit held by a live host
 with the shares even (nothing to take, shed or drop), and no write was refused under
-a fence since; it reads every lease all the same every ``FULL_EVERY`` seconds. A dead
+a fence since; it reads every lease all the same every ``FULL_EVERY`` seconds, and
+after a tick that failed (the store may be a promoted standby that lacks the last
+takes: ownership.py drops a unit no one holds in a read made while the host lease was
+live). A dead
 host's units are still taken within ``dead_after`` and a tick: its death changes the
 live hosts."""
 
@@ -66,6 +69,7 @@ class HostLease:
             metadata, host_id, timing, clock, ask,
         )  # fmt: skip
         self.session: int | None = None
+        self.until = -math.inf  # the host clock's end of the window of the last renewal
         self.held: dict[Unit, Held] = {}
         self.groups: Counter[tuple[str, str]] = Counter()  # units held per group
         self.fenced: set[Unit] = set()  # units a refused write says another holds
@@ -77,7 +81,7 @@ class HostLease:
         return asked + self.timing.lease_ttl - self.timing.lease_margin
 
     def _acting(self, asked: float) -> None:
-        until = self._window(asked)
+        until = self.until = max(self.until, self._window(asked))
         for unit, held in self.held.items():
             if unit not in self.fenced:
                 held.acting_until = until
@@ -186,6 +190,11 @@ class HostLease:
             and not self.fenced
             and self.clock() < self._read_at + FULL_EVERY
         )
+
+    def unsettle(self) -> None:
+        """The next tick reads every lease (after a tick that failed: the store may be
+        another now, a promoted standby that lacks the last takes)."""
+        self._read_of = None
 
     def read_all(self, catalog: object, live: set[str], quiet: bool) -> None:
         """A full read of every lease, made when the catalog was ``catalog``; ``quiet``:

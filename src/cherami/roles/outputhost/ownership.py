@@ -219,6 +219,7 @@ class ExtentOwnership:
             await self.tick()
         except Exception:
             self._failing = True
+            self.lease.unsettle()
             self._taking_after = math.inf  # the first tick that succeeds renews only
             raise
         finally:
@@ -255,6 +256,7 @@ class ExtentOwnership:
             return
         fair = math.ceil(len(units) / len(live))
         held_by = await self._ask(self.metadata.lease_holders(LEASES))  # lease -> holder
+        live_read = self.clock() < self.lease.until  # read while the store held the lease
         now = self.clock()
         self._unheld_since = {
             u: self._unheld_since.get(u, now) for u in units if unit_lease(*u) not in held_by
@@ -274,7 +276,8 @@ class ExtentOwnership:
             moved = unit[:2] in groups and unit[:2] not in deleted
             await self._drop(unit, MOVED_CLOSE if moved else DELETED_CLOSE)
         released = list(gone)
-        quiet = quiet and not gone and not await self._drop_lost(held_by)
+        lost = await self._drop_lost(held_by, live_read)
+        quiet = quiet and not gone and not lost
         shed = False
         wanted: list[Unit] = []  # units to take, in one call per TAKES_AT_ONCE
         split: set[str] | None = None  # split_groups(held_by), once a WHOLE unit is wanted
@@ -338,16 +341,18 @@ class ExtentOwnership:
             if isinstance(result, BaseException):
                 raise result
 
-    async def _drop_lost(self, held_by: dict[str, str]) -> bool:
-        """Drop the units held here that another host holds now (this host's session
-        ended and it began again, or a write under a unit's fence was refused); whether
-        any. A unit no one holds is kept: this host's lease expired and nobody took it
-        (it renews), or the unit went with its queue or group (purge.py; the catalog
-        drops it)."""
+    async def _drop_lost(self, held_by: dict[str, str], live_read: bool) -> bool:
+        """Drop the units held here that another host holds now (a write under a unit's
+        fence was refused), or that no one holds though the store read them while this
+        host's lease could not have expired (``live_read``: the unit went with its queue
+        or group, purge.py, or the take was in a tail that a promoted standby lacks);
+        whether any. A unit no one holds in a read made after this host's window ended
+        is kept: its lease expired and nobody took it (it renews)."""
         lost = False
         for unit in sorted(self.held):
             holder = held_by.get(unit_lease(*unit))
-            if holder not in (None, self.id) or unit in self.lease.fenced:
+            vanished = holder is None and live_read
+            if holder not in (None, self.id) or vanished or unit in self.lease.fenced:
                 self.held[unit].acting_until = 0.0
                 gone = holder is None and not await self._group_exists(*unit[:2])
                 await self._drop(unit, DELETED_CLOSE if gone else MOVED_CLOSE)
