@@ -88,6 +88,13 @@ async def consume(
     return done / (time.perf_counter() - start), order
 
 
+def alternating(rounds: int) -> list[tuple[int, str, str]]:
+    """(round, queue, group) of each consume: a fresh group of each queue a round, the
+    keyed and the unkeyed one first in turn."""
+    order = [("keyed", "plain"), ("plain", "keyed")]
+    return [(r, q, f"{q}-{r}") for r in range(rounds) for q in order[r % 2]]
+
+
 def _cpu(pid: int) -> float:
     """CPU seconds of the node's own process (its roles but the store hosts)."""
     t = psutil.Process(pid).cpu_times()
@@ -105,23 +112,21 @@ async def main(args: argparse.Namespace) -> None:
             keyed = await publish(node.url, "keyed", args.messages, args.size, args.keys)
             print(f"publish: unkeyed {plain:,.0f} msgs/s, keyed {keyed:,.0f} msgs/s")
             rates: dict[str, list[float]] = {"plain": [], "keyed": []}
-            for r in range(args.rounds):
-                for queue in ("keyed", "plain") if r % 2 == 0 else ("plain", "keyed"):
-                    group = f"{queue}-{r}"
-                    async with AsyncClient(node.url) as client:
-                        await client.create_group(queue, group)
-                    cpu = _cpu(node.proc.pid if node.proc else 0)
-                    rate, order = await consume(
-                        node.url, queue, group, args.messages, args.consumers, args.http
-                    )
-                    cpu = _cpu(node.proc.pid if node.proc else 0) - cpu
-                    if queue == "keyed":
-                        wrong = [k for k, seqs in order.items() if seqs != sorted(seqs)]
-                        assert not wrong, f"keys out of order: {wrong[:5]}"
-                    rates[queue].append(rate)
-                    us = cpu / args.messages * 1e6
-                    print(f"round {r + 1}: {queue} consume+ack {rate:,.0f} msgs/s, "
-                          f"node CPU {us:.1f} us/msg")  # fmt: skip
+            for r, queue, group in alternating(args.rounds):
+                async with AsyncClient(node.url) as client:
+                    await client.create_group(queue, group)
+                cpu = _cpu(node.proc.pid if node.proc else 0)
+                rate, order = await consume(
+                    node.url, queue, group, args.messages, args.consumers, args.http
+                )
+                cpu = _cpu(node.proc.pid if node.proc else 0) - cpu
+                if queue == "keyed":
+                    wrong = [k for k, seqs in order.items() if seqs != sorted(seqs)]
+                    assert not wrong, f"keys out of order: {wrong[:5]}"
+                rates[queue].append(rate)
+                us = cpu / args.messages * 1e6
+                print(f"round {r + 1}: {queue} consume+ack {rate:,.0f} msgs/s, "
+                      f"node CPU {us:.1f} us/msg")  # fmt: skip
             p, k = statistics.mean(rates["plain"]), statistics.mean(rates["keyed"])
             print(f"mean: unkeyed {p:,.0f}, keyed {k:,.0f} msgs/s: keyed {k / p:.0%} of unkeyed")
         finally:
