@@ -11,24 +11,43 @@ log = logging.getLogger("cherami.periodic")
 
 
 class Periodic:
+    MIN_GAP = 0.05  # seconds from a tick's start to the next that a wake brings forward
+
     def __init__(self, name: str, seconds: float, tick: Callable[[], Awaitable[object]]) -> None:
         self.name = name
         self.seconds = seconds
         self._tick = tick
         self._task: asyncio.Task[None] | None = None
+        self._woken = asyncio.Event()
 
     def start(self, first_now: bool = False) -> None:
         self._task = asyncio.create_task(self._run(first_now))
 
+    def wake(self) -> None:
+        """Run the next tick soon (MIN_GAP after the last one began at the earliest),
+        not at its time: something it acts on changed."""
+        self._woken.set()
+
     async def _run(self, first_now: bool) -> None:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         if not first_now:
-            await asyncio.sleep(self.seconds)
+            await self._pause(began)
         while True:
+            began = loop.time()
+            self._woken.clear()
             try:
                 await self._tick()
             except Exception as err:  # a tick that fails is tried again next time
                 log.warning("%s failed: %s", self.name, err, exc_info=not isinstance(err, OSError))
-            await asyncio.sleep(self.seconds)
+            await self._pause(began)
+
+    async def _pause(self, began: float) -> None:
+        try:
+            await asyncio.wait_for(self._woken.wait(), self.seconds)
+        except TimeoutError:
+            return
+        await asyncio.sleep(max(0.0, began + self.MIN_GAP - asyncio.get_running_loop().time()))
 
     async def stop(self) -> None:
         if self._task is not None:

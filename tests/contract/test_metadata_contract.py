@@ -109,6 +109,40 @@ async def test_every_group_of_every_queue_in_one_read(meta: MetadataStore) -> No
     assert [(g.queue, g.name) for g in await meta.list_every_group()] == [("q1", "a"), ("q1", "b")]
 
 
+async def test_every_ack_level_in_one_read(meta: MetadataStore) -> None:
+    """What ``get_ack_levels`` says of each group, for every group at once (a scrape of
+    many groups not loaded)."""
+    assert await meta.list_every_ack_level() == []
+    rows = [
+        AckLevel(queue="q2", group="a", extent="e3", level=b"\x00\x07", acked=7),
+        AckLevel(queue="q1", group="b", extent="e2", level=b"", acked=0, limit=b"\x00\x02"),
+        AckLevel(queue="q1", group="b", extent="e1", level=b"\x01", acked=1),
+        AckLevel(queue="q1", group="a", extent="e1", level=b"\x03", acked=3),
+    ]
+    await meta.put_ack_levels(rows)
+    every = await meta.list_every_ack_level()
+    assert [(a.queue, a.group, a.extent) for a in every] == [
+        ("q1", "a", "e1"), ("q1", "b", "e1"), ("q1", "b", "e2"), ("q2", "a", "e3")]  # fmt: skip
+    assert every == [
+        a for q, g in (("q1", "a"), ("q1", "b"), ("q2", "a")) for a in sorted(
+            await meta.get_ack_levels(q, g), key=lambda a: a.extent)
+    ]  # fmt: skip
+    assert every[2].limit == b"\x00\x02" and every[3].level == b"\x00\x07"
+    await meta.delete_ack_levels("q1", "b", ["e1", "e2"])
+    assert [(a.queue, a.group) for a in await meta.list_every_ack_level()] == [
+        ("q1", "a"), ("q2", "a")]  # fmt: skip
+
+
+async def test_every_parked_extent_in_one_read(meta: MetadataStore) -> None:
+    assert await meta.list_every_parked_extent() == []
+    await meta.put_redeliveries([
+        Redelivery(queue="q2", group="a", extent="e3", key=b"\x01", count=1, due_ms=0),
+        Redelivery(queue="q1", group="b", extent="e1", key=b"\x02", count=1, due_ms=0),
+        Redelivery(queue="q1", group="a", extent="e1", key=b"\x01", count=2, due_ms=0),
+    ], [])  # fmt: skip
+    assert await meta.list_every_parked_extent() == [("q1", "e1"), ("q2", "e3")]
+
+
 async def test_every_merged_dead_letter_extent_in_one_read(meta: MetadataStore) -> None:
     """What ``get_ack_levels`` and ``list_extents(group.dlq)`` say of each group, for
     every group at once: the ranges merged back whose DLQ extent's row is there."""
@@ -610,6 +644,8 @@ async def test_hosts_carry_zone_and_latest_load_report(meta: MetadataStore) -> N
     )
     (host,) = await meta.list_hosts("inputhost", alive_within=10)
     assert (host.zone, host.load, host.heartbeat_at) == ("b", report, now + 1)
+    (bare,) = await meta.list_hosts("inputhost", alive_within=10, load=False)  # who is alive
+    assert (bare.id, bare.address, bare.zone, bare.load) == ("i0", "10.0.0.1:1", "b", None)
     (store,) = await meta.list_hosts("storehost", alive_within=10)
     assert (store.id, store.zone, store.load) == ("s0", "", None)
     # every role, and dead hosts too
@@ -869,10 +905,15 @@ async def test_cancelled_delayed_messages_are_kept_while_their_extent_lives(
     assert other == {7, 1 << 40}
     assert await meta.cancelled_scheduled("q1", "t1", 6, 6) == set()
     assert await meta.cancelled_in("q1") == {"t1": {5, 7, 1 << 40}}
+    await meta.insert_queue(_queue("q2"))
+    assert await meta.insert_extent(_extent("t9", "q2"))
+    await meta.cancel_scheduled("q2", "t9", [3])
+    assert await meta.cancelled_everywhere() == {"q1": {"t1": {5, 7, 1 << 40}}, "q2": {"t9": {3}}}
     await meta.set_extent_status("t1", DELETED)  # retention deleted it
     at, _ = await meta.changes_since(-1)
     await meta.cancel_scheduled("q1", "t2", [6])  # the next cancel drops t1's
     assert (await meta.changes_since(at))[1] == {"q1"}  # output hosts read them again
     assert await meta.cancelled_in("q1") == {"t2": {6}}
+    assert (await meta.cancelled_everywhere())["q1"] == {"t2": {6}}
     assert await meta.cancelled_scheduled("q1", "t1", 0, 1 << 62) == set()
     assert await meta.cancelled_scheduled("q1", "t2", 0, 10) == {6}

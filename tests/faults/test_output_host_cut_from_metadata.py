@@ -56,9 +56,9 @@ def _acting_on_unvouched(cut_log: str, peer_log: str) -> list[str]:
     cannot reach the store while one of its ownership ticks fails or runs past timing.slow_tick
     (a loaded machine can do that with the store in reach); it takes nothing then, so the
     cut host acting on its word is safe, and the peer logs such a tick (as it ends or
-    fails)."""
-    slow = [_stamp(ln) for ln in peer_log.splitlines()
-            if "ownership tick took" in ln or "extent ownership tick failed" in ln]  # fmt: skip
+    fails) and its answer ("told a peer ...", binding it to take nothing meanwhile)."""
+    said = ("ownership tick took", "extent ownership tick failed", "told a peer the metadata")
+    slow = [_stamp(ln) for ln in peer_log.splitlines() if any(s in ln for s in said)]
     return [ln for ln in cut_log.splitlines() if "acting on for" in ln
             and not any(abs(t - _stamp(ln)) < 10 for t in slow)]  # fmt: skip
 

@@ -136,3 +136,84 @@ async def test_an_unloaded_group_keeps_what_a_stream_left_and_the_ack_levels(
         assert await loaded(c) == 0  # nothing parked: nothing loaded at the start
         assert (await stats(c, queue, "g"))["backlog"] == 0
         assert await c.receive(queue, "g", max_messages=10, wait_seconds=0.5) == []
+
+
+CALLS = re.compile(r'^cherami_metadata_call_latency_seconds_count\{op="([^"]+)"\} (\S+)$', re.M)
+
+
+async def metadata_calls(client: AsyncClient) -> dict[str, float]:
+    """The node's metadata calls so far, by operation (a scrape: the unloaded groups'
+    stats are worked out for it)."""
+    async with client.session.get(client.url + "/metrics") as resp:
+        return {op: float(n) for op, n in CALLS.findall(await resp.text())}
+
+
+async def until_calls(client: AsyncClient, op: str, more: float) -> None:
+    """Until the node made ``more`` calls of ``op`` than now."""
+    start = (await metadata_calls(client)).get(op, 0.0)
+    deadline = time.monotonic() + WAIT
+    while (await metadata_calls(client)).get(op, 0.0) < start + more:
+        assert time.monotonic() < deadline, f"fewer than {more} {op} calls in {WAIT} s"
+        await asyncio.sleep(0.1)  # polling the node's counter, with a deadline
+
+
+async def test_unloaded_groups_ack_levels_are_kept_and_read_in_bulk(tmp_path: Path) -> None:
+    """The stats of unloaded groups come from their kept ack levels. After any write to
+    their queues (a change of a queue's settings, an extent opened) every group's levels
+    were forgotten and read again one group at a time at the next scrape (20,000 reads
+    after making 10,000 queues): now they are kept until a merge of the group's DLQ
+    changes them, and read in one statement for all groups when many are unknown (after
+    a restart)."""
+    config = tmp_path / "node.json"
+    config.write_text(
+        json.dumps({"timing": {"group_idle_unload": 0.5, "extent_refresh_interval": 0.1}})
+    )
+    node = ServerProcess(tmp_path / "node", 1, ["--config", str(config)]).start()
+    try:
+        async with AsyncClient(node.url, timeout=30) as c:
+            queues = [unique("q") for _ in range(24)]
+            for queue in queues:
+                await c.create_queue(queue)
+                await c.create_group(queue, "g", max_delivery_count=1)
+                await c.publish(queue, ["a"])
+            first = queues[0]
+            got = await c.receive(first, "g", wait_seconds=20)
+            assert [m.text for m in got] == ["a"]
+            await c.ack(first, "g", got)
+            await until_loaded(c, 0)
+            await metadata_calls(c)  # a scrape works the unloaded groups' stats out
+            before = await metadata_calls(c)
+            for queue in queues:  # every queue written: their levels stay as they are
+                await c.update_queue(queue, retention_seconds=3600)
+            await until_calls(c, "changes_since", 10)  # the output host saw the writes
+            await metadata_calls(c)
+            after = await metadata_calls(c)
+            assert after.get("get_ack_levels") == before.get("get_ack_levels")
+            assert [(await stats(c, q, "g"))["backlog"] for q in queues[:2]] == [0, 1]
+
+        node.stop()  # a new process knows no levels: one read of them all
+        node.start()
+        async with AsyncClient(node.url, timeout=30) as c:
+            await metadata_calls(c)
+            calls = await metadata_calls(c)
+            assert calls.get("list_every_ack_level") == 1
+            assert calls.get("get_ack_levels", 0) < len(queues) / 2, calls  # not one a group
+            assert [(await stats(c, q, "g"))["backlog"] for q in queues[:2]] == [0, 1]
+
+            # a merge of its DLQ writes the group's levels: read again, the merged
+            # message counted in its backlog
+            await c.publish(first, ["b"])
+            got = await c.receive(first, "g", wait_seconds=20)
+            assert [m.text for m in got] == ["b"]
+            await c.nack(first, "g", got)  # to the DLQ: max_delivery_count 1
+            await until_loaded(c, 0)
+            assert (await stats(c, first, "g"))["backlog"] == 0
+            assert await c.dlq_merge(first, "g") == 1
+            deadline = time.monotonic() + WAIT
+            while (await stats(c, first, "g"))["backlog"] != 1:
+                assert time.monotonic() < deadline, "the merged message is not in the backlog"
+                await asyncio.sleep(0.1)  # polling the group's stats, with a deadline
+            got = await c.receive(first, "g", max_messages=2, wait_seconds=5)
+            assert [m.text for m in got] == ["b"]
+    finally:
+        node.stop()

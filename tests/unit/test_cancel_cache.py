@@ -10,7 +10,8 @@ import pytest
 
 from cherami.errors import QueueNotFound, Unavailable
 from cherami.metadata.cancelled import CANCEL_MARGIN_MS
-from cherami.roles.outputhost.cancels import CancelCache
+from cherami.metadata.models import Queue, QueueConfig
+from cherami.roles.outputhost.cancels import FOLLOW_IN_BULK, CancelCache
 
 T0 = 1_800_000_000_000
 
@@ -28,6 +29,17 @@ class _Metadata:
         if queue not in self.rows:
             return {}
         return {e: set(s) for e, s in self.rows[queue].items()}
+
+    async def cancelled_everywhere(self) -> dict[str, dict[str, set[int]]]:
+        if self.down:
+            raise Unavailable("metadata is down")
+        self.reads += 1
+        return {q: {e: set(s) for e, s in r.items()} for q, r in self.rows.items()}
+
+    async def list_queues(self) -> list[Queue]:
+        if self.down:
+            raise Unavailable("metadata is down")
+        return [Queue(name=q, config=QueueConfig(), created_at=0.0) for q in self.rows]
 
     async def get_queue(self, queue: str) -> object:
         if self.down:
@@ -83,3 +95,27 @@ async def test_a_deleted_queue_is_forgotten() -> None:
     del meta.rows["q"]
     await cache.follow({"q"}, T0 + 1000)
     assert cache.as_of("q") is None
+
+
+async def test_many_queues_named_are_read_again_in_two_statements() -> None:
+    """A power loss names every queue at every refresh: their tombstones are read again
+    all at once (two reads each before: get_queue and cancelled_in)."""
+    meta, clock = _Metadata(), _Clock()
+    names = [f"q{i}" for i in range(FOLLOW_IN_BULK + 1)]
+    meta.rows = {q: {"t": {i}} for i, q in enumerate(names)}
+    cache = CancelCache(meta, clock)  # type: ignore[arg-type]
+    for queue in names:
+        await cache.known(queue)
+    assert meta.reads == len(names)
+    meta.rows["q1"]["t"].add(50)  # a cancel
+    del meta.rows["q2"]  # a deletion
+    clock.ms = T0 + 1000
+    await cache.follow(set(names), T0 + 1000)
+    assert meta.reads == len(names) + 1
+    assert await cache.of("q1", "t", 0, 100, T0 + 1000) == {1, 50}
+    assert cache.as_of("q2") is None
+    assert meta.reads == len(names) + 1  # answered from what the follow read
+    meta.down = True  # an outage: known only as of before, a run due later asks the store
+    await cache.follow(set(names), T0 + 9000)
+    with pytest.raises(Unavailable):
+        await cache.of("q1", "t", 0, 100, T0 + 9000 + CANCEL_MARGIN_MS)

@@ -41,7 +41,8 @@ async def test_a_metadata_outage_is_not_read_as_no_such_group(tmp_path: Path) ->
     the dead-letter queue (and the group) while the store could not say."""
     store = SqliteMetadataStore(str(tmp_path / "meta.db"))
     try:
-        await store.insert_queue(Queue(name="q", config=QueueConfig(), created_at=time.time()))
+        queue = Queue(name="q", config=QueueConfig(), created_at=time.time())
+        await store.insert_queue(queue)
         controller = ControllerService(
             _LookupsFail(store),  # type: ignore[arg-type]
             _Stores(),  # type: ignore[arg-type]
@@ -49,12 +50,12 @@ async def test_a_metadata_outage_is_not_read_as_no_such_group(tmp_path: Path) ->
             manage_extents=False,
         )
         with pytest.raises(Unavailable):
-            await controller.create_group("q", "g", GroupConfig())
+            await controller.create_group(queue, "g", GroupConfig())
         assert [q.name for q in await store.list_queues()] == ["q"]  # no dead-letter queue
         with pytest.raises(GroupNotFound):
             await store.get_group("q", "g")
         plain = ControllerService(store, _Stores(), _no_input_host, manage_extents=False)  # type: ignore[arg-type]
-        group, made = await plain.create_group("q", "g", GroupConfig())
+        group, made = await plain.create_group(queue, "g", GroupConfig())
         assert made and (await store.get_queue(group.dlq)).name == group.dlq
     finally:
         await store.close()

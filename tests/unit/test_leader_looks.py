@@ -4,10 +4,12 @@ is not looked at; a change, a host coming or going, traffic or a failure is."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from cherami.metadata.models import OPEN, Extent, Queue, QueueConfig
+from cherami.metadata.sqlite import SqliteMetadataStore
 from cherami.roles.controller.leader import Leader
 from cherami.roles.controller.scaling import ScalingPolicy
 
@@ -66,7 +68,7 @@ async def test_a_retention_pass_looks_at_extents_written_or_young_not_every_one(
     leader = _leader()
     looked: list[list[str]] = []
 
-    async def tick(queues: Any, opened: list[Extent]) -> None:
+    async def tick(queues: Any, opened: list[Extent], acting: Any) -> None:
         looked.append(sorted(e.id for e in opened))
 
     leader.retention = SimpleNamespace(tick=tick)  # type: ignore[assignment]
@@ -99,3 +101,48 @@ class _Walks(dict[str, list[Extent]]):
     def values(self) -> Any:
         self.walks += 1
         return super().values()
+
+
+async def test_the_changed_queues_are_read_at_once_not_one_by_one(tmp_path: Path) -> None:
+    """After a write to each of 40 queues (one deleted), the tick's catalog reads them
+    in one statement or two, not a get_queue and a list_extents each; and knows what
+    each holds, and that the deleted one is gone."""
+    store = SqliteMetadataStore(str(tmp_path / "meta.db"))
+    try:
+        names = [f"q{i:02d}" for i in range(40)]
+        for name in names:
+            await store.insert_queue(_queue(name))
+            assert await store.insert_extent(_extent(f"e-{name}", name))
+        counted = _Counted(store)
+        leader = Leader(None, counted, "c", SimpleNamespace(stores=None))  # type: ignore[arg-type]
+        extents, changed = await leader._catalog()
+        assert changed is None and len(extents) == 40  # the first tick: a whole read
+        for name in names[1:]:
+            assert await store.insert_extent(_extent(f"e2-{name}", name))
+        await store.delete_queue(names[0])
+        counted.calls.clear()
+        extents, changed = await leader._catalog()
+        assert changed == set(names)
+        assert sum(counted.calls.values()) <= 3, counted.calls  # 80 one by one
+        assert names[0] not in extents and names[0] not in leader._queues
+        assert all([e.id for e in extents[n]] == [f"e-{n}", f"e2-{n}"] for n in names[1:])
+        assert leader._open_plain[f"e2-{names[1]}"] == names[1]
+    finally:
+        await store.close()
+
+
+class _Counted:
+    """A metadata store whose calls are counted by name."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self._store, name)
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return await call(*args, **kwargs)
+
+        return counted

@@ -317,6 +317,32 @@ async def test_outage_acting_goes_on_only_on_every_peers_word(
     assert not a.acting(*unit)
 
 
+async def test_telling_a_peer_the_store_is_unreachable_binds_the_teller(
+    meta: SqliteMetadataStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A peer acts on for recovery_grace on this host's "unreachable", so this host takes
+    nothing for that long from its answer, even when its tick then ends with no call
+    having waited past slow_tick (a call asked after the stall answered first: CI saw a
+    cut host act on with no slow tick logged by its peer)."""
+    await _queue(meta, "q", ["g"], [PLAIN])
+    a = _host(meta, "outputhost-a")
+    await _alive(meta, a.id)
+    a._taking_after = 0.0
+    assert a.answer_peer() is False  # reachable: no promise, takes as usual
+    a._tick_started = a.clock()  # a tick under way, a call waiting past slow_tick
+    a._asking[object()] = a.clock() - timing.DEFAULT.slow_tick - 0.1
+    with caplog.at_level("INFO", logger="cherami.outputhost.ownership"):
+        assert a.answer_peer() is True
+    assert "told a peer the metadata store is unreachable" in caplog.text
+    a._asking.clear()  # the stall ends unrecorded: the tick is not slow
+    a._tick_started = None
+    await a._tick_noting_outages()
+    assert not a.held and a._taking_after == 0.0  # not slow, yet takes nothing: its word
+    a._vouched_until = a.clock()  # the promise has run out
+    await a._tick_noting_outages()
+    assert len(a.held) == 1
+
+
 async def test_every_peers_word_with_every_window_run_out_is_no_acting_on(
     meta: SqliteMetadataStore, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -690,8 +716,9 @@ async def test_settled_ticks_renew_one_row_and_read_no_lease(meta: SqliteMetadat
     """Once every unit is held by a live host with the shares even, a tick whose catalog
     and live hosts have not changed renews the host lease alone: no read of every unit's
     lease (a row a unit: 42,000 rows a second at 1,000 queues on 3 hosts), and no write
-    per unit. A full read comes back every FULL_EVERY seconds, and when the live hosts
-    or the catalog change."""
+    per unit, and no read of every lease every FULL_EVERY seconds either while the lease
+    stamp (a row per host lease) has not changed. A full read comes back when the live
+    hosts, the catalog or the stamp change (a host lease that lapsed, a take)."""
     for name in ("x", "y", "z"):
         await _queue(meta, name, ["g"], [PLAIN, PLAIN])
     counting = _Counting(meta)
@@ -705,12 +732,20 @@ async def test_settled_ticks_renew_one_row_and_read_no_lease(meta: SqliteMetadat
     await _ticks([a, b], meta, 4)
     assert counting.reads == ["renew_host_lease('outputhost-a',)"] * 4
     counting.reads.clear()
-    clock.now += hostlease.FULL_EVERY
+    clock.now += 3 * hostlease.FULL_EVERY  # it read every lease every FULL_EVERY before
     await _ticks([a, b], meta, 2)
-    assert counting.reads == [
-        "lease_holders('group:',)", "renew_host_lease('outputhost-a',)",
-        "renew_host_lease('outputhost-a',)",
-    ]  # fmt: skip
+    assert counting.reads == ["renew_host_lease('outputhost-a',)"] * 2
+    counting.reads.clear()
+    session = b.lease.session
+    assert session is not None and await meta.renew_host_lease(b.id, session, 0)  # lapses
+    meta.clock.now += STORE_STEP  # type: ignore[attr-defined]
+    await a.tick()  # b is still alive: the stamp tells its units are no one's now
+    assert counting.reads[0] == "lease_holders('group:',)"
+    await _ticks([b, a], meta, 3)  # b begins again and takes its share back
+    assert len(b.held) == 3 and len(a.held) == 3
+    counting.reads.clear()
+    await _ticks([a, b], meta, 2)
+    assert counting.reads == ["renew_host_lease('outputhost-a',)"] * 2
     counting.reads.clear()
     await _alive(meta, "outputhost-c")  # another output host: the shares change
     await a.tick()

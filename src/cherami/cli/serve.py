@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import io
 import json
@@ -28,7 +29,18 @@ async def _serve(config: NodeConfig) -> None:
     loop.add_signal_handler(signal.SIGHUP, node.keys.reload)
     try:
         if isinstance(node, RoleProcess):
-            address = await node.start()
+            # a role waits for its metadata at start (RoleProcess._open_metadata): a
+            # signal meanwhile stops it there
+            starting = asyncio.ensure_future(node.start())
+            stopping = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            if not starting.done():
+                starting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await starting
+                return
+            address = starting.result()
             scheme = "https" if config.tls_cert else "http"
             print(f"cherami {config.role} {node.id} listening on {scheme}://{address}", flush=True)
             if node.metrics_address:

@@ -87,14 +87,20 @@ class LocalCluster:
         return [n for n, p in self.procs.items() if p.role == role]
 
     def up(self, timeout: float = 60.0) -> None:
+        """Start every process; one that exits or does not come up stops the others
+        started (nothing is left running behind the error)."""
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
-        for role in ORDER:
-            names = self.names(role)
-            for name in names:
-                self._spawn(self.procs[name])
-            for name in names:
-                self._wait_listening(self.procs[name], timeout)
-        self._wait_healthy(timeout)
+        try:
+            for role in ORDER:
+                names = self.names(role)
+                for name in names:
+                    self._spawn(self.procs[name])
+                for name in names:
+                    self._wait_listening(self.procs[name], timeout)
+            self._wait_healthy(timeout)
+        except BaseException:
+            self.down()
+            raise
         self.save()
 
     def _spawn(self, proc: RoleProc) -> None:

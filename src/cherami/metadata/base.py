@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 from cherami.metadata.models import (
@@ -58,8 +59,17 @@ def page_clause(
     return sql, args
 
 
+class ChangeWatch(Protocol):
+    async def stop(self) -> None: ...
+
+
 class MetadataStore(Protocol):
     async def close(self) -> None: ...
+
+    def watch_changes(self, wake: Callable[[], None]) -> ChangeWatch | None:
+        """Call ``wake`` soon after each write the change log records (``changes_since``),
+        from a listener started now and ended by its ``stop``; None where the store
+        does not notify (SQLite: one node process writes and reads)."""
 
     # queues
     async def insert_queue(self, queue: Queue) -> None:
@@ -132,6 +142,14 @@ class MetadataStore(Protocol):
 
     async def list_extents(self, queue: str, statuses: tuple[str, ...] = ()) -> list[Extent]: ...
 
+    async def queues_with_extents(
+        self, names: Collection[str], statuses: tuple[str, ...]
+    ) -> list[tuple[Queue, list[Extent]]]:
+        """Each of the named queues that exists (by name), with its extents in
+        ``statuses`` (as ``list_extents`` orders them), in a statement or two per 500
+        names: what follows many changed queues reads them at once, not one by one."""
+        ...
+
     async def changes_since(self, after: int) -> tuple[int, set[str] | None]:
         """The change log: the newest change's number, and the queues written since
         change ``after`` (a queue's record, its groups, its extents, a merged DLQ range
@@ -169,6 +187,14 @@ class MetadataStore(Protocol):
         ``fence``, raises Fenced (and writes nothing) when its epoch is stale."""
 
     async def delete_ack_levels(self, queue: str, group: str, extents: list[str]) -> None: ...
+
+    async def list_every_parked_extent(self) -> list[tuple[str, str]]:
+        """(queue, extent) of every extent that holds a parked message of some group, in
+        one read: retention keeps them, and looks at every queue once a pass."""
+
+    async def list_every_ack_level(self) -> list[AckLevel]:
+        """Every ack level of every group (DLQ cursors too) in one read, by queue, group
+        and extent: a scrape of many groups not loaded reads them once, not group by group."""
 
     # redeliveries (parked messages: delivered, not acked)
     async def get_redeliveries(self, queue: str, group: str) -> list[Redelivery]:
@@ -209,13 +235,21 @@ class MetadataStore(Protocol):
     async def cancelled_in(self, queue: str) -> dict[str, set[int]]:
         """Every cancelled sequence number of the queue, by timer extent."""
 
+    async def cancelled_everywhere(self) -> dict[str, dict[str, set[int]]]:
+        """Every cancelled sequence number of every queue, by queue and timer extent, in
+        one read (an output host that follows many changed queues at once)."""
+
     # membership and leadership
     async def heartbeat(self, host: Host) -> None: ...
 
-    async def list_hosts(self, role: str | None, alive_within: float | None) -> list[Host]:
+    async def list_hosts(
+        self, role: str | None, alive_within: float | None, load: bool = True
+    ) -> list[Host]:
         """The hosts of ``role`` (None: every role) that heartbeat within the last
         ``alive_within`` seconds (None: every host ever seen), by id, each with its
-        zone and latest load report."""
+        zone and latest load report (``load=False``: without it, ``Host.load`` None; a
+        busy host's report names every extent it served lately, and who is alive is
+        asked often: routing, the output hosts' ownership ticks)."""
 
     async def lease_holder(self, name: str) -> str | None:
         """Who holds the lease now (None when nobody holds an unexpired one: a unit taken
@@ -266,3 +300,12 @@ class MetadataStore(Protocol):
     async def release_units(self, names: list[str], host: str, session: int) -> None:
         """Let go of units the session holds: each becomes a lease of its own that
         expires when the host lease would have now (anyone takes it after that)."""
+
+    async def lease_stamp(self) -> tuple[tuple[Any, ...], ...]:
+        """What the unit leases' holders (``lease_holders``) depend on besides the
+        catalog, a row per host lease, so that an idle output host need not read every
+        unit's lease to learn that nothing moved: each host's session, a count of its
+        takes and releases, whether its host lease is live and whether a unit it
+        released may still be held (``lease_stamp_pending``). Equal stamps read at two
+        times: no unit lease was taken, released or ended between them, except by a
+        released unit's own expiry while it was pending."""

@@ -59,3 +59,10 @@ class CancelledMessages:
         for extent, seq in rows:
             found.setdefault(extent, set()).add(seq)
         return found
+
+    async def cancelled_everywhere(self) -> dict[str, dict[str, set[int]]]:
+        rows = await self._read_all("SELECT queue, extent, seq FROM cancelled", ())
+        found: dict[str, dict[str, set[int]]] = {}
+        for queue, extent, seq in rows:
+            found.setdefault(queue, {}).setdefault(extent, set()).add(seq)
+        return found

@@ -24,6 +24,7 @@ from their rows and their holders' host rows, locked."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 HOST_LEASE_PREFIX = "host:"  # what a log line names a host lease by
 
@@ -91,3 +92,9 @@ def plan_take(
                 plan.end.append(holder)  # expired: ended here, before anyone renews it
             plan.bump.append(name)
     return plan
+
+
+def lease_stamp_pending(stamp: tuple[tuple[Any, ...], ...]) -> bool:
+    """Whether a unit released under a host lease of ``stamp`` (``lease_stamp``) may
+    still be held: its own expiry changes who holds it with no write to mark it."""
+    return any(row[4] for row in stamp)

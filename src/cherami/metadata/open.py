@@ -9,8 +9,10 @@ from typing import Literal
 from urllib.parse import unquote
 
 import msgspec
+import psycopg
+import psycopg_pool
 
-from cherami.errors import ConfigError
+from cherami.errors import ConfigError, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.postgres import PostgresMetadataStore
 from cherami.metadata.postgres_schema import check_schema
@@ -77,10 +79,17 @@ def _strip_schema(url: str) -> tuple[str, str]:
 
 
 async def open_metadata(url: str) -> MetadataStore:
+    """Raises ConfigError for a bad URL, Unavailable for a PostgreSQL server that cannot
+    be reached or takes no connection now (refused, timed out, ``too many clients``)."""
     target = parse_metadata_url(url)
     store: MetadataStore
     if target.kind == "postgres":
-        store = await PostgresMetadataStore.connect(target.location, target.schema)
+        try:
+            store = await PostgresMetadataStore.connect(target.location, target.schema)
+        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as err:
+            # libpq's message spans lines ("Is the server running ...?"): one line
+            reason = " ".join(str(err).split())
+            raise Unavailable(f"metadata database unreachable: {reason}") from err
     else:  # opening creates the file and its tables: keep that off the event loop
         store = await asyncio.to_thread(SqliteMetadataStore, target.location)
     return timed_metadata(store)  # each call timed for /metrics

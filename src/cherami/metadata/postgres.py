@@ -7,7 +7,10 @@ how the store follows a failover."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
@@ -37,6 +40,7 @@ from cherami.metadata.models import (
 )
 from cherami.metadata.postgres_failover import FailoverPool, failover_conninfo
 from cherami.metadata.postgres_leases import PostgresLeases
+from cherami.metadata.postgres_notify import ChangeListener
 from cherami.metadata.postgres_schema import check_schema, migrate, with_search_path
 from cherami.metadata.properties import find_properties, select_properties, write_properties
 from cherami.metadata.purge import dlq_leases, purge_extent, queue_leases
@@ -97,11 +101,14 @@ def _host(row: Row) -> Host:
 
 async def _check_fence(cur: psycopg.AsyncCursor[Row], fence: Fence | None) -> None:
     """Inside a transaction: raise Fenced unless the lease is still in the fence's
-    epoch. The row lock holds a takeover back until the transaction ends, so no write
-    of an old holder lands after a new holder has taken the lease."""
+    epoch. The row lock holds a takeover back until the transaction ends (a takeover
+    locks the row FOR UPDATE first: postgres_leases.py), so no write of an old holder
+    lands after a new holder has taken the lease. KEY SHARE, not SHARE: the holder's
+    own renewal (an update of no key column) does not wait for its fenced writes; with
+    SHARE a leader with dozens of them under way at once could not renew at all."""
     if fence is None:
         return
-    await cur.execute("SELECT epoch FROM leases WHERE name = %s FOR SHARE", (fence.lease,))
+    await cur.execute("SELECT epoch FROM leases WHERE name = %s FOR KEY SHARE", (fence.lease,))
     row = await cur.fetchone()
     if row is None or row[0] != fence.epoch:
         raise Fenced(f"lease {fence.lease} moved past epoch {fence.epoch}")
@@ -112,8 +119,12 @@ def _config(value: msgspec.Struct) -> Jsonb:
 
 
 class PostgresMetadataStore(PostgresLeases, BulkReads):
-    def __init__(self, pool: Pool) -> None:
+    _queue_of, _extent_of = staticmethod(_queue), staticmethod(_extent)  # bulk.py
+
+    def __init__(self, pool: Pool, conninfo: str = "", schema: str = "") -> None:
         self._pool = pool
+        self._ordinary = asyncio.Semaphore(max(1, pool.max_size - 1))  # _conn
+        self._conninfo, self._schema = conninfo, schema  # for watch_changes
 
     @classmethod
     async def connect(
@@ -137,26 +148,45 @@ class PostgresMetadataStore(PostgresLeases, BulkReads):
         except BaseException:
             await pool.close()
             raise
-        return cls(pool)
+        return cls(pool, with_search_path(url, schema), schema)
+
+    def watch_changes(self, wake: Callable[[], None]) -> ChangeListener | None:
+        listener = ChangeListener(self._conninfo, self._schema, wake)
+        listener.start()
+        return listener
 
     async def _execute(self, query: Any, args: Any = ()) -> int:
-        async with self._pool.connection() as conn:
+        async with self._conn() as conn:
             return (await conn.execute(query, args)).rowcount
 
     async def _fetchone(self, query: Any, args: Any) -> Row | None:
-        async with self._pool.connection() as conn:
+        async with self._conn() as conn:
             return await (await conn.execute(query, args)).fetchone()
 
     async def _fetchall(self, query: Any, args: Any) -> list[Row]:
-        async with self._pool.connection() as conn:
+        async with self._conn() as conn:
             return await (await conn.execute(query, args)).fetchall()
 
     def _connection(self) -> Any:
-        return self._pool.connection()
+        return self._conn()
+
+    @contextlib.asynccontextmanager
+    async def _conn(self) -> AsyncIterator[psycopg.AsyncConnection[Row]]:
+        """A connection for any call but a lease's renewal: those calls hold at most all
+        but one of the pool's connections at once, so a renewal (``_fetch_in_lane``) never waits
+        behind a busy process's queue of calls (a leader replacing the extents of a power
+        loss lost its lead: its renewal waited for a connection behind dozens of calls
+        for longer than the acting window)."""
+        async with self._ordinary, self._pool.connection() as conn:
+            yield conn
+
+    async def _fetch_in_lane(self, query: Any, args: Any) -> list[Row]:
+        async with self._pool.connection() as conn:
+            return await (await conn.execute(query, args)).fetchall()
 
     async def _tx(self, statements: list[tuple[Any, Any]]) -> int:
         changed = 0  # by the last statement
-        async with self._pool.connection() as conn, conn.transaction():
+        async with self._conn() as conn, conn.transaction():
             for query, args in statements:
                 changed = (await conn.execute(query, args)).rowcount
         return changed
@@ -275,7 +305,7 @@ class PostgresMetadataStore(PostgresLeases, BulkReads):
     async def insert_extent(self, extent: Extent, fence: Fence | None = None) -> bool:
         # A clash on the id or on the predecessor (UNIQUE: one successor each) inserts
         # nothing; a racing insert of the same predecessor waits for the first to commit.
-        async with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+        async with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
             await _check_fence(cur, fence)
             await cur.execute(
                 f"INSERT INTO extents ({_EXTENT_COLUMNS}) "
@@ -306,7 +336,7 @@ class PostgresMetadataStore(PostgresLeases, BulkReads):
         return [_extent(r) for r in rows]
 
     async def changes_since(self, after: int) -> tuple[int, set[str] | None]:
-        async with self._pool.connection() as conn:
+        async with self._conn() as conn:
             cur = await conn.execute("SELECT min(seq), max(seq) FROM changes")
             row = await cur.fetchone()
             first, last = row if row else (None, None)
@@ -330,7 +360,7 @@ class PostgresMetadataStore(PostgresLeases, BulkReads):
         sealed_seq: int | None = None,
         fence: Fence | None = None,
     ) -> None:
-        async with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+        async with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
             await _check_fence(cur, fence)
             await cur.execute(
                 "UPDATE extents SET status = %s, sealed_seq = COALESCE(%s, sealed_seq) "
@@ -365,7 +395,7 @@ class PostgresMetadataStore(PostgresLeases, BulkReads):
             "OR (ack_levels.lim IS NULL AND excluded.lim IS NOT NULL)"
         )
         rows = [(a.queue, a.group, a.extent, a.level, a.acked, a.limit) for a in levels]
-        async with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+        async with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
             await _check_fence(cur, fence)
             await cur.executemany(query, rows)
 
@@ -399,7 +429,7 @@ class PostgresMetadataStore(PostgresLeases, BulkReads):
         delete = (
             "DELETE FROM redeliveries WHERE queue = %s AND grp = %s AND extent = %s AND key = %s"
         )
-        async with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+        async with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
             await _check_fence(cur, fence)
             gone = [(r.queue, r.group, r.extent, r.key) for r in deletes]
             rows = [(r.queue, r.group, r.extent, r.key, r.count, r.due_ms) for r in upserts]
@@ -415,7 +445,7 @@ class PostgresMetadataStore(PostgresLeases, BulkReads):
     async def put_queue_properties(
         self, queue: str, values: dict[str, str], delete: list[str] | None = None
     ) -> None:
-        async with self._pool.connection() as conn, conn.transaction():
+        async with self._conn() as conn, conn.transaction():
             # the row lock holds a delete_queue back until these writes are in
             cur = await conn.execute("SELECT 1 FROM queues WHERE name = %s FOR SHARE", (queue,))
             if await cur.fetchone() is None:
@@ -444,11 +474,13 @@ class PostgresMetadataStore(PostgresLeases, BulkReads):
             ),  # fmt: skip
         )
 
-    async def list_hosts(self, role: str | None, alive_within: float | None) -> list[Host]:
+    async def list_hosts(
+        self, role: str | None, alive_within: float | None, load: bool = True
+    ) -> list[Host]:
         since = -1.0 if alive_within is None else time.time() - alive_within
         rows = await self._fetchall(
-            "SELECT id, role, address, heartbeat_at, zone, load FROM hosts "
-            "WHERE (%s::text IS NULL OR role = %s) AND heartbeat_at >= %s ORDER BY id",
+            f"SELECT id, role, address, heartbeat_at, zone, {'load' if load else 'NULL'} "
+            "FROM hosts WHERE (%s::text IS NULL OR role = %s) AND heartbeat_at >= %s ORDER BY id",
             (role, role, since),
         )
         return [_host(row) for row in rows]

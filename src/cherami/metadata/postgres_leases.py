@@ -39,6 +39,10 @@ class PostgresLeases:
     def _connection(self) -> Any:
         raise NotImplementedError
 
+    async def _fetch_in_lane(self, query: Any, args: Any) -> list[Row]:
+        """A renewal's statement, on a connection other calls leave free (postgres.py)."""
+        raise NotImplementedError
+
     async def lease_holder(self, name: str) -> str | None:
         rows = await self._fetchall(held_leases("l.name = %s"), (name,))
         return str(rows[0][1]) if rows else None
@@ -54,7 +58,7 @@ class PostgresLeases:
     ) -> dict[str, int]:
         if not names:
             return {}
-        rows = await self._fetchall(
+        rows = await self._fetch_in_lane(
             f"UPDATE leases SET expires_at = {NOW} + %s WHERE holder = %s "
             "AND session IS NULL AND name = ANY(%s) RETURNING name, epoch",
             (ttl_seconds, holder, names),
@@ -67,9 +71,13 @@ class PostgresLeases:
     async def try_leases(self, names: list[str], holder: str, ttl_seconds: float) -> dict[str, int]:
         # A new holder, or one granted before a failover, gets an epoch above any that
         # timeline granted (postgres_failover.py). In name order: two hosts taking
-        # overlapping sets lock their rows in one order.
-        rows = await self._fetchall(
-            f"WITH t AS (SELECT {EPOCH_FLOOR} AS floor) "
+        # overlapping sets lock their rows in one order. Another holder's rows are locked
+        # FOR UPDATE first: a takeover waits for the old holder's fenced writes under
+        # way (their FOR KEY SHARE, postgres.py), which a renewal does not.
+        rows = await self._fetch_in_lane(
+            "WITH o AS (SELECT name FROM leases WHERE name = ANY(%s) AND holder <> %s "
+            "ORDER BY name FOR UPDATE), "
+            f"t AS (SELECT {EPOCH_FLOOR} AS floor FROM (SELECT count(*) FROM o) AS locked) "
             "INSERT INTO leases AS l (name, holder, expires_at, epoch) "
             f"SELECT n, %s, {NOW} + %s, greatest(1, floor) FROM t, unnest(%s::text[]) AS n "
             "ORDER BY n ON CONFLICT (name) DO UPDATE SET "
@@ -78,7 +86,7 @@ class PostgresLeases:
             "THEN l.epoch ELSE greatest(l.epoch + 1, excluded.epoch) END "
             "WHERE l.session IS NULL "
             f"AND (l.holder = excluded.holder OR l.expires_at < {NOW}) RETURNING l.name, l.epoch",
-            (holder, ttl_seconds, sorted(set(names))),
+            (sorted(set(names)), holder, holder, ttl_seconds, sorted(set(names))),
         )
         return {str(name): int(epoch) for name, epoch in rows}
 
@@ -95,7 +103,7 @@ class PostgresLeases:
         return int(rows[0][0]) if rows else None
 
     async def renew_host_lease(self, host: str, session: int, ttl_seconds: float) -> bool:
-        rows = await self._fetchall(
+        rows = await self._fetch_in_lane(
             f"UPDATE host_leases SET expires_at = {NOW} + %s WHERE host = %s AND session = %s "
             "RETURNING 1",
             (ttl_seconds, host, session),
@@ -134,7 +142,8 @@ class PostgresLeases:
                     (floor, plan.end),
                 )
             await cur.execute(
-                f"UPDATE host_leases SET expires_at = {NOW} + %s WHERE host = %s",
+                f"UPDATE host_leases SET expires_at = {NOW} + %s, changes = changes + 1 "
+                "WHERE host = %s",
                 (ttl_seconds, host),
             )
             await cur.execute(
@@ -157,8 +166,17 @@ class PostgresLeases:
     async def release_units(self, names: list[str], host: str, session: int) -> None:
         if names:
             await self._fetchall(
-                "UPDATE leases SET session = NULL, expires_at = "
-                "(SELECT expires_at FROM host_leases WHERE host = %s) "
+                "WITH h AS (UPDATE host_leases SET changes = changes + 1, released_until = "
+                "greatest(released_until, expires_at) WHERE host = %s RETURNING expires_at) "
+                "UPDATE leases SET session = NULL, expires_at = (SELECT expires_at FROM h) "
                 "WHERE holder = %s AND session = %s AND name = ANY(%s) RETURNING 1",
                 (host, host, session, names),
             )
+
+    async def lease_stamp(self) -> tuple[tuple[Any, ...], ...]:
+        rows = await self._fetchall(
+            f"SELECT host, session, changes, expires_at >= {NOW}, released_until >= {NOW} "
+            "FROM host_leases ORDER BY host",
+            (),
+        )
+        return tuple(tuple(row) for row in rows)

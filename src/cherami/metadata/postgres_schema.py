@@ -17,8 +17,35 @@ from cherami.errors import InvalidRequest
 # the store's logger: migrations log as they did inside postgres.py
 log = logging.getLogger("cherami.metadata.postgres")
 
+
 # Applied in order, each once, each in its own transaction; append, never edit.
 # Keys are COLLATE "C" so listings sort by code point, as SQLite's BINARY collation does.
+def _note_change(create: str, notify: bool) -> str:
+    """The trigger function of the change log (MetadataStore.changes_since); with
+    ``notify`` each change is also sent on the schema's channel (postgres_notify.py)."""
+    notice = (
+        "PERFORM pg_notify('cherami_' || left(md5(TG_TABLE_SCHEMA), 16), '');" if notify else ""
+    )
+    return f"""
+    {create} FUNCTION note_change() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE
+        q text;
+        n bigint;
+    BEGIN
+        IF TG_OP = 'DELETE' THEN
+            IF TG_TABLE_NAME = 'queues' THEN q := OLD.name; ELSE q := OLD.queue; END IF;
+        ELSE
+            IF TG_TABLE_NAME = 'queues' THEN q := NEW.name; ELSE q := NEW.queue; END IF;
+        END IF;
+        UPDATE change_counter SET seq = seq + 1 RETURNING seq INTO n;
+        INSERT INTO changes VALUES (n, q);
+        DELETE FROM changes WHERE seq <= n - 10000;
+        {notice}
+        RETURN NULL;
+    END $$;
+    """
+
+
 MIGRATIONS: tuple[LiteralString, ...] = (
     """
     CREATE TABLE queues (
@@ -69,21 +96,9 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     CREATE TABLE changes (seq bigint PRIMARY KEY, queue text NOT NULL);
     CREATE TABLE change_counter (one boolean PRIMARY KEY, seq bigint NOT NULL);
     INSERT INTO change_counter VALUES (true, 0);
-    CREATE FUNCTION note_change() RETURNS trigger LANGUAGE plpgsql AS $$
-    DECLARE
-        q text;
-        n bigint;
-    BEGIN
-        IF TG_OP = 'DELETE' THEN
-            IF TG_TABLE_NAME = 'queues' THEN q := OLD.name; ELSE q := OLD.queue; END IF;
-        ELSE
-            IF TG_TABLE_NAME = 'queues' THEN q := NEW.name; ELSE q := NEW.queue; END IF;
-        END IF;
-        UPDATE change_counter SET seq = seq + 1 RETURNING seq INTO n;
-        INSERT INTO changes VALUES (n, q);
-        DELETE FROM changes WHERE seq <= n - 10000;
-        RETURN NULL;
-    END $$;
+    """
+    + _note_change("CREATE", notify=False)
+    + """
     CREATE TRIGGER queues_changed AFTER INSERT OR UPDATE OR DELETE ON queues
         FOR EACH ROW EXECUTE FUNCTION note_change();
     CREATE TRIGGER groups_changed AFTER INSERT OR UPDATE OR DELETE ON groups
@@ -131,6 +146,13 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     );
     ALTER TABLE leases ADD COLUMN session bigint;
     """,
+    # what a host's takes and releases changed (lease_stamp): an idle output host reads
+    # one row a host, not every unit's lease
+    "ALTER TABLE host_leases ADD COLUMN changes bigint NOT NULL DEFAULT 0, "
+    "ADD COLUMN released_until double precision NOT NULL DEFAULT 0;",
+    # each change is notified on the schema's channel (postgres_notify.py): the leading
+    # controller acts on it at once, not at its next tick
+    _note_change("CREATE OR REPLACE", notify=True),
 )
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")

@@ -64,9 +64,14 @@ class RememberingReads:
             ("extents", queue, statuses), lambda: self.store.list_extents(queue, statuses)
         )
 
-    async def list_hosts(self, role: str | None, alive_within: float | None) -> list[Host]:
+    async def list_hosts(
+        self, role: str | None, alive_within: float | None, load: bool = True
+    ) -> list[Host]:
+        """Remembered by role, whatever ``alive_within`` (the last answer stands in for
+        any window in an outage): callers add their loop's stalls to it (LoopWatch), so
+        keyed by it every call made a new entry, kept for ever and never found again."""
         return await self._read(
-            ("hosts", role, alive_within), lambda: self.store.list_hosts(role, alive_within)
+            ("hosts", role, load), lambda: self.store.list_hosts(role, alive_within, load)
         )
 
     async def lease_holder(self, name: str) -> str | None:

@@ -57,6 +57,8 @@ class SqliteMetadataStore(SqliteLeases, BulkReads):
     on another, so a read never waits for a commit's sync (the log lets readers go on
     while one writes); ``self._db``: the connection of its thread; leases expire by ``clock``."""
 
+    _queue_of, _extent_of = staticmethod(queue_row), staticmethod(extent_row)  # bulk.py
+
     def __init__(self, path: str, clock: Callable[[], float] = time.time) -> None:
         self._local, self.clock = threading.local(), clock
         self._writer_db = connect(path)
@@ -294,6 +296,9 @@ class SqliteMetadataStore(SqliteLeases, BulkReads):
         )
         return [extent_row(r) for r in rows]
 
+    def watch_changes(self, wake: Callable[[], None]) -> None:
+        return None  # a node opens a new queue's extents as it makes it
+
     async def changes_since(self, after: int) -> tuple[int, set[str] | None]:
         def read() -> tuple[int, set[str] | None]:
             first, last = self._db.execute("SELECT min(seq), max(seq) FROM changes").fetchone()
@@ -440,11 +445,14 @@ class SqliteMetadataStore(SqliteLeases, BulkReads):
             )
         )
 
-    async def list_hosts(self, role: str | None, alive_within: float | None) -> list[Host]:
+    async def list_hosts(
+        self, role: str | None, alive_within: float | None, load: bool = True
+    ) -> list[Host]:
         since = -1.0 if alive_within is None else time.time() - alive_within
         rows = await self._run(
             lambda: self._db.execute(
-                "SELECT id, role, address, heartbeat_at, zone, load FROM hosts "
+                f"SELECT id, role, address, heartbeat_at, zone, {'load' if load else 'NULL'} "
+                "FROM hosts "
                 "WHERE (? IS NULL OR role = ?) AND heartbeat_at >= ? ORDER BY id",
                 (role, role, since),
             ).fetchall()

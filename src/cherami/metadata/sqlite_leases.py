@@ -89,8 +89,9 @@ class SqliteLeases:
         def begin() -> int | None:
             now = self.clock()
             row = self._db.execute(
-                "INSERT INTO host_leases VALUES (?, 1, ?) ON CONFLICT (host) DO UPDATE SET "
-                "session = host_leases.session + 1, expires_at = excluded.expires_at "
+                "INSERT INTO host_leases (host, session, expires_at) VALUES (?, 1, ?) "
+                "ON CONFLICT (host) DO UPDATE SET session = host_leases.session + 1, "
+                "expires_at = excluded.expires_at "
                 "WHERE host_leases.expires_at < ? RETURNING session",
                 (host, now + ttl_seconds, now),
             ).fetchone()
@@ -141,6 +142,7 @@ class SqliteLeases:
                 "WHERE host IN (SELECT value FROM json_each(?))", (_in(plan.end),)
             )  # fmt: skip
             self._renew_host(host, session, ttl_seconds)
+            db.execute("UPDATE host_leases SET changes = changes + 1 WHERE host = ?", (host,))
             rows = db.execute(
                 "UPDATE leases SET holder = ?, session = ?, expires_at = 0, epoch = CASE "
                 "WHEN name IN (SELECT value FROM json_each(?)) THEN epoch ELSE epoch + 1 END "
@@ -164,6 +166,20 @@ class SqliteLeases:
                 "WHERE holder = ? AND session = ? AND name IN (SELECT value FROM json_each(?))",
                 (host, host, session, _in(names)),
             )
+            self._db.execute(
+                "UPDATE host_leases SET changes = changes + 1, "
+                "released_until = max(released_until, expires_at) WHERE host = ?", (host,)
+            )  # fmt: skip
 
         if names:
             await self._write(release)
+
+    async def lease_stamp(self) -> tuple[tuple[Any, ...], ...]:
+        def read() -> tuple[tuple[Any, ...], ...]:
+            now = self.clock()
+            return tuple(map(tuple, self._db.execute(
+                "SELECT host, session, changes, expires_at >= ?, released_until >= ? "
+                "FROM host_leases ORDER BY host", (now, now),
+            ).fetchall()))  # fmt: skip
+
+        return await self._run(read)

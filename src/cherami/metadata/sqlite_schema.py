@@ -107,6 +107,19 @@ def create_schema(db: sqlite3.Connection) -> None:
     """Create what is missing, then add the columns a database made by an older version
     lacks."""
     db.executescript(SCHEMA)
+    # one process at a time looks for what is missing and adds it: the role processes of
+    # a cluster on one SQLite file start at once, and two that both found a column
+    # missing both added it (the second exited: "duplicate column name")
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        _add_columns(db)
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _add_columns(db: sqlite3.Connection) -> None:
     leases = [row[1] for row in db.execute("PRAGMA table_info(leases)")]
     if "epoch" not in leases:  # made before lease epochs
         db.execute("ALTER TABLE leases ADD COLUMN epoch INTEGER NOT NULL DEFAULT 1")
@@ -117,6 +130,10 @@ def create_schema(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE queues ADD COLUMN timers INTEGER NOT NULL DEFAULT 1")
     if "keyed" not in queues:  # made before Queue.keyed
         db.execute("ALTER TABLE queues ADD COLUMN keyed INTEGER NOT NULL DEFAULT 0")
+    host_leases = [row[1] for row in db.execute("PRAGMA table_info(host_leases)")]
+    if "changes" not in host_leases:  # made before lease stamps
+        db.execute("ALTER TABLE host_leases ADD COLUMN changes INTEGER NOT NULL DEFAULT 0")
+        db.execute("ALTER TABLE host_leases ADD COLUMN released_until REAL NOT NULL DEFAULT 0")
     hosts = [row[1] for row in db.execute("PRAGMA table_info(hosts)")]
     if "zone" not in hosts:  # made before zones and load reports
         db.execute("ALTER TABLE hosts ADD COLUMN zone TEXT NOT NULL DEFAULT ''")

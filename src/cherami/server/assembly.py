@@ -153,7 +153,7 @@ async def assemble(s: Surroundings, roles: frozenset[str]) -> Assembly:
     if inputs is not None and not alone:  # other processes publish to DLQs through it
         app.router.add_post(INTERNAL_PUBLISH, internal_publish(inputs, s.reads, s.ctx))
     if ownership is not None:  # peers ask it during a metadata outage
-        add_outage_route(app, ownership.store_unreachable, s.ctx)
+        add_outage_route(app, ownership.answer_peer, s.ctx)
     stoppers: list[Callable[[], Awaitable[None]]] = [] if inputs is None else [inputs.stop]
     # a node's input host died with its last run: Assembly.start recovers its extents
     sqs = None

@@ -7,8 +7,10 @@ as a node's are (assembly.py), with network clients for the roles elsewhere."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import time
 from typing import Any, cast
 
 from aiohttp import web
@@ -23,8 +25,8 @@ from cherami.membership import (
     INPUTHOST,
     STOREHOST,
     Membership,
+    RecentHosts,
     host_id,
-    live_hosts,
 )
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Extent
@@ -43,6 +45,10 @@ from cherami.server.secret import role_secret
 from cherami.storage.rocks import RocksExtentStore
 
 log = logging.getLogger("cherami.cluster.roles")
+
+
+# the wait between tries to reach the metadata at start, doubled from the first to the last
+OPEN_RETRY = (0.5, 10.0)
 
 
 class RoleProcess:
@@ -64,6 +70,8 @@ class RoleProcess:
         self.metrics_address = ""  # a store host's /metrics listener, with --metrics-port
         self.sqs_address = ""  # the SQS endpoint, with --sqs-port
         self.ready = False
+        self._inputs: RecentHosts | None = None  # the live input hosts, for placement
+        self._opened: MetadataStore | None = None  # what stop() closes: None before it answered
         self._stoppers: list[Any] = []
         self._load_sources = LoadSources(data_dir=config.data_dir)
 
@@ -71,13 +79,13 @@ class RoleProcess:
         cfg = self.config
         assert cfg.metadata is not None
         self._lock = lock_data_dir(cfg.data_dir)  # one process per data dir
-        self.metadata = await open_metadata(cfg.metadata)
+        self.metadata = self._opened = metadata = await self._open_metadata(cfg.metadata)
         if self.role == STOREHOST:
             await self._start_storehost()
         else:
             await self._start_api_role()
         self.membership = Membership(
-            self.metadata, self.id, self.role, self.address, self.config.zone,
+            metadata, self.id, self.role, self.address, self.config.zone,
             LoadMeter(self._load_sources, self.config.load_report_interval),
             interval=self.ctx.timing.heartbeat_interval,
         )  # fmt: skip
@@ -85,6 +93,31 @@ class RoleProcess:
         self._stoppers.insert(0, self.membership.stop)
         self.ready = True
         return self.address
+
+    async def _open_metadata(self, url: str) -> MetadataStore:
+        """The metadata store, tried again with back-off while it cannot be reached (a
+        PostgreSQL server down, restarting or out of connection slots when this process
+        starts): one warning line at the first failure, one line when it answers."""
+        wait, longest = OPEN_RETRY
+        since: float | None = None
+        while True:
+            try:
+                store = await open_metadata(url)
+            except Unavailable as err:
+                if since is None:
+                    since = time.monotonic()
+                    log.warning("%s %s cannot start yet: %s; trying again every %.0f s at "
+                                "most until it answers", self.role, self.id, err.message,
+                                longest)  # fmt: skip
+                else:
+                    log.debug("metadata still unreachable: %s", err.message)
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, longest)
+                continue
+            if since is not None:
+                log.warning("%s %s reached the metadata after %.1f s", self.role, self.id,
+                            time.monotonic() - since)  # fmt: skip
+            return store
 
     def _advertise(self, bound: str) -> str:
         return self.config.advertise or bound
@@ -96,7 +129,7 @@ class RoleProcess:
             data_dir=self.config.data_dir,
         )  # fmt: skip
         await service.start()
-        self._load_sources.counters = service.extent_counts
+        self._load_sources.changes = service.extent_changes
         self._load_sources.open_extents = service.open_extents
         self._load_sources.connections = service.connections
         self._load_sources.append_p99_ms = service.appends.p99_ms
@@ -159,8 +192,13 @@ class RoleProcess:
 
     async def _pick_input_host(self, queue_extents: list[Extent]) -> str:
         """The live input host for a new extent of a queue whose open extents are
-        ``queue_extents``: by load reports (placement.py), one read of the hosts table."""
-        hosts = await live_hosts(self.metadata, INPUTHOST, self.ctx.timing.dead_after)
+        ``queue_extents``: by load reports (placement.py), from the hosts table read at
+        most once per heartbeat interval."""
+        if self._inputs is None:
+            timing = self.ctx.timing
+            self._inputs = RecentHosts(self.metadata, INPUTHOST, timing.dead_after,
+                                       timing.heartbeat_interval, self.ctx.clock)  # fmt: skip
+        hosts = await self._inputs.get()
         if not hosts:
             raise Unavailable("no input host is alive")
         return pick_input_host(hosts, queue_extents, self.controller.placed)
@@ -172,4 +210,5 @@ class RoleProcess:
                 await stop()
             except Exception:
                 log.exception("stopping %s failed", self.role)
-        await self.metadata.close()
+        if self._opened is not None:
+            await self._opened.close()

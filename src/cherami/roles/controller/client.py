@@ -47,8 +47,12 @@ class ControllerClient(Protocol):
         ...
 
     async def create_group(
-        self, queue_name: str, name: str, config: GroupConfig
-    ) -> tuple[Group, bool]: ...
+        self, queue: Queue, name: str, config: GroupConfig
+    ) -> tuple[Group, bool]:
+        """Make the queue's group (``queue``: the record the caller has just read) and
+        its dead-letter queue; whether it was made now (False: it was there, with the
+        same config)."""
+        ...
 
     async def delete_group(self, queue: str, name: str) -> None: ...
 

@@ -3,7 +3,8 @@ store; the holder seals the extents that lost their input host or a replica (or 
 their input host reported failing), opens extents up to each queue's minimum on live
 hosts, opens or seals one more by the queue's rate (scaling.py; not on a single node,
 whose one input host gains nothing from more extents), seals the replicas of store hosts
-that come back, and runs retention every RETENTION_INTERVAL. A node runs one too."""
+that come back, and runs retention every RETENTION_INTERVAL (held while it replaces the
+extents of lost hosts, up to RETENTION_HOLD, and only while it leads). A node runs one too."""
 
 from __future__ import annotations
 
@@ -14,11 +15,10 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 
 from cherami import timing
-from cherami.bounded import each
 from cherami.context import DEFAULT, ProcessContext
-from cherami.errors import CheramiError, QueueNotFound
+from cherami.errors import CheramiError
 from cherami.membership import INPUTHOST, live_hosts
-from cherami.metadata.base import MetadataStore
+from cherami.metadata.base import ChangeWatch, MetadataStore
 from cherami.metadata.models import FAILING, OPEN, Extent, Fence, Queue, min_plain, wants_timers
 from cherami.periodic import Periodic
 from cherami.roles.controller.retention import Retention
@@ -42,6 +42,7 @@ LEASE_TTL = timing.DEFAULT.lease_ttl
 MARGIN = timing.DEFAULT.lease_margin  # seconds before the lease's end the leader stops acting
 TICK = timing.DEFAULT.leader_tick
 RETENTION_INTERVAL = 2.0  # seconds between retention passes (each behind the tick)
+RETENTION_HOLD = 60.0  # (its deletes took a quarter of the store hosts' CPU then)
 ROLL_CHECK_ALL = 60.0  # every open extent is looked at for rolling over this often
 # after a power loss, one at a time, 2,100 extents took 33 s to replace
 SEALS_AT_ONCE = 32  # seals under way at once (each asks every replica, then the metadata)
@@ -101,11 +102,20 @@ class Leader:
         self._replacing: tuple[float, int, int] | None = None
         self._young: dict[str, str] = {}  # open extents made in the last ROLL_CHECK_ALL -> queue
         self._periodic = Periodic("controller tick", self.timing.leader_tick, self._lead)
+        self._watch: ChangeWatch | None = None
 
     def start(self) -> None:
         self._periodic.start(first_now=True)
+        # a queue made, a host's extent failing: the tick comes at once (postgres_notify.py)
+        self._watch = self.metadata.watch_changes(self._woken)
+
+    def _woken(self) -> None:
+        if self.leading:  # another controller's tick only asks for the lease
+            self._periodic.wake()
 
     async def stop(self) -> None:
+        if self._watch is not None:
+            await self._watch.stop()
         await self._periodic.stop()
         tasks = [*self._sealing.values(), *self._behind.values()]
         for task in tasks:
@@ -135,7 +145,8 @@ class Leader:
         if leading:
             await self._keeping_lease(self.tick())
             now = self.clock()
-            if now - self._retained_at >= RETENTION_INTERVAL:
+            held = self._replacing is not None and now - self._replacing[0] < RETENTION_HOLD
+            if now - self._retained_at >= RETENTION_INTERVAL and not held:
                 self._retained_at = now
                 self._run_behind("retention", partial(self._retain, now))
 
@@ -161,7 +172,7 @@ class Leader:
                 if e.status == OPEN and (e.id in self._busy or e.created_at > young)
             ]  # fmt: skip
             self._young = {e.id: e.queue for e in opened if e.created_at > young}
-        await self.retention.tick(self._queues, opened)
+        await self.retention.tick(self._queues, opened, self.acting)
 
     async def tick(self) -> None:
         live_stores = await self.stores.refresh()
@@ -379,32 +390,24 @@ class Leader:
             young = time.time() - ROLL_CHECK_ALL
             self._young = {e.id: e.queue for es in extents.values() for e in es
                            if e.created_at > young}  # fmt: skip
-        else:
-            names = sorted(changed)  # TENDS_AT_ONCE at a time: after a power loss, all
-            reads = await each(names, self._read, TENDS_AT_ONCE)
-            for name, read in zip(names, reads, strict=True):
+        else:  # the changed queues in one read, not two reads a queue
+            read = {q.name: (q, es) for q, es in
+                    await self.metadata.queues_with_extents(changed, (OPEN, FAILING))}  # fmt: skip
+            young = time.time() - ROLL_CHECK_ALL
+            for name in changed:
                 before = self._extents.get(name, [])
-                if read is None:
+                if name not in read:  # deleted
                     self._queues.pop(name, None)
                     self._extents.pop(name, None)
                     self._index_plain(name, before, [])
                     continue
-                self._queues[name], self._extents[name] = read
+                self._queues[name], self._extents[name] = read[name]
                 self._index_plain(name, before, self._extents[name])
-                young = time.time() - ROLL_CHECK_ALL
                 self._young.update(
                     (e.id, name) for e in self._extents[name] if e.created_at > young
                 )
         self._seen = latest
         return self._extents, changed
-
-    async def _read(self, name: str) -> tuple[Queue, list[Extent]] | None:
-        """A queue and its open and failing extents (None: deleted)."""
-        try:
-            queue = await self.metadata.get_queue(name)
-        except QueueNotFound:
-            return None
-        return queue, await self.metadata.list_extents(name, (OPEN, FAILING))
 
     async def _seal_all(self, extents: list[Extent]) -> None:
         """Seal the extents at once, each in a task of its own (SEALS_AT_ONCE of them
@@ -434,9 +437,8 @@ class Leader:
         self._sealing.pop(extent_id, None)
 
     def _count(self, sealed: int = 0, opened: int = 0) -> None:
-        if self._replacing is not None:
-            since, was_sealed, was_opened = self._replacing
-            self._replacing = (since, was_sealed + sealed, was_opened + opened)
+        if (was := self._replacing) is not None:
+            self._replacing = (was[0], was[1] + sealed, was[2] + opened)
 
     async def _seal(self, extent: Extent) -> None:
         try:
@@ -464,10 +466,8 @@ class Leader:
         if decision == OPEN_ONE:
             extent = await self.controller.scale_up(queue.name)
             if extent is not None:
-                log.info(
-                    "queue %s carries %.0f msgs/s on %d extents: opened %s on %s",
-                    queue.name, load.rate, load.extents, extent.id, extent.input_host,
-                )  # fmt: skip
+                log.info("queue %s carries %.0f msgs/s on %d extents: opened %s on %s", queue.name,
+                         load.rate, load.extents, extent.id, extent.input_host)  # fmt: skip
         elif decision == SEAL_ONE and plain:
             extent = extent_to_seal(plain, rates)
             log.info("queue %s carries %.0f msgs/s on %d extents: sealing %s", queue.name,

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from cherami.loadmeter import has_room
-from cherami.metadata.models import Extent, Host
+from cherami.metadata.models import Extent, Host, LoadReport
 
 SUSPECT_WINDOW = 120.0  # seconds a failed extent counts against its store hosts
 SUSPECT_AFTER = 2  # failed extents a store host must be in before it is suspected
@@ -26,6 +26,9 @@ class Placements:
         self._keep = keep
         self._made: dict[str, list[float]] = {}  # host -> when, oldest first
         self._failed: dict[str, tuple[float, tuple[str, ...]]] = {}  # extent -> when, stores
+        # each host's latest report and its messages/s in, summed once a report (a store
+        # host's names every extent written since its last: hundreds while queues are made)
+        self._rates: dict[str, tuple[LoadReport, float]] = {}
 
     def add(self, hosts: Iterable[str]) -> None:
         now = self._clock()
@@ -41,6 +44,12 @@ class Placements:
         since = host.load.at if host.load is not None else 0.0
         made = self._made.get(host.id, [])
         return len(made) - bisect.bisect_left(made, since)
+
+    def msgs_in(self, host: Host, report: LoadReport) -> float:
+        kept = self._rates.get(host.id)
+        if kept is None or kept[0] is not report:
+            kept = self._rates[host.id] = (report, report.msgs_in())
+        return kept[1]
 
     def failed(self, extent_id: str, stores: Iterable[str]) -> None:
         """An extent failed under a live input host while all its store hosts were live:
@@ -72,7 +81,7 @@ def _load(host: Host, placed: Placements) -> tuple[int, float]:
     report = host.load
     if report is None:
         return placed.pending(host), 0.0
-    return report.open_extents + placed.pending(host), report.msgs_in()
+    return report.open_extents + placed.pending(host), placed.msgs_in(host, report)
 
 
 def pick_input_host(hosts: list[Host], queue_extents: list[Extent], placed: Placements) -> str:

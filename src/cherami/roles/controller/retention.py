@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from cherami.errors import CheramiError
 from cherami.metadata.base import MetadataStore
@@ -18,11 +19,18 @@ from cherami.roles.controller.service import ControllerService
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.wire.keys import plain_key
 from cherami.wire.records import decode_record
-from cherami.wire.store import PLAIN
+from cherami.wire.store import PLAIN, ExtentInfo
 
 log = logging.getLogger("cherami.controller.retention")
 
 MAX_EXTENT_AGE = 3600.0
+
+
+@dataclass(slots=True)
+class _Consumption:
+    groups: dict[str, int]  # queue -> how many groups it has
+    acked: dict[tuple[str, str], list[int]]  # (queue, extent) -> each group's acked count
+    parked: set[tuple[str, str]]  # (queue, extent) holding a parked message
 
 
 class Retention:
@@ -38,14 +46,19 @@ class Retention:
         self.metadata = metadata
         self.stores = stores
         self._consumed_since: dict[str, float] = {}
+        self._newest: dict[str, float] = {}  # a sealed extent's newest enqueue time (s)
 
     async def tick(
-        self, queues: Mapping[str, Queue] | None = None, opened: list[Extent] | None = None
+        self,
+        queues: Mapping[str, Queue] | None = None,
+        opened: list[Extent] | None = None,
+        acting: Callable[[], bool] = lambda: True,
     ) -> None:
         """One pass (``queues``: the catalog as the leader knows it, by name, ``opened``:
         the open extents to look at for rolling over; None reads them). Open extents are
         looked at in one info request per store host; only queues with sealed extents
-        cost more: nothing here walks every queue."""
+        cost more: nothing here walks every queue. It stops once ``acting`` says the
+        leader may no longer act (its lease may have run out: another leads)."""
         if queues is None:
             queues = {q.name: q for q in await self.metadata.list_queues()}
 
@@ -70,11 +83,23 @@ class Retention:
         self._consumed_since = {
             e: t for e, t in self._consumed_since.items() if e in looked_at
         }  # fmt: skip
+        self._newest = {e: t for e, t in self._newest.items() if e in looked_at}
+        if not sealed:
+            return
+        try:
+            consumption = await self._consumption()
+            infos = await self.stores.infos([e for es in sealed.values() for e in es])
+        except CheramiError as err:
+            log.warning("retention: reading what was consumed: %s", err)
+            return
         for name, extents in sorted(sealed.items()):
+            if not acting():
+                log.info("retention: stops, this controller no longer leads")
+                return
             try:
                 queue = kept(name)
                 assert queue is not None
-                await self._free(queue, extents)
+                await self._free(queue, extents, consumption, infos)
             except CheramiError as err:
                 log.warning("retention of queue %s: %s", name, err)
 
@@ -94,26 +119,35 @@ class Retention:
                 )
                 await self.controller.replace_extent(extent.id)
 
-    async def _free(self, queue: Queue, extents: list[Extent]) -> None:
+    async def _consumption(self) -> _Consumption:
+        """Every queue's groups, every group's ack levels and the extents holding parked
+        messages: three reads a pass, not three per group of every queue with sealed
+        extents (10,000 queues holding a sealed backlog made 25,000 calls a second)."""
+        names = {(g.queue, g.name) for g in await self.metadata.list_every_group()}
+        groups: dict[str, int] = {}
+        for queue, _ in names:
+            groups[queue] = groups.get(queue, 0) + 1
+        acked: dict[tuple[str, str], list[int]] = {}
+        for level in await self.metadata.list_every_ack_level():
+            if (level.queue, level.group) in names:
+                acked.setdefault((level.queue, level.extent), []).append(level.acked)
+        parked = set(await self.metadata.list_every_parked_extent())
+        return _Consumption(groups, acked, parked)
+
+    async def _free(
+        self, queue: Queue, extents: list[Extent], seen: _Consumption, infos: dict[str, ExtentInfo]
+    ) -> None:
         """Delete the queue's sealed ``extents`` that every group consumed or that
         expired."""
-        groups = await self.metadata.list_groups(queue.name)
-        acked: dict[str, list[int]] = {}
-        parked: set[str] = set()  # extents holding parked messages (past their ack levels)
-        for group in groups:
-            for level in await self.metadata.get_ack_levels(queue.name, group.name):
-                acked.setdefault(level.extent, []).append(level.acked)
-            rows = await self.metadata.get_redeliveries(queue.name, group.name)
-            parked.update(row.extent for row in rows)
-        infos = await self.stores.infos(extents)
+        groups = seen.groups.get(queue.name, 0)
         for extent in extents:
             info = infos.get(extent.id)
             if info is None:
                 continue
-            levels = acked.get(extent.id, [])
-            consumed = extent.id not in parked and (
+            levels = seen.acked.get((queue.name, extent.id), [])
+            consumed = (queue.name, extent.id) not in seen.parked and (
                 info.count == 0
-                or (bool(groups) and len(levels) == len(groups) and min(levels) >= info.count)
+                or (groups > 0 and len(levels) == groups and min(levels) >= info.count)
             )
             if consumed:
                 since = self._consumed_since.setdefault(extent.id, time.time())
@@ -123,12 +157,17 @@ class Retention:
                 await self._delete(queue, extent, "expired")
 
     async def _expired(self, queue: Queue, extent: Extent, last_seq: int) -> bool:
+        """Whether the extent's newest message is older than the queue's retention: its
+        enqueue time is read once (a sealed extent's newest message stays its newest),
+        not at every pass."""
         if extent.kind != PLAIN or last_seq < 1:
             return False
-        batch = await self.stores.read(extent, plain_key(last_seq - 1), 1)
-        if not batch.records:
-            return False
-        newest = decode_record(batch.records[0]).enqueued_ms / 1000
+        newest = self._newest.get(extent.id)
+        if newest is None:
+            batch = await self.stores.read(extent, plain_key(last_seq - 1), 1)
+            if not batch.records:
+                return False
+            newest = self._newest[extent.id] = decode_record(batch.records[0]).enqueued_ms / 1000
         return time.time() - newest > queue.config.retention_seconds
 
     async def _delete(self, queue: Queue, extent: Extent, why: str) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from cherami.errors import CheramiError, Unavailable
 from cherami.metadata.base import MetadataStore
-from cherami.metadata.models import SEALED, Extent, Fence
+from cherami.metadata.models import CONSUMED, DELETED, SEALED, Extent, Fence
 from cherami.roles.storehost.client import StoreError
 from cherami.roles.storehost.directory import StoreDirectory
 
@@ -19,6 +19,7 @@ log = logging.getLogger("cherami.controller.service")
 
 RESEALS_AT_ONCE = 32  # a store host that came back: its replicas sealed at once
 SEALED_LATELY = 30.0  # seconds a seal of this controller is remembered (sealing())
+STRAGGLERS_IN_BULK = 32  # more extents with straggling replicas: their rows in one read
 
 
 class Sealer:
@@ -100,18 +101,36 @@ class Sealer:
         return at
 
     async def seal_stragglers(self) -> None:
-        """Seal the replicas that earlier seals could not reach, at the sealed seq."""
-        for extent_id, store_id in sorted(self.unsealed_replicas):
-            extent = await self.metadata.get_extent(extent_id)
+        """Seal the replicas that earlier seals could not reach, at the sealed seq,
+        RESEALS_AT_ONCE at a time; each extent's row is read once, and every one in one
+        statement when there are many (a read per replica one after another before:
+        after a power loss at 1,000 queues, 3,500-5,500 reads of the leader's)."""
+        pending = sorted(self.unsealed_replicas)
+        rows = await self._rows(sorted({extent_id for extent_id, _ in pending}))
+        limit = asyncio.Semaphore(RESEALS_AT_ONCE)
+
+        async def seal(extent_id: str, store_id: str) -> None:
+            extent = rows.get(extent_id)
             if extent is None or extent.sealed_seq is None:
                 self.unsealed_replicas.discard((extent_id, store_id))
-                continue
-            try:
-                await self.stores.get(store_id).seal(extent_id, extent.sealed_seq)
-            except CheramiError:
-                continue
+                return
+            async with limit:
+                try:
+                    await self.stores.get(store_id).seal(extent_id, extent.sealed_seq)
+                except CheramiError:
+                    return
             self.unsealed_replicas.discard((extent_id, store_id))
             log.info("replica %s of %s sealed at %d", store_id, extent_id, extent.sealed_seq)
+
+        await asyncio.gather(*(seal(e, s) for e, s in pending))
+
+    async def _rows(self, ids: list[str]) -> dict[str, Extent]:
+        """The extents' rows (those that still have one)."""
+        if len(ids) > STRAGGLERS_IN_BULK:
+            wanted = set(ids)
+            every = await self.metadata.list_extents_in((SEALED, CONSUMED, DELETED))
+            return {e.id: e for e in every if e.id in wanted}
+        return {i: e for i in ids if (e := await self.metadata.get_extent(i)) is not None}
 
     async def reseal_replicas(self, store_id: str) -> None:
         """A store host came back: seal its replicas of extents sealed while it was away,

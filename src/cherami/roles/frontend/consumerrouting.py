@@ -24,7 +24,7 @@ import msgspec
 from aiohttp import web
 
 from cherami.errors import CheramiError, Unavailable, error_from_response
-from cherami.membership import OUTPUTHOST, live_hosts
+from cherami.membership import OUTPUTHOST
 from cherami.metadata.models import Group
 from cherami.roles.frontend import schemas as s
 from cherami.roles.frontend.context import Frontend
@@ -183,10 +183,7 @@ class ConsumerRouting:
         parts: dict[str, list[str]] = {}
         for receipt in receipts:
             parts.setdefault(tag_of(receipt), []).append(receipt)
-        live = {
-            host_tag(h.id): h.address
-            for h in await live_hosts(self.f.r.metadata, OUTPUTHOST, self.f.ctx.timing.dead_after)
-        }
+        live = {host_tag(h.id): h.address for h in await router.live(OUTPUTHOST)}
         stale: list[str] = []
         calls: list[Awaitable[Settled]] = []
         for tag, part in parts.items():

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from cherami.context import DEFAULT, ProcessContext
-from cherami.errors import Unavailable
+from cherami.errors import GroupNotFound, Unavailable
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Group, Queue, check_name
 from cherami.roles.controller.client import ControllerClient
@@ -70,10 +70,18 @@ class Lookup:
         return await self.metadata.get_queue(name)
 
     async def group_record(self, request: web.Request, scope: Scope | None) -> Group:
-        queue = await self.queue(request, scope)
-        return await self.metadata.get_group(
-            queue.name, check_name("group", request.match_info["group"])
-        )
+        """The group's record: one read (a group's row exists only with its queue's: a
+        queue is deleted with its groups at once). The queue's is read only when the
+        group is not found, to say which of the two is missing (every receive and ack
+        read both, on the frontend and again on the output host it was forwarded to)."""
+        name = check_name("queue", request.match_info["queue"])
+        self.auth(request, scope, name)
+        group = check_name("group", request.match_info["group"])
+        try:
+            return await self.metadata.get_group(name, group)
+        except GroupNotFound:
+            await self.metadata.get_queue(name)  # QueueNotFound when it is the queue
+            raise
 
     async def served_group(self, request: web.Request, scope: Scope | None) -> Group:
         """The group, when this process's output host serves it; else Forward to an

@@ -15,9 +15,9 @@ from aiohttp import WSMsgType, web
 
 from cherami.context import DEFAULT, ProcessContext
 from cherami.errors import CheramiError, TooManyStreams, Unavailable, error_from_code
-from cherami.membership import INPUTHOST, OUTPUTHOST, live_hosts
+from cherami.membership import INPUTHOST, OUTPUTHOST, RecentHosts
 from cherami.metadata.base import MetadataStore
-from cherami.metadata.models import OPEN
+from cherami.metadata.models import OPEN, Host
 from cherami.roles.outputhost.client import group_leases
 from cherami.wire import close
 
@@ -36,7 +36,13 @@ class Router:
         """``ctx``: the process's timing (who is alive) and TLS (context.py)."""
         self.metadata = metadata
         self.ctx = ctx
-        self._dead_after = ctx.timing.dead_after
+        # the live hosts, read at most once a heartbeat interval: every forwarded request
+        # asked the hosts table once or twice (after a power loss, 10,000 reads a round)
+        t = ctx.timing
+        self._live = {
+            role: RecentHosts(metadata, role, t.dead_after, t.heartbeat_interval, load=False)
+            for role in (INPUTHOST, OUTPUTHOST)
+        }
         self._turn = itertools.count()
         self.forwarding: collections.Counter[str] = collections.Counter()  # in flight, by host
         self._session: aiohttp.ClientSession | None = None
@@ -57,15 +63,16 @@ class Router:
         if self._session is not None:
             await self._session.close()
 
+    async def live(self, role: str) -> list[Host]:
+        """The live input or output hosts, read at most once a heartbeat interval."""
+        return await self._live[role].get()
+
     async def input_host(self, queue: str) -> str:
         """The address of an input host with open extents of the queue: the one with the
         fewest forwards in flight from here (ties in turn), so publishes spread by load."""
 
         async def find() -> str | None:
-            live = {
-                h.id: h.address
-                for h in await live_hosts(self.metadata, INPUTHOST, self._dead_after)
-            }
+            live = {h.id: h.address for h in await self._live[INPUTHOST].get()}
             extents = await self.metadata.list_extents(queue, (OPEN,))
             addresses = sorted({live[e.input_host] for e in extents if e.input_host in live})
             if not addresses:
@@ -91,9 +98,7 @@ class Router:
         holders = await self.metadata.lease_holders(group_leases(queue, group))
         if not holders:
             return []
-        live = {
-            h.id: h.address for h in await live_hosts(self.metadata, OUTPUTHOST, self._dead_after)
-        }
+        live = {h.id: h.address for h in await self._live[OUTPUTHOST].get()}
         units: dict[str, int] = {}
         for holder in holders.values():
             if holder in live:
@@ -153,9 +158,7 @@ class Router:
         if loop.time() >= self._alive_at + ALIVE_CHECK:
             try:
                 hosts = [
-                    h
-                    for role in (INPUTHOST, OUTPUTHOST)
-                    for h in await live_hosts(self.metadata, role, self._dead_after)
+                    h for role in (INPUTHOST, OUTPUTHOST) for h in await self._live[role].get()
                 ]
             except CheramiError:
                 return True

@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from cherami.httpbase import json_response
-from cherami.membership import INPUTHOST, live_hosts
+from cherami.membership import INPUTHOST
 from cherami.metadata.models import OPEN
 from cherami.roles.frontend.context import Frontend
 from cherami.wire.store import PLAIN
@@ -37,10 +37,7 @@ class RoutingRoutes:
         r = self.f.r
         if r.router is None:
             return []
-        live = {
-            h.id: h.address
-            for h in await live_hosts(r.metadata, INPUTHOST, r.ctx.timing.dead_after)
-        }
+        live = {h.id: h.address for h in await r.router.live(INPUTHOST)}
         extents = await r.metadata.list_extents(queue, (OPEN,))
         held: dict[str, list[str]] = {}
         for extent in sorted(extents, key=lambda e: (e.created_at, e.id)):

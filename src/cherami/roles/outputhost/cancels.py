@@ -19,6 +19,9 @@ from cherami.errors import CheramiError, QueueNotFound
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.cancelled import CANCEL_MARGIN_MS
 
+# more kept queues named than this: their tombstones read in two statements, not two each
+FOLLOW_IN_BULK = 32
+
 
 class CancelCache:
     def __init__(self, metadata: MetadataStore, clock: Callable[[], float] = time.time) -> None:
@@ -60,15 +63,40 @@ class CancelCache:
         """A read of the change log that began at ``started_ms`` named ``changed`` (None:
         an unknown point, every queue): the kept queues it names are read again (a
         deleted one is forgotten), the others are known as of then; nothing is done per
-        queue it does not name."""
-        for queue in list(self._known) if changed is None else changed & self._known.keys():
+        queue it does not name. Many are read in two statements, not two reads each: a
+        power loss names every queue at every refresh while the leader replaces their
+        extents (1,000 queues: 2,000 reads one after another, refresh after refresh)."""
+        named = list(self._known) if changed is None else sorted(changed & self._known.keys())
+        if len(named) > FOLLOW_IN_BULK:
+            await self._follow_all(named)
+        for queue in named if len(named) <= FOLLOW_IN_BULK else ():
             before = self.as_of(queue)
             try:
                 await self.metadata.get_queue(queue)
                 await self._load(queue)
             except QueueNotFound:
-                del self._known[queue], self._loaded[queue]
-                self._frozen.pop(queue, None)
+                self._forget(queue)
             except CheramiError:
                 self._frozen.setdefault(queue, before or 0.0)  # a run due later asks the store
         self._followed = started_ms
+
+    async def _follow_all(self, named: list[str]) -> None:
+        started = self.clock() * 1000
+        try:
+            queues = {q.name for q in await self.metadata.list_queues()}
+            everywhere = await self.metadata.cancelled_everywhere()
+        except CheramiError:
+            for queue in named:  # a run due later asks the store
+                self._frozen.setdefault(queue, self.as_of(queue) or 0.0)
+            return
+        for queue in named:
+            if queue not in queues:
+                self._forget(queue)
+                continue
+            self._known[queue] = everywhere.get(queue, {})
+            self._loaded[queue] = started
+            self._frozen.pop(queue, None)
+
+    def _forget(self, queue: str) -> None:  # deleted
+        del self._known[queue], self._loaded[queue]
+        self._frozen.pop(queue, None)

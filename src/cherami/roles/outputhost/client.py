@@ -22,7 +22,7 @@ from cherami.roles.outputhost.consumestream import ConsumeStream, StreamSocket
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.extentreader import ExtentCursor
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
-from cherami.roles.outputhost.idlegroups import NONE_ACKED, Unloaded, level_of
+from cherami.roles.outputhost.idlegroups import NONE_ACKED, Level, Unloaded, level_of
 from cherami.roles.outputhost.keygate import TOP_KEYS
 from cherami.roles.outputhost.ownership import group_leases
 from cherami.roles.outputhost.receipts import host_tag, tag_of
@@ -221,7 +221,17 @@ class LocalOutputHost:
         by_id = {e.id: e for e in every}
         for extent in every:
             by_queue.setdefault(extent.queue, []).append(extent)
-        kept = await each(groups, self._kept, KEPT_READS)
+        kept = [self._kept(group) for group in groups]
+        unknown = [k for k in kept if k.levels is None]
+        if len(unknown) > KEPT_READS:  # one read of every group's levels, not one a group
+            every_level: dict[tuple[str, str], dict[str, Level]] = {}
+            for a in await metadata.list_every_ack_level():
+                levels = every_level.setdefault((a.queue, a.group), {})
+                levels[a.extent] = level_of(a.acked, a.limit, a.level)
+            for k in unknown:
+                k.levels = every_level.get((k.group.queue, k.group.name), {})
+        else:
+            await each(unknown, self._read_levels, KEPT_READS)
         theirs = [
             [] if k.group.config.type == STREAM  # read by their clients: no backlog here
             else by_queue.get(k.group.queue, []) + [
@@ -236,18 +246,19 @@ class LocalOutputHost:
         await self._oldest(kept, theirs, counts)
         return [_kept_state(k, extents, counts) for k, extents in zip(kept, theirs, strict=True)]
 
-    async def _kept(self, group: Group) -> Unloaded:
-        """What is kept of a group not loaded here, with its persisted acked counts
-        (read now if not known)."""
+    def _kept(self, group: Group) -> Unloaded:
+        """What is kept of a group not loaded here (its acked counts None until read)."""
         key = f"{group.queue}/{group.name}"
         kept = self.service.unloaded.get(key)
-        if kept is None:
+        if kept is None or kept.group.created_at != group.created_at:  # new, or made again
             kept = self.service.unloaded[key] = Unloaded(group)
             self.service.follow(key, group)
-        if kept.levels is None:
-            rows = await self.service.metadata.get_ack_levels(group.queue, group.name)
-            kept.levels = {r.extent: level_of(r.acked, r.limit, r.level) for r in rows}
         return kept
+
+    async def _read_levels(self, kept: Unloaded) -> None:
+        group = kept.group
+        rows = await self.service.metadata.get_ack_levels(group.queue, group.name)
+        kept.levels = {r.extent: level_of(r.acked, r.limit, r.level) for r in rows}
 
     async def _oldest(
         self, kept: list[Unloaded], theirs: list[list[Extent]], counts: dict[str, int]

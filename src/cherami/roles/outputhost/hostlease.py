@@ -15,13 +15,18 @@ Settled ticks: reading every unit's lease (``lease_holders``, a row a unit) is w
 tick costs at breadth, and when nothing moves it tells nothing new. So a tick skips
 it, and only renews, while the catalog has not changed (the change log), the live
 output hosts are the same, the last full read found every unit held by a live host
-with the shares even (nothing to take, shed or drop), and no write was refused under
-a fence since; it reads every lease all the same every ``FULL_EVERY`` seconds, and
-after a tick that failed (the store may be a promoted standby that lacks the last
+with the shares even (nothing to take, shed or drop), no write was refused under a
+fence since, and the lease stamp (``MetadataStore.lease_stamp``, a row per host lease:
+its session, a count of its takes and releases, whether it is live) is the one read
+just before that full read. The stamp changes with everything who holds a unit
+depends on but one: a released unit's own expiry, so while a released unit may still
+be held it reads every lease all the same every ``FULL_EVERY`` seconds. It reads them
+after a tick that failed too (the store may be a promoted standby that lacks the last
 takes: ownership.py drops a unit no one holds in a read made while the host lease was
-live). A dead
-host's units are still taken within ``dead_after`` and a tick: its death changes the
-live hosts."""
+live). An idle host's tick thus reads a row per host whatever the number of units (it
+read every unit's lease every ``FULL_EVERY`` before: 1,212 rows/s at 1,000 queues on
+3 hosts). A dead host's units are still taken within ``dead_after`` and a tick: its
+death changes the live hosts, and its host lease's expiry the stamp."""
 
 from __future__ import annotations
 
@@ -33,12 +38,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cherami.metadata.hostleases import lease_stamp_pending
 from cherami.roles.outputhost.catalog import Unit
 from cherami.timing import Timing
 
 log = logging.getLogger("cherami.outputhost.ownership")
 
-FULL_EVERY = 10.0  # seconds: a settled host reads every lease this often all the same
+FULL_EVERY = 10.0  # seconds: while a released unit may be held, a full read this often
 RENEW_WITHIN = 1.0  # a tick still taking units renews those it held this near their end
 LEASES = "group:"  # the prefix of every unit's lease
 
@@ -76,6 +82,7 @@ class HostLease:
         # the last full read: when, of which catalog and live hosts, and whether settled
         self._read_at = -math.inf
         self._read_of: tuple[object, frozenset[str]] | None = None
+        self._stamp: object = None  # the lease stamp read just before the last full read
 
     def _window(self, asked: float) -> float:
         return asked + self.timing.lease_ttl - self.timing.lease_margin
@@ -181,14 +188,19 @@ class HostLease:
         return True
 
     # settled ticks
-    def settled(self, catalog: object, live: set[str]) -> bool:
+    async def stamp(self) -> Any:
+        """The store's lease stamp now (read before the full read it vouches for)."""
+        return await self._ask(self.metadata.lease_stamp())
+
+    def settled(self, catalog: object, live: set[str], stamp: Any) -> bool:
         """Whether this tick may skip reading every lease (see the module)."""
         return (
             self._read_of is not None
             and self._read_of[0] is catalog
             and self._read_of[1] == live
             and not self.fenced
-            and self.clock() < self._read_at + FULL_EVERY
+            and stamp == self._stamp
+            and (not lease_stamp_pending(stamp) or self.clock() < self._read_at + FULL_EVERY)
         )
 
     def unsettle(self) -> None:
@@ -196,8 +208,10 @@ class HostLease:
         another now, a promoted standby that lacks the last takes)."""
         self._read_of = None
 
-    def read_all(self, catalog: object, live: set[str], quiet: bool) -> None:
-        """A full read of every lease, made when the catalog was ``catalog``; ``quiet``:
-        it found nothing to take, shed or drop."""
+    def read_all(self, catalog: object, live: set[str], stamp: Any, quiet: bool) -> None:
+        """A full read of every lease, made when the catalog was ``catalog`` and after
+        the lease stamp ``stamp`` was read; ``quiet``: it found nothing to take, shed or
+        drop."""
         self._read_at = self.clock()
+        self._stamp = stamp
         self._read_of = (catalog, frozenset(live)) if quiet else None

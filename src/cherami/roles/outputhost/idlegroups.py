@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Extent, Group
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
 from cherami.telemetry import Histogram
@@ -122,3 +123,26 @@ class Unloaded:
                 count = counts[extent.id] if limit is None else min(counts[extent.id], limit)
                 total += max(0, count - acked)
         return total
+
+
+async def forget_merged(
+    metadata: MetadataStore, unloaded: dict[str, Unloaded], keys: Iterable[str]
+) -> None:
+    """The kept acked counts of the groups ``keys`` (of queues written since the last
+    look) that a merge of their DLQ may have changed, forgotten: read again when asked.
+    On a node a merged range is the only write to a group's levels while it is not
+    loaded but for deletions (whose extents no longer count) and a stream group's
+    committed offsets (not counted in its stats); creating or sealing extents leaves
+    them as they are. So a group is read again only if it has a merged range, now (one
+    read of them all) or in what was kept, not every group of every queue written."""
+    known = [
+        (key, kept) for key in keys
+        if (kept := unloaded.get(key)) is not None and kept.levels is not None
+    ]  # fmt: skip
+    if not known:
+        return
+    merged = {f"{queue}/{group}" for queue, group, _ in await metadata.list_merged_extents()}
+    for key, kept in known:
+        levels = kept.levels or {}
+        if key in merged or any(limit is not None for _, limit, _ in levels.values()):
+            kept.levels = None

@@ -49,7 +49,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING
 
 from cherami.errors import CheramiError
@@ -106,8 +106,28 @@ class KeyGate:
 
     def admit(self, entries: Iterable[Entry]) -> list[Entry]:
         """Of messages about to be made ready (read, or due again), those that may be:
-        unkeyed ones, the first of a key, its holder coming back; the others wait."""
-        return [e for e in entries if e.record.key is None or self.let(e)]
+        unkeyed ones, the first of a key, its holder coming back; the others wait. On a
+        host holding the group's extents one by one, an unkeyed message waits too behind
+        a keyed one of its extent that waits: the ack level stays below what this host
+        could not deliver, so the host that takes the group whole delivers from there,
+        and nothing acked here is delivered again."""
+        made = []
+        for e in entries:
+            if e.record.key is not None:
+                if self.let(e):
+                    made.append(e)
+            elif not (self._pending and self.holds_back(e)):
+                made.append(e)
+        return made
+
+    def holds_back(self, entry: Entry) -> bool:
+        """Whether an unkeyed message waits behind a keyed one of its extent (``admit``);
+        if so it waits in that extent's pending queue."""
+        pending = self._pending.get(entry.cursor)
+        if pending is None or self.whole():
+            return False
+        pending.append(entry)
+        return True
 
     def admit_read(self, entries: list[Entry]) -> list[Entry]:
         """``admit`` of messages just read from one extent, in read order: when none
@@ -245,6 +265,11 @@ class KeyGate:
     def pending(self) -> bool:
         return bool(self._pending)
 
+    @property
+    def waiting_in(self) -> Collection[ExtentCursor]:
+        """The cursors with messages waiting for other extents' reads."""
+        return self._pending.keys()
+
     def _behind(self, cursor: ExtentCursor, enqueued_ms: int) -> bool:
         """Whether another extent may still hold an earlier message of any key: one not
         read past ``enqueued_ms`` (those whose readers wait are probed), or one with an
@@ -287,8 +312,9 @@ class KeyGate:
                     entry = pending.popleft()
                     moved = True
                     key = entry.record.key
-                    assert key is not None
-                    if self._join(key, (cursor.id, entry.key), entry, self.held.get(key)):
+                    if key is None or self._join(
+                        key, (cursor.id, entry.key), entry, self.held.get(key)
+                    ):
                         nexts.append(entry)
                 if not pending:
                     del self._pending[cursor]
@@ -385,8 +411,8 @@ class KeyGate:
         for pending in self._pending.values():
             for entry in pending:
                 key = entry.record.key
-                assert key is not None
-                counts[key] = counts.get(key, 0) + 1
+                if key is not None:  # (an unkeyed one waits behind one, admit)
+                    counts[key] = counts.get(key, 0) + 1
         return heapq.nlargest(n, counts.items(), key=lambda kv: kv[1])
 
 

@@ -100,6 +100,7 @@ class ExtentOwnership:
         )
         self._failing = False  # the last tick could not reach the metadata store
         self._taking_after = 0.0  # self.clock(): may take others' units from then (start)
+        self._vouched_until = 0.0  # and not before this: a peer acts on this host's word
         self._tick_started: float | None = None  # self.clock() of the running tick
         # the metadata calls under way (when each was asked), and the longest of this tick
         self._asking: dict[object, float] = {}
@@ -192,6 +193,21 @@ class ExtentOwnership:
         failed) or the running one (it has been waiting for over timing.slow_tick)."""
         return self._failing or self._slow()
 
+    def answer_peer(self) -> bool:
+        """What this host tells a peer asking whether it reaches the store (outage.py).
+        "It cannot" binds it: the asker acts on for timing.recovery_grace on its word, so
+        it takes nothing for that long from now, whatever its running tick then finds
+        (the stall it saw may end with no call of the tick having waited past slow_tick:
+        a call asked after the stall answers first and resets the wait)."""
+        unreachable = self.store_unreachable()
+        if unreachable:
+            now = self.clock()
+            if now >= self._vouched_until:
+                log.info("told a peer the metadata store is unreachable: taking nothing "
+                         "for %.0f s", self.timing.recovery_grace)  # fmt: skip
+            self._vouched_until = max(self._vouched_until, now + self.timing.recovery_grace)
+        return unreachable
+
     def riding_out(self) -> bool:
         """Whether this host acts on a metadata outage's terms now: it does not try to
         write ack levels and parked rows (they wait in memory for the store)."""
@@ -243,14 +259,17 @@ class ExtentOwnership:
     async def tick(self) -> None:
         catalog = await self._units()
         units, groups = catalog
-        hosts = await self._ask(live_hosts(self.metadata, OUTPUTHOST, self.timing.dead_after))
+        hosts = await self._ask(
+            live_hosts(self.metadata, OUTPUTHOST, self.timing.dead_after, load=False)
+        )
         self.peers = {h.id: h.address for h in hosts if h.id != self.id}
         live = {h.id for h in hosts} | {self.id}
         if self.lease.session is None:
             await self._drop_all()
             if not await self.lease.begin():
                 return  # this host's last session (before a restart) has not expired
-        if self.lease.settled(catalog, live):  # nothing moves: renew only (hostlease.py)
+        stamp = await self.lease.stamp()
+        if self.lease.settled(catalog, live, stamp):  # nothing moves: renew only (hostlease.py)
             if not await self.lease.renew():
                 await self._drop_all()
             return
@@ -306,7 +325,7 @@ class ExtentOwnership:
                 holder = held_by.get(unit_lease(*unit))
                 if holder is not None and holder != self.id:
                     continue  # another host's
-                if self.clock() < self._taking_after or self._slow():
+                if self.clock() < max(self._taking_after, self._vouched_until) or self._slow():
                     continue  # after an outage, or in what may be one
                 orphaned = now - self._unheld_since.get(unit, now) >= self.orphan_after
                 full = mine >= fair_here or (len(self.held) + len(wanted) >= fair and mine >= floor)
@@ -336,7 +355,7 @@ class ExtentOwnership:
                 await self._drop_all()
         finally:
             loaded = await asyncio.gather(*loads, return_exceptions=True)
-        self.lease.read_all(catalog, live, quiet and not wanted and not shed)
+        self.lease.read_all(catalog, live, stamp, quiet and not wanted and not shed)
         for result in loaded:
             if isinstance(result, BaseException):
                 raise result

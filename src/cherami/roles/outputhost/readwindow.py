@@ -110,7 +110,10 @@ class ReadWindow:
             and min(map(ENQUEUED, records)) >= max(start_ms, now_ms - retention_ms)
             and max(map(DELIVERY, records)) + delay_ms <= now_ms
         ):  # all of them ready now (checked in C)
-            if any(map(KEY, records)):  # keyed ones go through the gate, all at once
+            gate = self._gate
+            if any(map(KEY, records)) or (gate.pending and run.cursor in gate.waiting_in):
+                # keyed ones go through the gate, all at once; unkeyed ones too where a
+                # keyed one of their extent waits (keygate.py, admit)
                 ready.extend(self._gate.admit_read(run.entries()))
             else:
                 ready.append(run)
@@ -137,6 +140,8 @@ class ReadWindow:
                 now_ms = time.time() * 1000
             if record.key is not None and not self._gate.let(entry):
                 continue  # waits behind an earlier message of its key
+            if record.key is None and self._gate.pending and self._gate.holds_back(entry):
+                continue  # waits behind a keyed one of its extent (keygate.py, admit)
             ready.append(entry)
         if ready:
             self.signal()

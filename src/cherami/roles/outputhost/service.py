@@ -17,7 +17,7 @@ from cherami.context import DEFAULT, ProcessContext
 from cherami.errors import GroupNotFound, QueueNotFound, Unavailable
 from cherami.loadmeter import Activity
 from cherami.metadata.base import MetadataStore
-from cherami.metadata.models import CONSUMED, FAILING, OPEN, SEALED, Group, Queue
+from cherami.metadata.models import Group, Queue
 from cherami.periodic import Periodic
 from cherami.roles.outputhost.cancels import CancelCache
 from cherami.roles.outputhost.catalog import WHOLE
@@ -25,9 +25,10 @@ from cherami.roles.outputhost.committer import AckCommitter, Holdings
 from cherami.roles.outputhost.deadletterqueue import DeadLetterMover
 from cherami.roles.outputhost.entry import Entry
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
-from cherami.roles.outputhost.idlegroups import Unloaded, may_unload
+from cherami.roles.outputhost.idlegroups import Unloaded, forget_merged, may_unload
 from cherami.roles.outputhost.receipts import ReceiptSigner
 from cherami.roles.outputhost.sharedreads import SharedReads
+from cherami.roles.outputhost.syncrows import EVERY, InBulk, OneByOne, Records, SyncRows
 from cherami.roles.storehost.directory import StoreDirectory
 from cherami.wire import close
 from cherami.wire.store import TIMER
@@ -225,20 +226,22 @@ class OutputHostService:
         await self._sync(consumer, (group, queue_record))
         return consumer
 
-    async def _sync(self, consumer: GroupConsumer, read: tuple[Group, Queue] | None = None) -> None:
+    async def _sync(
+        self, consumer: GroupConsumer, read: Records | None = None, reads: SyncRows | None = None
+    ) -> None:
         """Follow the group's extents (those this host holds): new ones get a cursor,
         after their parked messages are loaded. ``read``: the group's and its queue's
-        records, read just now (a group being loaded)."""
+        records, read just now (a group being loaded); ``reads``: syncrows.py."""
+        reads = reads or OneByOne(self.metadata)
         if read is None:
-            group = await self.metadata.get_group(consumer.group.queue, consumer.group.name)
-            read = group, await self.metadata.get_queue(group.queue)
+            read = await reads.records(consumer.group.queue, consumer.group.name)
         group = read[0]
         consumer.configure(read[1], group)
-        levels = {a.extent: a for a in await self.metadata.get_ack_levels(group.queue, group.name)}
-        extents = await self.metadata.list_extents(group.queue, (OPEN, FAILING, SEALED, CONSUMED))
+        levels = {a.extent: a for a in await reads.levels(group.queue, group.name)}
+        extents = await reads.extents(group.queue)
         merged = [lv for lv in levels.values() if lv.limit is not None]
         if merged:
-            dlq_extents = {e.id: e for e in await self.metadata.list_extents(group.dlq)}
+            dlq_extents = {e.id: e for e in await reads.extents(group.dlq, EVERY)}
             extents += [dlq_extents[lv.extent] for lv in merged if lv.extent in dlq_extents]
         loaded = consumer.parked.loaded
         fetched = {e.id for e in extents if self.holds(group.queue, group.name, e.id)} - loaded
@@ -338,10 +341,10 @@ class OutputHostService:
             if consumer.group.queue == queue.name:
                 consumer.configure(queue=queue)
 
-    async def _sync_quietly(self, consumer: GroupConsumer) -> bool:
+    async def _sync_quietly(self, consumer: GroupConsumer, reads: SyncRows | None) -> bool:
         """Whether the group is in step with the metadata now (or gone)."""
         try:
-            await self._sync(consumer)
+            await self._sync(consumer, reads=reads)
         except GroupNotFound:
             pass
         except Exception:
@@ -410,12 +413,13 @@ class OutputHostService:
             if changed is None
             else again.union(*(self._named.get(name, ()) for name in changed))
         )  # the groups of the queues and DLQs written since: not a walk over them all
-        for key in self.unloaded if changed is None else stale:
-            if (kept := self.unloaded.get(key)) is not None:
-                kept.levels = None  # a merge may have written them: read again when asked
+        await forget_merged(
+            self.metadata, self.unloaded, self.unloaded if changed is None else stale
+        )
+        reads = await InBulk.when(stale, self.groups, self.metadata)
         for key in sorted(stale):
             consumer = self.groups.get(key)
-            if consumer is not None and not await self._sync_quietly(consumer):
+            if consumer is not None and not await self._sync_quietly(consumer, reads):
                 self._again.add(key)
         self._seen = latest
         self._extents_known(started)

@@ -129,7 +129,7 @@ class StoreWatcher:
         self._refresher = Periodic("store host refresh", REFRESH_INTERVAL, self.refresh)
 
     async def refresh(self) -> set[str]:
-        hosts = await live_hosts(self.metadata, STOREHOST, self.dead_after)
+        hosts = await live_hosts(self.metadata, STOREHOST, self.dead_after, load=False)
         for h in hosts:
             await self.stores.set_address(h.id, h.address)
         self.live = {h.id for h in hosts}

@@ -61,7 +61,7 @@ class GroupHandlers:
         queue = await self.lookup.queue(request, "admin")
         name = check_name("group", request.match_info["group"])
         config = await decode(request, GroupConfig)
-        group, created = await self.controller.create_group(queue.name, name, config)
+        group, created = await self.controller.create_group(queue, name, config)
         if self.outputs is not None:  # a node loads it at its first consumer
             await self.outputs.made(group, created)
         return json_response(group_json(group), 201 if created else 200)

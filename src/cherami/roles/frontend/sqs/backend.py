@@ -69,7 +69,7 @@ class Backend:
 
     async def create(self, name: str, config: QueueConfig, group: GroupConfig) -> Group:
         queue, _ = await self.r.controller.create_queue(name, config)
-        made, created = await self.r.controller.create_group(queue.name, SQS_GROUP, group)
+        made, created = await self.r.controller.create_group(queue, SQS_GROUP, group)
         if self.r.outputs is not None:
             await self.r.outputs.made(made, created)
         return made

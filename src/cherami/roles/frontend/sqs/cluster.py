@@ -13,7 +13,7 @@ from datetime import datetime
 import msgspec
 
 from cherami.errors import CheramiError, error_from_response
-from cherami.membership import OUTPUTHOST, live_hosts
+from cherami.membership import OUTPUTHOST
 from cherami.metadata.models import Group
 from cherami.roles.frontend import schemas as s
 from cherami.roles.frontend.context import Roles
@@ -111,10 +111,7 @@ class RemoteGroups:
         parts: dict[str, list[str]] = {}
         for receipt in receipts:
             parts.setdefault(tag_of(receipt), []).append(receipt)
-        live = {
-            host_tag(h.id): h.address
-            for h in await live_hosts(self.r.metadata, OUTPUTHOST, self.r.ctx.timing.dead_after)
-        }
+        live = {host_tag(h.id): h.address for h in await self.router.live(OUTPUTHOST)}
         applied, stale = 0, []
         for tag, part in parts.items():
             address = live.get(tag) if tag else None
