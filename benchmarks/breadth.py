@@ -4,10 +4,13 @@ seconds, 60 by default: long enough to see anything that wakes every 30 s) and m
 (the resident set of every process), the latency of publishing and receiving one
 message at a time on one more queue, a SIGTERM restart and a SIGKILL restart (until
 /healthz answers 200), and that every message published before is delivered after, to
-every group.
+every group. Creating: the node's CPU a queue made and its metadata calls a queue made,
+then its metadata calls a second over --settle (what the leader and the output host
+still catch up on).
 
     .venv/bin/python benchmarks/breadth.py 25 50 100          # queue counts, 2 groups each
     .venv/bin/python benchmarks/breadth.py --groups 1 --idle 10 --concurrency 4 200
+    .venv/bin/python benchmarks/breadth.py --idle 30 --settle 30 --no-restarts 10000
     .venv/bin/python benchmarks/breadth.py --cluster 1000 2000   # see breadth_cluster.py
 
 Prints one row per N; nothing is estimated."""
@@ -134,12 +137,21 @@ def _pids(node: NodeProcess) -> list[str]:
     return [str(node.proc.pid), *children]
 
 
-def _idle(node: NodeProcess, seconds: float, settle: float) -> dict[str, Any]:
+def _idle(
+    node: NodeProcess, seconds: float, settle: float, made: dict[str, float]
+) -> dict[str, Any]:
     """The node's CPU over ``seconds`` of idling (% of a core, every process), its RSS
-    after (MB) and its metadata calls a second while idle (in all, and the busiest)."""
+    after (MB), its metadata calls a second while idle (in all, and the busiest), and
+    a second over the ``settle`` seconds before (since ``made``, the calls once every
+    queue was made: what the leader and the output host still had to catch up on)."""
     pids = _pids(node)
+    started = time.monotonic()
     time.sleep(settle)  # what creating and the first deliveries left behind settles
-    before, calls_before = _cpu_seconds(pids), _metadata_calls(node.url)
+    # the scrape that reads the call counters costs the node CPU too (3 s at 10,000
+    # queues): the window starts after it, and ends before the one that closes it
+    calls_before = _metadata_calls(node.url)
+    settling = (sum(calls_before.values()) - sum(made.values())) / (time.monotonic() - started)
+    before = _cpu_seconds(pids)
     time.sleep(seconds)
     cpu = (_cpu_seconds(pids) - before) / seconds * 100
     calls = _metadata_calls(node.url)
@@ -149,6 +161,7 @@ def _idle(node: NodeProcess, seconds: float, settle: float) -> dict[str, Any]:
         "idle_cpu_pct": cpu, "rss_mb": _rss_mb(pids),
         "metadata_per_s": sum(rates.values()),
         "metadata_busiest": ", ".join(f"{op} {r:.2f}" for r, op in busiest) or "none",
+        "metadata_settling_per_s": settling,
     }  # fmt: skip
 
 
@@ -177,22 +190,28 @@ def run(queues: int, groups: int, args: argparse.Namespace) -> dict[str, Any]:
         node = NodeProcess(Path(tmp) / "node").start()
         try:
             pids = _pids(node)
+            calls = _metadata_calls(node.url)
             cpu = _cpu_seconds(pids[:1]), _cpu_seconds(pids[1:])
             created = asyncio.run(_create(node.url, queues, groups, args.concurrency))
             create_cpu = _cpu_seconds(pids[:1]) - cpu[0], _cpu_seconds(pids[1:]) - cpu[1]
-            idle = _idle(node, args.idle, args.settle)
+            made = _metadata_calls(node.url)
+            made_calls = (sum(made.values()) - sum(calls.values())) / queues
+            idle = _idle(node, args.idle, args.settle, made)
             scrape = _scrape_seconds(node.url)
             p50, p99 = asyncio.run(_latency(node.url))
-            sigterm = _restart(node, kill=False)
-            missing_term = asyncio.run(_all_delivered(node.url, queues, groups))
-            sigkill = _restart(node, kill=True)
-            # the deliveries above were not acked: a restart delivers them again
-            missing_kill = asyncio.run(_all_delivered(node.url, queues, groups))
+            sigterm = sigkill = float("nan")
+            missing_term = missing_kill = 0
+            if args.restarts:
+                sigterm = _restart(node, kill=False)
+                missing_term = asyncio.run(_all_delivered(node.url, queues, groups))
+                sigkill = _restart(node, kill=True)
+                # the deliveries above were not acked: a restart delivers them again
+                missing_kill = asyncio.run(_all_delivered(node.url, queues, groups))
         finally:
             node.stop()
     return {
         "queues": queues, "groups": groups, "create_s": created, "create_cpu": create_cpu,
-        **idle, "scrape_s": scrape,
+        "made_calls": made_calls, **idle, "scrape_s": scrape,
         "latency_p50_ms": p50, "latency_p99_ms": p99,
         "sigterm_restart_s": sigterm, "sigkill_restart_s": sigkill,
         "missing_after_sigterm": missing_term, "missing_after_sigkill": missing_kill,
@@ -211,6 +230,13 @@ def main() -> None:
         help="seconds left after creating before the idle measure starts",
     )
     parser.add_argument("--concurrency", type=int, default=16, help="queues created at once")
+    parser.add_argument(
+        "--no-restarts",
+        dest="restarts",
+        action="store_false",
+        help="leave the restarts out (and the check of every group after each: at 10,000 "
+        "queues 20,000 receives, over 10 minutes)",
+    )
     parser.add_argument(
         "--cluster",
         action="store_true",
@@ -231,16 +257,20 @@ def main() -> None:
     p50, p99 = empty_latency()
     print(f"empty node: publish to receive p50 / p99 {p50:.1f} / {p99:.1f} ms", flush=True)
     print("| queues x groups | create all (s) | queues/s "
-          "| CPU to create: node / store hosts (s) | idle CPU (% of a core) | RSS (MB) "
+          "| CPU to create: node / store hosts (s) | node CPU a queue (ms) "
+          "| metadata calls a queue made | metadata calls/s settling "
+          "| idle CPU (% of a core) | RSS (MB) "
           "| metadata calls/s idle (busiest) | /metrics scrape (s) "
           "| publish to receive p50 / p99 (ms) "
           "| SIGTERM restart (s) | SIGKILL restart (s) | not delivered after |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in args.queues:
         r = run(n, args.groups, args)
         print(
             f"| {n} x {args.groups} | {r['create_s']:.1f} | {n / r['create_s']:.0f} "
             f"| {r['create_cpu'][0]:.1f} / {r['create_cpu'][1]:.1f} "
+            f"| {r['create_cpu'][0] / n * 1000:.2f} | {r['made_calls']:.1f} "
+            f"| {r['metadata_settling_per_s']:.0f} "
             f"| {r['idle_cpu_pct']:.1f} | {r['rss_mb']:.0f} "
             f"| {r['metadata_per_s']:.2f} ({r['metadata_busiest']}) | {r['scrape_s']:.2f} "
             f"| {r['latency_p50_ms']:.1f} / {r['latency_p99_ms']:.1f} "

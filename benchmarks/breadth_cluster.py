@@ -1,7 +1,8 @@
 """``breadth.py --cluster``: how a cluster's costs grow with the number of queues. A
 cluster on PostgreSQL (3 input, 3 output and 3 store hosts, 2 controllers, a frontend,
 in a schema of its own) gets N queues of G groups each (one message in each); then
-its idle CPU (every process, over --idle seconds after --settle), its resident set,
+its idle CPU (every process, over --idle seconds after --settle; and by role, the
+least and most of the role's processes), its resident set,
 the metadata calls a second of its HTTP processes (store hosts have no /metrics
 here), the rows read from and written to the lease tables a second (``leases`` and
 ``host_leases``, PostgreSQL's table statistics: what the output hosts' ownership ticks
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import tempfile
 import time
 import uuid
@@ -95,12 +97,16 @@ def run(queues: int, groups: int, args: argparse.Namespace) -> dict[str, Any]:
         cluster = _Cluster(args.postgres, Path(tmp) / "cluster")
         with cluster as local:
             created = asyncio.run(_create(local.url, queues, groups, args.concurrency))
-            pids = [str(p.pid) for p in local.procs.values()]
+            procs = {name: str(p.pid) for name, p in local.procs.items()}
+            pids = list(procs.values())
             time.sleep(args.settle)  # what creating left behind settles
-            cpu, calls = _cpu_seconds(pids), _metadata_calls(local)
+            load = os.getloadavg()[0]
+            each = {name: _cpu_seconds([pid]) for name, pid in procs.items()}
+            calls = _metadata_calls(local)
             leases = _lease_rows(args.postgres, cluster.schema)
             time.sleep(args.idle)
-            cpu = (_cpu_seconds(pids) - cpu) / args.idle * 100
+            each = {n: (_cpu_seconds([p]) - each[n]) / args.idle * 100 for n, p in procs.items()}
+            cpu = sum(each.values())
             calls = (_metadata_calls(local) - calls) / args.idle
             read, written = _lease_rows(args.postgres, cluster.schema)
             reads, writes = (read - leases[0]) / args.idle, (written - leases[1]) / args.idle
@@ -108,9 +114,18 @@ def run(queues: int, groups: int, args: argparse.Namespace) -> dict[str, Any]:
             p50, p99 = asyncio.run(_latency(local.url))
     return {
         "create_s": created, "idle_cpu_pct": cpu, "rss_mb": rss, "metadata_per_s": calls,
+        "by_role": _by_role(each), "load": (load, os.getloadavg()[0]),
         "lease_reads_per_s": reads,
         "lease_writes_per_s": writes, "p50": p50, "p99": p99,
     }  # fmt: skip
+
+
+def _by_role(each: dict[str, float]) -> str:
+    """The idle CPU of each role's processes (% of a core), the least and the most."""
+    roles: dict[str, list[float]] = {}
+    for name, pct in each.items():
+        roles.setdefault(name.rsplit("-", 1)[0], []).append(pct)
+    return ", ".join(f"{role} {min(v):.1f}-{max(v):.1f}" for role, v in roles.items())
 
 
 def main(args: argparse.Namespace) -> None:
@@ -131,3 +146,5 @@ def main(args: argparse.Namespace) -> None:
             f"| {r['p50']:.1f} / {r['p99']:.1f} |",
             flush=True,
         )
+        print(f"  idle CPU by role (% of a core; load average {r['load'][0]:.1f} -> "
+              f"{r['load'][1]:.1f}): {r['by_role']}", flush=True)  # fmt: skip

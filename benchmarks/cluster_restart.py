@@ -3,7 +3,7 @@ store hosts are restarted (issue 34: "the same for a cluster's controller and st
 hosts with many extents", <= 30 s, every message published before delivered after).
 
 A cluster of role processes on loopback (3 store hosts, 2 controllers, an input host, an
-output host, a frontend; PostgreSQL metadata on 127.0.0.1:5432, database ``test``, in a
+output host, a frontend; PostgreSQL metadata on 127.0.0.1:5432 (``--pg``), database ``test``, in a
 schema of its own, dropped at the end) with N queues of G groups and one message in each
 queue; then, one after another:
 
@@ -18,7 +18,8 @@ prints that time, how many deliveries came within ``--within`` seconds (the boun
 many within ``--after`` seconds more (late), and how many never (lost), which groups
 missed one at the bound, and the phases from the processes' logs: the store
 hosts listening, the leader's "replaced the extents of lost hosts" line, and the last
-unit the output host took.
+unit the output host took; and each process's CPU seconds and each HTTP process's
+metadata calls (its /metrics, by operation) over the round.
 
     .venv/bin/python benchmarks/cluster_restart.py --queues 1000
     .venv/bin/python benchmarks/cluster_restart.py --queues 100 --rounds stores
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import signal
 import sys
@@ -57,10 +59,11 @@ RECEIVES_AT_ONCE = 96
 RECEIVE_WAIT = 0.5
 REPLACED = re.compile(r"replaced the extents of lost hosts: .*")
 STAMP = re.compile(r"^\S+ (\d\d:\d\d:\d\d,\d+) ")
+CALLS = re.compile(r'^cherami_metadata_call_latency_seconds_count\{op="([^"]+)"\} (\S+)$', re.M)
 
 
-def _live_stores(schema: str) -> int:
-    with psycopg.connect(PG, autocommit=True) as conn:
+def _live_stores(pg: str, schema: str) -> int:
+    with psycopg.connect(pg, autocommit=True) as conn:
         row = conn.execute(
             f"SELECT count(*) FROM {schema}.hosts WHERE role = 'storehost' AND heartbeat_at >= %s",
             (time.time() - timing.DEFAULT.dead_after,),
@@ -85,12 +88,13 @@ async def _served(
     tags: tuple[str, str],
     deadline: float,
     late: float,
-) -> tuple[int, int, int, list[str], list[float]]:
+) -> tuple[int, int, int, list[str], list[float], list[float]]:
     """Publish ``tags[1]`` to every queue, then receive and ack in every group until it
     and ``tags[0]`` are there (or ``late`` seconds past the deadline), in passes over the
     groups still waiting (one receive each a pass: a group that delivers nothing does not
     hold back the others' checks): (delivered by the deadline, delivered late, not
-    delivered at all, the groups missing one at the deadline, when each was seen)."""
+    delivered at all, the groups missing one at the deadline, when each was seen, and for
+    each the end of the group's last receive before that left it wanted)."""
     started = time.monotonic()
     end = deadline + late
 
@@ -98,8 +102,15 @@ async def _served(
         await _publish(client, f"q{i}", f"{tags[1]}-{i}", deadline)
 
     await _each(queues, publish)
+    print(f"  every queue took a publish {time.monotonic() - started:.1f} s from the check's "
+          "start; the receives start", flush=True)  # fmt: skip
     want = {(i, g): {f"{t}-{i}" for t in tags} for i in range(queues) for g in range(groups)}
     seen: list[float] = []
+    # when the group's last receive that left something wanted ended: a message seen
+    # later was not there before then (the check sees a group once a pass, so it sees a
+    # delivery up to a pass late: about waiting groups / RECEIVES_AT_ONCE x RECEIVE_WAIT)
+    empty: dict[tuple[int, int], float] = {}
+    ready: list[float] = []  # for each delivery, that time (the earliest it can have come)
 
     async def one(key: tuple[int, int]) -> None:
         i, g = key
@@ -112,12 +123,17 @@ async def _served(
             if batch:
                 await client.ack(f"q{i}", f"g{g}", [m.receipt or "" for m in batch])
         except Unavailable:
+            empty[key] = time.monotonic() - started
             await asyncio.sleep(0.2)
             return
-        for m in batch:
-            if m.text in want[key]:
-                want[key].discard(m.text)
-                seen.append(time.monotonic() - started)
+        now = time.monotonic() - started
+        wanted = [m for m in batch if m.text in want[key]]
+        for m in wanted:
+            want[key].discard(m.text)
+            seen.append(now)
+            ready.append(empty.get(key, 0.0))
+        if want[key]:  # what is still wanted was not there by now
+            empty[key] = now
 
     missed: list[str] = []
     while time.monotonic() < end:
@@ -136,7 +152,7 @@ async def _served(
         )
         print(f"  never delivered: {' '.join(never[:40])}" + (" ..." if len(never) > 40 else ""))
     by_deadline = sum(t <= deadline - started for t in seen)
-    return by_deadline, len(seen) - by_deadline, lost, missed, sorted(seen)
+    return by_deadline, len(seen) - by_deadline, lost, missed, sorted(seen), sorted(ready)
 
 
 def _lines(local: LocalCluster, role: str, since: dict[str, int]) -> list[str]:
@@ -148,6 +164,48 @@ def _lines(local: LocalCluster, role: str, since: dict[str, int]) -> list[str]:
     return out
 
 
+def _cpu(local: LocalCluster) -> dict[str, float]:
+    """CPU seconds (user + system) each process of the cluster has used so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    used = {}
+    for name, proc in local.procs.items():
+        try:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        used[name] = (int(fields[11]) + int(fields[12])) / tick
+    return used
+
+
+def _calls(local: LocalCluster) -> dict[str, dict[str, float]]:
+    """Each HTTP process's metadata calls so far, by operation (its /metrics)."""
+    import urllib.request  # noqa: PLC0415
+
+    out: dict[str, dict[str, float]] = {}
+    for name, proc in local.procs.items():
+        if proc.role == "storehost":
+            continue  # no /metrics on its port
+        try:
+            with urllib.request.urlopen(f"http://{proc.address}/metrics", timeout=60) as resp:
+                out[name] = {op: float(n) for op, n in CALLS.findall(resp.read().decode())}
+        except OSError:
+            continue
+    return out
+
+
+def _calls_line(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> str:
+    """The metadata calls each process made between two scrapes: all, and its top six
+    (an output host's every one)."""
+    parts = []
+    for name in sorted(after):
+        made = {op: n - before.get(name, {}).get(op, 0.0) for op, n in after[name].items()}
+        top = sorted(made.items(), key=lambda kv: -kv[1])
+        top = top if name.startswith("outputhost") else top[:6]  # (the refresh's calls too)
+        parts.append(f"{name} {sum(made.values()):.0f} ("
+                     + ", ".join(f"{op} {n:.0f}" for op, n in top) + ")")  # fmt: skip
+    return "  metadata calls in the round: " + "; ".join(parts)
+
+
 def _last(lines: list[str], pattern: str) -> str:
     """The time of the last line matching ``pattern`` (HH:MM:SS,mmm), or '-'."""
     stamps = [m.group(1) for line in lines if re.search(pattern, line) and (m := STAMP.match(line))]
@@ -155,12 +213,18 @@ def _last(lines: list[str], pattern: str) -> str:
 
 
 async def run(
-    queues: int, groups: int, rounds: list[str], within: float, after: float, keep: str | None
+    queues: int,
+    groups: int,
+    rounds: list[str],
+    within: float,
+    after: float,
+    keep: str | None,
+    pg: str = PG,
 ) -> None:
     schema = f"bench_{uuid.uuid4().hex[:10]}"
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(keep or tmp) / "cluster"
-        local = LocalCluster(root, f"{PG}?schema={schema}", COUNTS)
+        local = LocalCluster(root, f"{pg}?schema={schema}", COUNTS)
         try:
             local.up()
             async with AsyncClient(local.url, timeout=60) as client:
@@ -185,6 +249,7 @@ async def run(
                     names = {"controllers": local.names("controller"), "none": [],
                              "stores": local.names("storehost")}[what]  # fmt: skip
                     sizes = {n: local.procs[n].log.stat().st_size for n in local.procs}
+                    calls = await asyncio.to_thread(_calls, local)
                     for name in names:
                         local.signal(name, signal.SIGKILL)
                     for name in names:
@@ -193,7 +258,7 @@ async def run(
                         await asyncio.to_thread(popen.wait, 20)
                     killed = time.strftime("%H:%M:%S")
                     if what == "stores":  # down until counted dead and the leader tried
-                        while await asyncio.to_thread(_live_stores, schema) or not any(
+                        while await asyncio.to_thread(_live_stores, pg, schema) or not any(
                             "no replica of extent" in line
                             for line in _lines(local, "controller", sizes)
                         ):
@@ -201,11 +266,17 @@ async def run(
                     restarted = time.monotonic()
                     at = time.strftime("%H:%M:%S")
                     await asyncio.to_thread(local.restart, *names)
+                    cpu = _cpu(local)  # the restarted processes' count from their start
                     listening = time.monotonic() - restarted
-                    delivered, late, lost, missed, seen = await _served(
+                    delivered, late, lost, missed, seen, ready = await _served(
                         client, queues, groups, (f"b{r}", f"a{r}"), restarted + within, after
                     )
                     back = time.monotonic() - restarted
+                    now_cpu = _cpu(local)
+                    print("  CPU seconds in the round: " + ", ".join(
+                        f"{n} {now_cpu[n] - cpu.get(n, 0.0):.1f}" for n in sorted(now_cpu)
+                    ), flush=True)  # fmt: skip
+                    print(_calls_line(calls, await asyncio.to_thread(_calls, local)), flush=True)
                     leader = [m.group(0) for line in _lines(local, "controller", sizes)
                               if (m := REPLACED.search(line))]  # fmt: skip
                     took = _last(_lines(local, "outputhost", sizes), r" takes \S+ extent ")
@@ -218,6 +289,11 @@ async def run(
                     marks = [seen[int(len(seen) * f) - 1] for f in (0.5, 0.9, 0.99, 1.0) if seen]
                     print("  deliveries seen by (s from the check's start): 50/90/99/100%: "
                           + "/".join(f"{m:.1f}" for m in marks), flush=True)  # fmt: skip
+                    # the same, from the end of each group's last empty receive before
+                    marks = [ready[int(len(ready) * f) - 1] for f in (0.5, 0.9, 0.99, 1.0)
+                             if ready]  # fmt: skip
+                    print("  not there before (s from the check's start): 50/90/99/100%: "
+                          + "/".join(f"{m:.1f}" for m in marks), flush=True)  # fmt: skip
                     if missed:
                         shown = " ".join(missed[:20]) + (" ..." if len(missed) > 20 else "")
                         print(f"  groups missing a delivery at {within:.0f} s: {shown}", flush=True)
@@ -228,7 +304,7 @@ async def run(
                     await _each(queues, next_)
         finally:
             local.down()
-            with psycopg.connect(PG, autocommit=True) as conn:
+            with psycopg.connect(pg, autocommit=True) as conn:
                 conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
@@ -243,10 +319,21 @@ def main() -> None:
     parser.add_argument("--after", type=float, default=60.0,
                         help="seconds to look on for what the round missed; what is missing "
                              "then is lost")  # fmt: skip
+    parser.add_argument("--pg", default=PG,
+                        help="the PostgreSQL holding the metadata (a private one with a "
+                             "larger max_connections spares a shared one)")  # fmt: skip
     parser.add_argument("--keep", help="a directory to leave the cluster's logs and data in")
     args = parser.parse_args()
     asyncio.run(
-        run(args.queues, args.groups, args.rounds.split(","), args.within, args.after, args.keep)
+        run(
+            args.queues,
+            args.groups,
+            args.rounds.split(","),
+            args.within,
+            args.after,
+            args.keep,
+            args.pg,
+        )  # fmt: skip
     )
 
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -91,55 +93,62 @@ async def consume(
     return done / (time.perf_counter() - start), wrong
 
 
-async def main(args: argparse.Namespace) -> None:
+@contextlib.contextmanager
+def local_cluster(metadata: str) -> Iterator[LocalCluster]:
+    """COUNTS' role processes up on a schema of their own, down and dropped after."""
     schema = f"b_{uuid.uuid4().hex[:12]}"
     with tempfile.TemporaryDirectory() as tmp:
-        local = LocalCluster(Path(tmp) / "cluster", f"{args.metadata}?schema={schema}", COUNTS)
+        local = LocalCluster(Path(tmp) / "cluster", f"{metadata}?schema={schema}", COUNTS)
         try:
             local.up()
-            outputs = [psutil.Process(local.procs[n].pid) for n in local.names("outputhost")]
-
-            def cpu() -> float:
-                return sum(p.cpu_times().user + p.cpu_times().system for p in outputs)
-
-            async with AsyncClient(local.url) as client:
-                for queue in ("plain", "keyed"):
-                    await client.create_queue(queue, replicas=1, min_extents=2)
-                    while (
-                        len(
-                            (await client.request("GET", f"/v1/queues/{queue}/publishers"))[
-                                "input_hosts"
-                            ]
-                        )
-                        < 2
-                    ):
-                        await asyncio.sleep(0.2)
-            for queue, keys in (("plain", 0), ("keyed", args.keys)):
-                rate = await publish(local.url, queue, args.messages, keys)
-                print(f"publish {queue}: {rate:,.0f} msgs/s")
-            rates: dict[str, list[float]] = {"plain": [], "keyed": []}
-            for r, queue, group in alternating(args.rounds):
-                async with AsyncClient(local.url) as client:
-                    await client.create_group(queue, group)
-                want = 1 if queue == "keyed" else 2
-                waited = time.monotonic()
-                while len(held := await holders(local.url, queue, group)) < want:
-                    assert time.monotonic() - waited < 30, f"{group} held by {held}"
-                    await asyncio.sleep(0.1)
-                before = cpu()
-                rate, wrong = await consume(local.url, queue, group, args.messages, args.consumers)
-                us = (cpu() - before) / args.messages * 1e6
-                rates[queue].append(rate)
-                print(f"round {r + 1}: {queue} consume+ack {rate:,.0f} msgs/s on "
-                      f"{len(held)} output host(s), their CPU {us:.1f} us/msg, "
-                      f"{len(set(wrong))} keys out of order")  # fmt: skip
-            p, k = statistics.mean(rates["plain"]), statistics.mean(rates["keyed"])
-            print(f"mean: unkeyed {p:,.0f}, keyed {k:,.0f} msgs/s: keyed {k / p:.0%} of unkeyed; "
-                  f"load {psutil.getloadavg()}")  # fmt: skip
+            yield local
         finally:
             local.down()
-            with psycopg.connect(args.metadata, autocommit=True) as conn:
+            with psycopg.connect(metadata, autocommit=True) as conn:
                 conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+async def main(args: argparse.Namespace) -> None:
+    with local_cluster(args.metadata) as local:
+        outputs = [psutil.Process(local.procs[n].pid) for n in local.names("outputhost")]
+
+        def cpu() -> float:
+            return sum(p.cpu_times().user + p.cpu_times().system for p in outputs)
+
+        async with AsyncClient(local.url) as client:
+            for queue in ("plain", "keyed"):
+                await client.create_queue(queue, replicas=1, min_extents=2)
+                while (
+                    len(
+                        (await client.request("GET", f"/v1/queues/{queue}/publishers"))[
+                            "input_hosts"
+                        ]
+                    )
+                    < 2
+                ):
+                    await asyncio.sleep(0.2)
+        for queue, keys in (("plain", 0), ("keyed", args.keys)):
+            rate = await publish(local.url, queue, args.messages, keys)
+            print(f"publish {queue}: {rate:,.0f} msgs/s")
+        rates: dict[str, list[float]] = {"plain": [], "keyed": []}
+        for r, queue, group in alternating(args.rounds):
+            async with AsyncClient(local.url) as client:
+                await client.create_group(queue, group)
+            want = 1 if queue == "keyed" else 2
+            waited = time.monotonic()
+            while len(held := await holders(local.url, queue, group)) < want:
+                assert time.monotonic() - waited < 30, f"{group} held by {held}"
+                await asyncio.sleep(0.1)
+            before = cpu()
+            rate, wrong = await consume(local.url, queue, group, args.messages, args.consumers)
+            us = (cpu() - before) / args.messages * 1e6
+            rates[queue].append(rate)
+            print(f"round {r + 1}: {queue} consume+ack {rate:,.0f} msgs/s on "
+                  f"{len(held)} output host(s), their CPU {us:.1f} us/msg, "
+                  f"{len(set(wrong))} keys out of order")  # fmt: skip
+        p, k = statistics.mean(rates["plain"]), statistics.mean(rates["keyed"])
+        print(f"mean: unkeyed {p:,.0f}, keyed {k:,.0f} msgs/s: keyed {k / p:.0%} of unkeyed; "
+              f"load {psutil.getloadavg()}")  # fmt: skip
 
 
 if __name__ == "__main__":
