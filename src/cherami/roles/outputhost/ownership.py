@@ -53,6 +53,7 @@ from cherami.roles.outputhost.catalog import READS_AT_ONCE, WHOLE, Unit, UnitCat
 from cherami.roles.outputhost.hostlease import LEASES, HostLease, group_leases, unit_lease
 from cherami.roles.outputhost.outage import OutageWatch
 from cherami.roles.outputhost.service import DELETED_CLOSE, MOVED_CLOSE, OutputHostService
+from cherami.roles.outputhost.syncrows import Named, SyncRows
 
 log = logging.getLogger("cherami.outputhost.ownership")
 
@@ -379,11 +380,26 @@ class ExtentOwnership:
         return lost
 
     async def _load(self, groups: list[tuple[str, str]], limit: asyncio.Semaphore) -> list[None]:
+        async with limit:
+            reads = await self._rows(groups)
+
         async def took(key: tuple[str, str]) -> None:
             async with limit:
-                await self.outputs.took(*key)
+                await self.outputs.took(*key, reads=reads)
 
         return await each(groups, took, len(groups) or 1)
+
+    async def _rows(self, groups: list[tuple[str, str]]) -> SyncRows | None:
+        """The rows the loads and syncs of a take's groups read, read together
+        (syncrows.Named): after a power loss at 1,000 queues each group read four to six
+        calls one after another, thousands a round. None: each reads its own (a few
+        groups; or the read failed, and each group fails or not as it would alone)."""
+        try:
+            return await Named.when(groups, self.metadata)
+        except Exception as err:
+            log.warning("the rows of %d groups taken could not be read at once: %s",
+                        len(groups), err)  # fmt: skip
+            return None
 
     async def _group_exists(self, queue: str, group: str) -> bool:
         try:
