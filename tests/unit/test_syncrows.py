@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +68,6 @@ class Store:
         self.calls += 1
         return [e for e in self.extents if e.status in statuses]
 
-    async def groups_with_parked(self, keys: Collection[Key]) -> list[Key]:
-        self.calls += 1
-        return sorted(set(keys) & {("q", "g")})
-
     async def get_redeliveries(self, queue: str, group: str) -> list[Redelivery]:
         self.calls += 1
         return [Redelivery(queue=queue, group=group, extent="e1", key=b"k", count=1)]
@@ -95,21 +90,8 @@ def test_rows_are_each_groups_as_read_one_by_one() -> None:
         assert await rows.extents("q.g.dlq") == []
         assert [e.id for e in await rows.extents("q.g.dlq", (DELETED,))] == ["d1"]
         assert store.calls == 4  # nothing more read
-        assert len(await rows.redeliveries("q", "g")) == 1  # not asked: read then
+        assert len(await rows.redeliveries("q", "g")) == 1  # read when the sync asks
         assert store.calls == 5
-
-    asyncio.run(run())
-
-
-def test_rows_in_bulk_read_parked_messages_only_of_groups_that_have_some() -> None:
-    async def run() -> None:
-        store = Store()
-        rows = await InBulk.read(store, [("q", "g"), ("q", "h")])  # type: ignore[arg-type]
-        assert store.calls == 5  # which of them have parked messages: one read more
-        assert await rows.redeliveries("q", "h") == []  # none parked: nothing read
-        assert store.calls == 5
-        assert [r.key for r in await rows.redeliveries("q", "g")] == [b"k"]
-        assert store.calls == 6
 
     asyncio.run(run())
 

@@ -14,9 +14,9 @@ samples during the recovery).
 the number): the groups of one take of an ownership tick (ownership.py). After a power
 loss at 1,000 queues x 2 groups, an output host that took the new units loaded or synced
 each group of each take one after another, four to six reads each (about 3,000 each of
-``get_ack_levels``, ``list_extents`` and ``get_redeliveries`` in a round). Every kind
-answers ``redeliveries``: the bulk ones read nothing for a group they know has no
-parked message (most groups, after a power loss as at any time)."""
+``get_ack_levels``, ``list_extents`` and ``get_redeliveries`` in a round). It reads
+nothing for a group it knows has no parked message (most groups, after a power loss as
+at any time)."""
 
 from __future__ import annotations
 
@@ -77,20 +77,6 @@ class OneByOne:
         return await self.metadata.get_redeliveries(queue, name)
 
 
-class Parked(OneByOne):
-    """Which of the groups ``asked`` have parked messages (``parked``), read last, as a
-    sync reads its redelivery rows last: a group asked without any reads none."""
-
-    def __init__(self, metadata: MetadataStore, asked: set[Key], parked: set[Key]) -> None:
-        super().__init__(metadata)
-        self._asked, self._parked = asked, parked
-
-    async def redeliveries(self, queue: str, name: str) -> list[Redelivery]:
-        if (queue, name) in self._asked and (queue, name) not in self._parked:
-            return []
-        return await self.metadata.get_redeliveries(queue, name)
-
-
 def _by_group(levels: list[AckLevel]) -> dict[Key, list[AckLevel]]:
     by_group: dict[Key, list[AckLevel]] = {}
     for level in levels:
@@ -98,33 +84,33 @@ def _by_group(levels: list[AckLevel]) -> dict[Key, list[AckLevel]]:
     return by_group
 
 
-class InBulk(Parked):
+class InBulk(OneByOne):
     """Every group's rows, read once (``read``) in the order a group's sync reads them:
     records, ack levels, extents (an extent made after its group's levels were read has
-    no level of its own, as in a read one group at a time), and which of the groups
-    ``asked`` have parked messages."""
+    no level of its own, as in a read one group at a time). A group's parked messages
+    are read when its sync asks for them (``redeliveries``), not with the rest: an
+    extent the ownership tick takes while the refresh goes on may be among those the
+    sync loads, and its previous holder may have parked messages of it after this read."""
 
     def __init__(
         self,
         metadata: MetadataStore,
         rows: tuple[dict[Key, Group], dict[str, Queue], dict[Key, list[AckLevel]]],
         extents: dict[str, list[Extent]],
-        parked: tuple[set[Key], set[Key]] = (set(), set()),
     ) -> None:
-        super().__init__(metadata, *parked)
+        super().__init__(metadata)
         self._groups, self._queues, self._levels = rows
         self._extents = extents
 
     @classmethod
-    async def read(cls, metadata: MetadataStore, asked: Collection[Key] = ()) -> InBulk:
+    async def read(cls, metadata: MetadataStore) -> InBulk:
         groups = {(g.queue, g.name): g for g in await metadata.list_every_group()}
         queues = {q.name: q for q in await metadata.list_queues()}
         levels = _by_group(await metadata.list_every_ack_level())
         extents: dict[str, list[Extent]] = {}
         for extent in await metadata.list_extents_in(EVERY):  # oldest first
             extents.setdefault(extent.queue, []).append(extent)
-        parked = set(await metadata.groups_with_parked(asked)) if asked else set()
-        return cls(metadata, (groups, queues, levels), extents, (set(asked), parked))
+        return cls(metadata, (groups, queues, levels), extents)
 
     @classmethod
     async def when(
@@ -132,10 +118,9 @@ class InBulk(Parked):
     ) -> InBulk | None:
         """Every group's rows for a refresh of the ``stale`` groups (by key) when many
         of those ``loaded`` here are; None: each stale group reads its own."""
-        synced = [key for key in stale if key in loaded]
-        if len(synced) > IN_BULK_AFTER and len(synced) * IN_BULK_SHARE >= len(loaded):
-            asked = {(queue, name) for queue, _, name in (k.partition("/") for k in synced)}
-            return await cls.read(metadata, asked)
+        syncs = sum(key in loaded for key in stale)
+        if syncs > IN_BULK_AFTER and syncs * IN_BULK_SHARE >= len(loaded):
+            return await cls.read(metadata)
         return None
 
     async def records(self, queue: str, name: str) -> Records:
@@ -152,12 +137,18 @@ class InBulk(Parked):
         return [e for e in self._extents.get(queue, ()) if e.status in statuses]
 
 
-class Named(Parked):
+class Named(OneByOne):
     """The rows of the named groups' loads and syncs (``read``), in the order a group's
     sync reads them, a few statements whatever the number of groups: their records,
     ack levels, their queues' records and extents, the extents of the dead-letter
     queues merged back into some of them, and which have parked messages. What it did
-    not read (a group not named, a queue's extents in other statuses) is asked then."""
+    not read (a group not named, a queue's extents in other statuses) is asked then.
+
+    Read after a take of the ownership tick, for the groups taken. A group named with
+    no parked message reads none (``redeliveries``): the extents its sync loads are
+    those the tick takes, each unheld when the tick began (before this read), so their
+    previous holders had parked what they parked by then (a unit taken from a live
+    holder only once its lease ran out, after that holder stopped acting for it)."""
 
     def __init__(
         self,
@@ -166,9 +157,10 @@ class Named(Parked):
         extents: dict[tuple[str, ...], dict[str, list[Extent]]],
         parked: tuple[set[Key], set[Key]],
     ) -> None:
-        super().__init__(metadata, *parked)
+        super().__init__(metadata)
         self._groups, self._queues, self._levels = rows
         self._extents = extents  # by the statuses read, by queue
+        self._asked, self._parked = parked  # the groups named, those with parked rows
 
     @classmethod
     async def read(cls, metadata: MetadataStore, keys: Collection[Key]) -> Named:
@@ -215,3 +207,8 @@ class Named(Parked):
             if statuses and set(statuses) <= set(read) and queue in rows:
                 return [e for e in rows[queue] if e.status in statuses]
         return await super().extents(queue, statuses)  # not read (a DLQ with no record)
+
+    async def redeliveries(self, queue: str, name: str) -> list[Redelivery]:
+        if (queue, name) in self._asked and (queue, name) not in self._parked:
+            return []
+        return await super().redeliveries(queue, name)
