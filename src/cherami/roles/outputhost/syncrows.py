@@ -146,9 +146,9 @@ class Named(OneByOne):
 
     Read after a take of the ownership tick, for the groups taken. A group named with
     no parked message reads none (``redeliveries``): the extents its sync loads are
-    those the tick takes, each unheld when the tick began (before this read), so their
-    previous holders had parked what they parked by then (a unit taken from a live
-    holder only once its lease ran out, after that holder stopped acting for it)."""
+    those the tick takes, each unheld when the tick read the leases (before this read),
+    so their previous holders had parked what they parked by then (a unit is taken from
+    a live holder only once its lease ran out, after that holder stopped acting for it)."""
 
     def __init__(
         self,
