@@ -886,6 +886,30 @@ async def test_a_tick_that_takes_many_groups_reads_their_rows_together(
         await _successors_of(meta, queues)
 
 
+async def test_groups_taken_read_their_own_rows_when_the_read_together_fails(
+    meta: SqliteMetadataStore,
+) -> None:
+    """A take's rows not read together (the store failed that read) leave each group to
+    read its own, as before: the groups load, or fail one by one."""
+    for i in range(4):
+        await _queue(meta, f"q{i}", ["g"], [PLAIN])
+
+    async def fails(*args: Any) -> Any:
+        raise Unavailable("the metadata store is down")
+
+    counted = ("groups_named", "get_group")
+    counting = _Counting(_Patched(meta, groups_named=fails), counted)  # type: ignore[arg-type]
+    outputs = _Reading(counting)
+    a = ExtentOwnership(outputs, counting, "outputhost-a", ProcessContext(clock=_Clock()))  # type: ignore[arg-type]
+    await _alive(meta, a.id)
+    await a.tick()
+    assert sorted(e[1] for e in outputs.events if e[0] == "took") == [
+        (f"q{i}", "g") for i in range(4)
+    ]
+    kinds = Counter(r.partition("(")[0] for r in counting.reads)
+    assert kinds == {"groups_named": 1, "get_group": 4}  # tried together, then each its own
+
+
 async def _successors_of(meta: SqliteMetadataStore, queues: list[str], tag: str = "n") -> None:
     for q in queues:
         extent = Extent(id=f"{q}-{tag}", queue=q, kind=PLAIN, status=OPEN, input_host="in",

@@ -38,8 +38,8 @@ import asyncio
 import logging
 import math
 from collections import Counter
-from collections.abc import Awaitable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, cast
 
 from cherami import timing
 from cherami.bounded import each
@@ -72,6 +72,23 @@ TAKES_AT_ONCE = 200
 __all__ = ["LEASES", "WHOLE", "ExtentOwnership", "Unit", "group_leases", "unit_lease"]
 
 T = TypeVar("T")
+
+
+class _Asked:
+    """A metadata store whose every call is asked as one of the tick's (``ask``)."""
+
+    def __init__(
+        self, metadata: MetadataStore, ask: Callable[[Awaitable[Any]], Awaitable[Any]]
+    ) -> None:
+        self._metadata, self._ask = metadata, ask
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self._metadata, name)
+
+        async def asked(*args: Any, **kwargs: Any) -> Any:
+            return await self._ask(call(*args, **kwargs))
+
+        return asked
 
 
 class ExtentOwnership:
@@ -393,9 +410,11 @@ class ExtentOwnership:
         """The rows the loads and syncs of a take's groups read, read together
         (syncrows.Named): after a power loss at 1,000 queues each group read four to six
         calls one after another, thousands a round. None: each reads its own (a few
-        groups; or the read failed, and each group fails or not as it would alone)."""
+        groups; or the read failed, and each group fails or not as it would alone).
+        Each of its calls is one of the tick's (``_ask``): while it answers, a call of
+        the tick that waits is no outage."""
         try:
-            return await Named.when(groups, self.metadata)
+            return await Named.when(groups, cast(MetadataStore, _Asked(self.metadata, self._ask)))
         except Exception as err:
             log.warning("the rows of %d groups taken could not be read at once: %s",
                         len(groups), err)  # fmt: skip
