@@ -54,7 +54,7 @@ class _Group:
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
 
-    async def wait_for_room(self) -> int:
+    async def wait_for_room(self, cursor: ExtentCursor) -> int:
         return 3
 
     async def admit(self, run: Any) -> None:

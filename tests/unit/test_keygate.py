@@ -4,6 +4,7 @@ messages one at a time and in read order, across extents by how far each was rea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, cast
@@ -223,3 +224,33 @@ async def test_messages_due_again_that_all_wait_at_the_gate_leave_the_window_unr
     assert not window.ready and not window.readable.is_set()
     window.put_first([_entry(a, 3, None)])
     assert len(window.ready) == 1 and window.readable.is_set()
+
+
+async def test_messages_waiting_for_another_extent_leave_its_reader_room() -> None:
+    """A key moved to a successor extent: the successor's reader filled the read window
+    with messages that wait (pending) until the sealed extent is read past them, and the
+    sealed extent's reader, back from a replica that was SIGKILLed, found no room: nothing
+    in the window could be delivered or acked, so no room ever came (every key of the
+    store-host SIGKILL test stuck after its 31st message, 120 s, under the suite's load).
+    Messages waiting for other extents do not count against a reader's room; its own do."""
+    old, new = _cursor("old"), _cursor("new")
+    cursors = {"old": old, "new": new}
+    gate = KeyGate(lambda _: None, cursors)
+    queue = Queue(name="q", config=QueueConfig(), created_at=0)
+    group = Group(queue="q", name="g", config=GroupConfig(), created_at=0, start_ms=0, dlq="d")
+    window = ReadWindow("q/g", queue, group, cursors, cast(Redeliveries, None), gate, 10)
+    window._parked = cast(Redeliveries, SimpleNamespace(skip={}))
+    old.seen_ms = 1.0  # read as far as what was enqueued before the successor's
+    now = int(time.time() * 1000)
+    records = [Record(now, now, f"new/{n}".encode(), key=f"k{n}") for n in range(10)]
+    await window.admit(_run(new, [plain_key(n) for n in range(10)], records,
+                            [f"new:{n}" for n in range(10)]))  # fmt: skip
+    assert not window.ready and gate.waiting_in == {new: None}.keys()
+    room = await asyncio.wait_for(window.wait_for_room(old), 1.0)
+    assert room == 10  # the old extent's reader goes on
+    waiting = asyncio.ensure_future(window.wait_for_room(new))
+    await asyncio.sleep(0)  # (a turn of the loop: it waits, its own fill the window)
+    assert not waiting.done()
+    window.stop()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting

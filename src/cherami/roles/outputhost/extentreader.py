@@ -111,7 +111,7 @@ class ReadTarget(Protocol):
     @property
     def delay_ms(self) -> int: ...
 
-    async def wait_for_room(self) -> int: ...
+    async def wait_for_room(self, cursor: ExtentCursor) -> int: ...
 
     async def admit(self, run: Run) -> None: ...
 
@@ -148,7 +148,7 @@ async def read_extent(group: ReadTarget, cursor: ExtentCursor, reads: SharedRead
     end_votes: set[str] = set()
     timer = cursor.extent.kind == TIMER
     while not cursor.read_done and not group.stopped:
-        room = await group.wait_for_room()
+        room = await group.wait_for_room(cursor)
         replicas = cursor.extent.stores
         for _ in replicas:  # the next replica in turn that has not failed lately
             store_id = replicas[replica % len(replicas)]

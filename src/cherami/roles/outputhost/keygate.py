@@ -10,7 +10,8 @@ settled. When the holder is settled for good, the next of its line is made ready
 
 A waiting message is read and tracked like any other: it is simply not acked yet, so
 the ack level stays below it (after a failover the new holder of the extent reads it
-again), and it counts in the group's read window.
+again), and it counts in the group's read window (one pending on other extents' reads,
+below, not against those extents' readers' room: readwindow.py ``wait_for_room``).
 
 The holder is named by where it is stored (extent, storage key), not by its entry: a
 parked message whose body was dropped from memory comes back as a new entry.
@@ -264,6 +265,11 @@ class KeyGate:
     @property
     def pending(self) -> bool:
         return bool(self._pending)
+
+    def waiting_besides(self, cursor: ExtentCursor) -> int:
+        """How many messages of extents other than ``cursor``'s wait for other extents'
+        reads (the read window leaves them out of that extent's reader's room)."""
+        return sum(len(q) for c, q in self._pending.items() if c is not cursor)
 
     @property
     def waiting_in(self) -> Collection[ExtentCursor]:

@@ -84,9 +84,15 @@ class ReadWindow:
         """Messages left the window (acked, expired, dead-lettered): readers go on."""
         self._room.set()
 
-    async def wait_for_room(self) -> int:
+    async def wait_for_room(self, cursor: ExtentCursor) -> int:
+        """Room for ``cursor``'s reader. Messages of other extents that wait (pending) for
+        extents to be read further do not count: they may wait for this one, and nothing
+        else frees room while they wait (keygate.py: a key moved to a successor extent
+        filled the window, and the sealed extent's reader found no room, for good)."""
         while not self.stopped:
             room = self.read_ahead - self.outstanding()
+            if room <= 0 and self._gate.pending:
+                room += self._gate.waiting_besides(cursor)
             if room > 0:
                 return room
             self._room.clear()
@@ -115,6 +121,8 @@ class ReadWindow:
                 # keyed ones go through the gate, all at once; unkeyed ones too where a
                 # keyed one of their extent waits (keygate.py, admit)
                 ready.extend(self._gate.admit_read(run.entries()))
+                if gate.pending:  # the other readers' room (wait_for_room)
+                    self._room.set()
             else:
                 ready.append(run)
             if ready:
@@ -143,6 +151,8 @@ class ReadWindow:
             if record.key is None and self._gate.pending and self._gate.holds_back(entry):
                 continue  # waits behind a keyed one of its extent (keygate.py, admit)
             ready.append(entry)
+        if self._gate.pending:
+            self._room.set()
         if ready:
             self.signal()
 
