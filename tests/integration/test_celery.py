@@ -294,7 +294,9 @@ def test_an_eta_beyond_the_longest_delay_waits_again(
     assert message.payload == {"task": "later"}
     assert due - 0.15 <= arrived <= due + 2
     with Client(server.url) as c:
-        assert c.get_queue(queue)["stats"]["messages_published"] == 3
+        # published again at least once (3 times on a quiet machine: at 0, 1 and 2 s; a
+        # delivery late under load leaves less than a delay for the last, which is one)
+        assert 2 <= c.get_queue(queue)["stats"]["messages_published"] <= 3
 
 
 def test_two_queues_with_routing_broadcast_and_remote_control(
