@@ -24,6 +24,7 @@ from cherami.wire import close
 log = logging.getLogger("cherami.frontend.proxy")
 
 ROUTE_PATIENCE = 10.0  # how long to wait for a host to serve a new queue or group
+FIND_AGAIN = (0.05, 0.5)  # the pause between looks for one, first and longest (_patiently)
 FORWARD_TIMEOUT = 5.0  # a forwarded request's deadline, on top of a receive's own wait
 UPSTREAM_HEARTBEAT = 2.0  # ping a forwarded stream's host this often; dead after 1.5x
 HANDSHAKE_TIMEOUT = 3.0  # a forwarded stream's upgrade, answered or given up on
@@ -216,16 +217,27 @@ async def _pump(
             return None
 
 
-async def _patiently(find: Callable[[], Awaitable[str | None]], message: str) -> str:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + ROUTE_PATIENCE
+async def _patiently(
+    find: Callable[[], Awaitable[str | None]],
+    message: str,
+    clock: Callable[[], float] | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> str:
+    """``find()`` again, after a pause doubling from FIND_AGAIN[0] up to FIND_AGAIN[1],
+    until it finds a host or ROUTE_PATIENCE has passed. Each look reads the metadata
+    store: while a power loss's extents were replaced, 24 publishes waiting at every
+    0.1 s read the open extents 6,841 times in a round."""
+    clock = clock or asyncio.get_running_loop().time
+    deadline = clock() + ROUTE_PATIENCE
+    pause = FIND_AGAIN[0]
     while True:
         found = await find()
         if found:
             return found
-        if loop.time() >= deadline:
+        if clock() >= deadline:
             raise Unavailable(message)
-        await asyncio.sleep(0.1)
+        await sleep(min(pause, max(0.0, deadline - clock())))
+        pause = min(2 * pause, FIND_AGAIN[1])
 
 
 class Forward(Exception):  # noqa: N818 (a signal, not an error)
