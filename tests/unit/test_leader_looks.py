@@ -12,7 +12,6 @@ from cherami.metadata.models import OPEN, Extent, Queue, QueueConfig
 from cherami.metadata.sqlite import SqliteMetadataStore
 from cherami.roles.controller.leader import Leader
 from cherami.roles.controller.scaling import ScalingPolicy
-from tests.support.counted import Counted
 
 
 def _leader(scaling: ScalingPolicy | None = None) -> Leader:
@@ -114,7 +113,7 @@ async def test_the_changed_queues_are_read_at_once_not_one_by_one(tmp_path: Path
         for name in names:
             await store.insert_queue(_queue(name))
             assert await store.insert_extent(_extent(f"e-{name}", name))
-        counted = Counted(store)
+        counted = _Counted(store)
         leader = Leader(None, counted, "c", SimpleNamespace(stores=None))  # type: ignore[arg-type]
         extents, changed = await leader._catalog()
         assert changed is None and len(extents) == 40  # the first tick: a whole read
@@ -130,3 +129,20 @@ async def test_the_changed_queues_are_read_at_once_not_one_by_one(tmp_path: Path
         assert leader._open_plain[f"e2-{names[1]}"] == names[1]
     finally:
         await store.close()
+
+
+class _Counted:
+    """A metadata store whose calls are counted by name."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self._store, name)
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return await call(*args, **kwargs)
+
+        return counted

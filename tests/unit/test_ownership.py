@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,6 @@ from cherami.metadata.models import (
 from cherami.metadata.sqlite import SqliteMetadataStore
 from cherami.roles.outputhost import catalog, hostlease, ownership
 from cherami.roles.outputhost.ownership import ExtentOwnership, Unit
-from cherami.roles.outputhost.syncrows import OneByOne, SyncRows
 from cherami.wire.store import PLAIN, TIMER
 
 
@@ -44,7 +42,7 @@ class _Outputs:
     def __init__(self) -> None:
         self.events: list[tuple[str, Any]] = []
 
-    async def took(self, queue: str, group: str, reads: object = None) -> None:
+    async def took(self, queue: str, group: str) -> None:
         self.events.append(("took", (queue, group)))
 
     def dropped(self, queue: str, group: str, extent: str) -> None:
@@ -546,7 +544,7 @@ async def test_units_keep_acting_while_a_tick_loads_the_groups_it_took(
     await _successors(meta, 1)
     renewed: list[float] = []
 
-    async def took(queue: str, group: str, reads: object) -> None:  # outlasts the window
+    async def took(queue: str, group: str) -> None:  # a load that outlasts the window
         clock.now += timing.DEFAULT.lease_ttl - timing.DEFAULT.lease_margin
         async with asyncio.timeout(10):
             while a.held[old].acting_until <= clock.now:
@@ -839,75 +837,6 @@ async def test_a_tick_after_many_queues_changed_reads_the_catalog_in_bulk(
         "get_queue('q0',)", "get_queue('q1',)"
     ]  # fmt: skip
     assert len(a.held) == 2 * n + 2
-
-
-class _Reading(_Outputs):
-    """Loads or syncs each group taken reading what the output host's load and sync
-    read (service.py): from the rows ownership read for the take, or its own."""
-
-    def __init__(self, meta: Any) -> None:
-        super().__init__()
-        self.meta = meta
-
-    async def took(self, queue: str, group: str, reads: SyncRows | None = None) -> None:
-        rows = reads or OneByOne(self.meta)
-        record, _ = await rows.records(queue, group)
-        await rows.levels(queue, group)
-        await rows.extents(record.queue)
-        await rows.redeliveries(queue, group)
-        await super().took(queue, group)
-
-
-async def test_a_tick_that_takes_many_groups_reads_their_rows_together(
-    meta: SqliteMetadataStore,
-) -> None:
-    """After a power loss at 1,000 queues x 2 groups the output host loaded or synced
-    each group of each take (TAKES_AT_ONCE units) one after another, four to six reads
-    each: about 3,000 each of get_ack_levels, list_extents and get_redeliveries in a
-    round. A take's groups read their rows together: a call of each kind a take."""
-    queues = [f"q{i:03d}" for i in range(ownership.TAKES_AT_ONCE // 2)]
-    for q in queues:
-        await _queue(meta, q, ["a", "b"], [PLAIN])
-    one_by_one = ("get_group", "get_queue", "get_ack_levels", "list_extents", "get_redeliveries")
-    named = ("groups_named", "ack_levels_named", "queues_with_extents", "groups_with_parked")
-    counting = _Counting(meta, one_by_one + named)
-    outputs = _Reading(counting)
-    a = ExtentOwnership(outputs, counting, "outputhost-a", ProcessContext(clock=_Clock()))  # type: ignore[arg-type]
-    await _alive(meta, a.id)
-    for tick in range(2):  # the groups loaded, then their successors taken (a sync each)
-        counting.reads.clear()
-        outputs.events.clear()
-        await a.tick()
-        assert len(a.held) == ownership.TAKES_AT_ONCE * (tick + 1)
-        assert len([e for e in outputs.events if e[0] == "took"]) == 2 * len(queues)
-        kinds = Counter(r.partition("(")[0] for r in counting.reads)
-        assert kinds == {"groups_named": 1, "ack_levels_named": 1, "queues_with_extents": 1,
-                         "groups_with_parked": 1}, kinds  # fmt: skip
-        await _successors_of(meta, queues)
-
-
-async def test_groups_taken_read_their_own_rows_when_the_read_together_fails(
-    meta: SqliteMetadataStore,
-) -> None:
-    """A take's rows not read together (the store failed that read) leave each group to
-    read its own, as before: the groups load, or fail one by one."""
-    for i in range(4):
-        await _queue(meta, f"q{i}", ["g"], [PLAIN])
-
-    async def fails(*args: Any) -> Any:
-        raise Unavailable("the metadata store is down")
-
-    counted = ("groups_named", "get_group")
-    counting = _Counting(_Patched(meta, groups_named=fails), counted)  # type: ignore[arg-type]
-    outputs = _Reading(counting)
-    a = ExtentOwnership(outputs, counting, "outputhost-a", ProcessContext(clock=_Clock()))  # type: ignore[arg-type]
-    await _alive(meta, a.id)
-    await a.tick()
-    assert sorted(e[1] for e in outputs.events if e[0] == "took") == [
-        (f"q{i}", "g") for i in range(4)
-    ]
-    kinds = Counter(r.partition("(")[0] for r in counting.reads)
-    assert kinds == {"groups_named": 1, "get_group": 4}  # tried together, then each its own
 
 
 async def _successors_of(meta: SqliteMetadataStore, queues: list[str], tag: str = "n") -> None:

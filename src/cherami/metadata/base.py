@@ -121,12 +121,6 @@ class MetadataStore(Protocol):
         """Every group of every queue (DLQ cursors too) in one read, by queue and name:
         what looks at all groups (a scrape, a start) reads once, not once per queue."""
 
-    async def groups_named(self, keys: Collection[tuple[str, str]]) -> list[Group]:
-        """Each group of the (queue, name) ``keys`` that exists, by queue and name, in a
-        statement per 500 keys: what takes hundreds of groups at once (an output host
-        after a power loss) reads their records together, not a ``get_group`` each."""
-        ...
-
     async def update_group(self, group: Group) -> None: ...
 
     async def delete_group(self, queue: str, name: str) -> None:
@@ -192,11 +186,6 @@ class MetadataStore(Protocol):
         update with a smaller ``acked`` than the stored one changes nothing. With a
         ``fence``, raises Fenced (and writes nothing) when its epoch is stale."""
 
-    async def ack_levels_named(self, keys: Collection[tuple[str, str]]) -> list[AckLevel]:
-        """The ack levels of the groups of the (queue, group) ``keys``, by queue, group
-        and extent, in a statement per 500 keys (as ``get_ack_levels`` of each)."""
-        ...
-
     async def delete_ack_levels(self, queue: str, group: str, extents: list[str]) -> None: ...
 
     async def list_every_parked_extent(self) -> list[tuple[str, str]]:
@@ -210,12 +199,6 @@ class MetadataStore(Protocol):
     # redeliveries (parked messages: delivered, not acked)
     async def get_redeliveries(self, queue: str, group: str) -> list[Redelivery]:
         """The group's redelivery rows, in (extent, key) order."""
-
-    async def groups_with_parked(self, keys: Collection[tuple[str, str]]) -> list[tuple[str, str]]:
-        """Those of the (queue, group) ``keys`` that have a redelivery row (a parked
-        message), sorted, in a statement per 500 keys: a group with none has nothing
-        for ``get_redeliveries`` to read."""
-        ...
 
     async def put_redeliveries(
         self,

@@ -1,10 +1,8 @@
 """Reads of the whole catalog in one statement (``MetadataStore.list_merged_extents``,
-``list_every_ack_level``), and of many queues or groups at once (``queues_with_extents``,
-``groups_named``, ``ack_levels_named``, ``groups_with_parked``), shared by the two
-stores as their cancelled messages are (cancelled.py): what follows every queue (an
-output host's ownership tick after a power loss, when the change log names every queue)
-reads a table once, and what takes hundreds of groups at once reads them in a statement
-per NAMES_AT_ONCE, not a queue or a group at a time."""
+``list_every_ack_level``), and of many queues at once (``queues_with_extents``),
+shared by the two stores as their cancelled messages are (cancelled.py): what follows
+every queue (an output host's ownership tick after a power loss, when the change log
+names every queue) reads a table once, not a queue at a time."""
 
 from __future__ import annotations
 
@@ -12,13 +10,12 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from cherami.metadata.cancelled import CancelledMessages, Statement
-from cherami.metadata.models import AckLevel, Extent, Group, Queue
+from cherami.metadata.models import AckLevel, Extent, Queue
 
 __all__ = ["BulkReads", "Statement"]
 
 QUEUE_COLUMNS = "name, config, created_at, dlq_of, timers, keyed"
 EXTENT_COLUMNS = "id, queue, kind, status, input_host, stores, created_at, sealed_seq, predecessor"
-GROUP_COLUMNS = "queue, name, config, created_at, start_ms, dlq"
 NAMES_AT_ONCE = 500  # names a statement asks for (SQLite allows 32,766 parameters)
 
 
@@ -26,52 +23,12 @@ class BulkReads(CancelledMessages):
     # a row of QUEUE_COLUMNS or EXTENT_COLUMNS as the store returns it, decoded
     _queue_of: Callable[[tuple[Any, ...]], Queue]
     _extent_of: Callable[[tuple[Any, ...]], Extent]
-    _group_of: Callable[[tuple[Any, ...]], Group]
 
     def _one_of(self, values: list[str]) -> tuple[str, tuple[Any, ...]]:
         """``IN`` the values, as this store's parameters take a list."""
         if self.mark == "%s":  # PostgreSQL: one array parameter, one statement text
             return "= ANY(%s)", (values,)
         return f"IN ({', '.join(self.mark * len(values))})", tuple(values)
-
-    def _pair_of(self, keys: list[tuple[str, str]]) -> tuple[str, tuple[Any, ...]]:
-        """``IN`` the (queue, group) pairs, as this store's parameters take them."""
-        if self.mark == "%s":  # two array parameters, one statement text
-            queues, groups = [q for q, _ in keys], [g for _, g in keys]
-            return "IN (SELECT * FROM unnest(%s::text[], %s::text[]))", (queues, groups)
-        return f"IN (VALUES {', '.join(['(?, ?)'] * len(keys))})", tuple(x for k in keys for x in k)
-
-    async def _by_pairs(
-        self, sql: str, keys: Collection[tuple[str, str]], order: str
-    ) -> list[tuple[Any, ...]]:
-        """The rows of ``sql`` (its ``{pairs}``: the columns of a (queue, group) pair)
-        for the keys, a statement per NAMES_AT_ONCE of them, ordered by ``order``."""
-        ordered = sorted(set(keys))
-        rows: list[tuple[Any, ...]] = []
-        for at in range(0, len(ordered), NAMES_AT_ONCE):
-            named, args = self._pair_of(ordered[at : at + NAMES_AT_ONCE])
-            rows += await self._read_all(f"{sql} {named} ORDER BY {order}", args)
-        return rows
-
-    async def groups_named(self, keys: Collection[tuple[str, str]]) -> list[Group]:
-        rows = await self._by_pairs(
-            f"SELECT {GROUP_COLUMNS} FROM groups WHERE (queue, name)", keys, "queue, name"
-        )
-        return [self._group_of(r) for r in rows]
-
-    async def ack_levels_named(self, keys: Collection[tuple[str, str]]) -> list[AckLevel]:
-        rows = await self._by_pairs(
-            "SELECT queue, grp, extent, level, acked, lim FROM ack_levels WHERE (queue, grp)",
-            keys,
-            "queue, grp, extent",
-        )
-        return _levels(rows)
-
-    async def groups_with_parked(self, keys: Collection[tuple[str, str]]) -> list[tuple[str, str]]:
-        rows = await self._by_pairs(
-            "SELECT DISTINCT queue, grp FROM redeliveries WHERE (queue, grp)", keys, "queue, grp"
-        )
-        return [(queue, group) for queue, group in rows]
 
     async def queues_with_extents(
         self, names: Collection[str], statuses: tuple[str, ...]
@@ -115,18 +72,14 @@ class BulkReads(CancelledMessages):
             "ORDER BY queue, grp, extent",
             (),
         )
-        return _levels(rows)
+        return [
+            AckLevel(queue=queue, group=group, extent=extent, level=bytes(level), acked=acked,
+                     limit=None if limit is None else bytes(limit))
+            for queue, group, extent, level, acked, limit in rows
+        ]  # fmt: skip
 
     async def list_every_parked_extent(self) -> list[tuple[str, str]]:
         rows = await self._read_all(
             "SELECT DISTINCT queue, extent FROM redeliveries ORDER BY queue, extent", ()
         )
         return [(queue, extent) for queue, extent in rows]
-
-
-def _levels(rows: list[tuple[Any, ...]]) -> list[AckLevel]:
-    return [
-        AckLevel(queue=queue, group=group, extent=extent, level=bytes(level), acked=acked,
-                 limit=None if limit is None else bytes(limit))
-        for queue, group, extent, level, acked, limit in rows
-    ]  # fmt: skip

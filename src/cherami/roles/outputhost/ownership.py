@@ -38,8 +38,8 @@ import asyncio
 import logging
 import math
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, cast
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from cherami import timing
 from cherami.bounded import each
@@ -53,7 +53,6 @@ from cherami.roles.outputhost.catalog import READS_AT_ONCE, WHOLE, Unit, UnitCat
 from cherami.roles.outputhost.hostlease import LEASES, HostLease, group_leases, unit_lease
 from cherami.roles.outputhost.outage import OutageWatch
 from cherami.roles.outputhost.service import DELETED_CLOSE, MOVED_CLOSE, OutputHostService
-from cherami.roles.outputhost.syncrows import Named, SyncRows
 
 log = logging.getLogger("cherami.outputhost.ownership")
 
@@ -72,23 +71,6 @@ TAKES_AT_ONCE = 200
 __all__ = ["LEASES", "WHOLE", "ExtentOwnership", "Unit", "group_leases", "unit_lease"]
 
 T = TypeVar("T")
-
-
-class _Asked:
-    """A metadata store whose every call is asked as one of the tick's (``ask``)."""
-
-    def __init__(
-        self, metadata: MetadataStore, ask: Callable[[Awaitable[Any]], Awaitable[Any]]
-    ) -> None:
-        self._metadata, self._ask = metadata, ask
-
-    def __getattr__(self, name: str) -> Any:
-        call = getattr(self._metadata, name)
-
-        async def asked(*args: Any, **kwargs: Any) -> Any:
-            return await self._ask(call(*args, **kwargs))
-
-        return asked
 
 
 class ExtentOwnership:
@@ -397,28 +379,11 @@ class ExtentOwnership:
         return lost
 
     async def _load(self, groups: list[tuple[str, str]], limit: asyncio.Semaphore) -> list[None]:
-        async with limit:
-            reads = await self._rows(groups)
-
         async def took(key: tuple[str, str]) -> None:
             async with limit:
-                await self.outputs.took(*key, reads=reads)
+                await self.outputs.took(*key)
 
         return await each(groups, took, len(groups) or 1)
-
-    async def _rows(self, groups: list[tuple[str, str]]) -> SyncRows | None:
-        """The rows the loads and syncs of a take's groups read, read together
-        (syncrows.Named): after a power loss at 1,000 queues each group read four to six
-        calls one after another, thousands a round. None: each reads its own (a few
-        groups; or the read failed, and each group fails or not as it would alone).
-        Each of its calls is one of the tick's (``_ask``): while it answers, a call of
-        the tick that waits is no outage."""
-        try:
-            return await Named.when(groups, cast(MetadataStore, _Asked(self.metadata, self._ask)))
-        except Exception as err:
-            log.warning("the rows of %d groups taken could not be read at once: %s",
-                        len(groups), err)  # fmt: skip
-            return None
 
     async def _group_exists(self, queue: str, group: str) -> bool:
         try:

@@ -185,7 +185,7 @@ class OutputHostService:
         self.groups.clear()
 
     # groups
-    async def group(self, queue: str, name: str, reads: SyncRows | None = None) -> GroupConsumer:
+    async def group(self, queue: str, name: str) -> GroupConsumer:
         key = f"{queue}/{name}"
         consumer = self.groups.get(key)
         if consumer is not None:
@@ -195,17 +195,18 @@ class OutputHostService:
         waiting[0] += 1
         try:
             async with lock:
-                return await self._load(key, queue, name, reads or OneByOne(self.metadata))
+                return await self._load(key, queue, name)
         finally:
             waiting[0] -= 1
             if not waiting[0]:  # no lock left behind a group: a node may hold many
                 del self._loading[key]
 
-    async def _load(self, key: str, queue: str, name: str, reads: SyncRows) -> GroupConsumer:
+    async def _load(self, key: str, queue: str, name: str) -> GroupConsumer:
         consumer = self.groups.get(key)
         if consumer is not None:
             return consumer
-        group, queue_record = await reads.records(queue, name)
+        group = await self.metadata.get_group(queue, name)
+        queue_record = await self.metadata.get_queue(queue)
         acts = None if self._holdings is None else partial(self._acts, queue, name)
         consumer = GroupConsumer(
             queue_record, group, self.reads, self._dead_letter, self._numbers, acts, self.ctx
@@ -222,7 +223,7 @@ class OutputHostService:
         consumer.start()
         self.groups[key] = consumer
         self.follow(key, group)
-        await self._sync(consumer, (group, queue_record), reads)
+        await self._sync(consumer, (group, queue_record))
         return consumer
 
     async def _sync(
@@ -244,7 +245,7 @@ class OutputHostService:
             extents += [dlq_extents[lv.extent] for lv in merged if lv.extent in dlq_extents]
         loaded = consumer.parked.loaded
         fetched = {e.id for e in extents if self.holds(group.queue, group.name, e.id)} - loaded
-        rows = await reads.redeliveries(group.queue, group.name) if fetched else []
+        rows = await self.metadata.get_redeliveries(group.queue, group.name) if fetched else []
         if any(e.kind == TIMER for e in extents):  # its cancels, known before any is due
             await self._cancels.known(group.queue)
         if consumer.stopped:
@@ -260,9 +261,8 @@ class OutputHostService:
             consumer.load_parked([r for r in rows if r.extent in new], new, levels)
         consumer.sync_extents(held, levels)
 
-    async def took(self, queue: str, name: str, reads: SyncRows | None = None) -> None:
-        """This host took extents of the group: load it, or follow them (the rows read
-        from ``reads``: those of a take's groups, syncrows.Named). Streams of the
+    async def took(self, queue: str, name: str) -> None:
+        """This host took extents of the group: load it, or follow them. Streams of the
         group open here are closed with MOVED_CLOSE: their clients connect again and
         start afresh (credit, handles) with what this host serves now. A stream that
         lived through the move kept the credit of deliveries the move made void, and
@@ -270,9 +270,9 @@ class OutputHostService:
         key = f"{queue}/{name}"
         consumer = self.groups.get(key)
         if consumer is None:
-            await self.group(queue, name, reads)
+            await self.group(queue, name)
         else:
-            await self._sync(consumer, reads=reads)
+            await self._sync(consumer)
             await self._close_streams(key, MOVED_CLOSE, "extents moved; reconnect")
 
     def dropped(self, queue: str, name: str, extent: str) -> None:
