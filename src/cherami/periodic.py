@@ -13,17 +13,9 @@ log = logging.getLogger("cherami.periodic")
 class Periodic:
     MIN_GAP = 0.05  # seconds from a tick's start to the next that a wake brings forward
 
-    def __init__(
-        self,
-        name: str,
-        seconds: float,
-        tick: Callable[[], Awaitable[object]],
-        min_gap: float = MIN_GAP,
-    ) -> None:
-        """``min_gap``: the least time from a tick's start to a woken one's."""
+    def __init__(self, name: str, seconds: float, tick: Callable[[], Awaitable[object]]) -> None:
         self.name = name
         self.seconds = seconds
-        self.min_gap = min_gap
         self._tick = tick
         self._task: asyncio.Task[None] | None = None
         self._woken = asyncio.Event()
@@ -32,7 +24,7 @@ class Periodic:
         self._task = asyncio.create_task(self._run(first_now))
 
     def wake(self) -> None:
-        """Run the next tick soon (min_gap after the last one began at the earliest),
+        """Run the next tick soon (MIN_GAP after the last one began at the earliest),
         not at its time: something it acts on changed."""
         self._woken.set()
 
@@ -55,7 +47,7 @@ class Periodic:
             await asyncio.wait_for(self._woken.wait(), self.seconds)
         except TimeoutError:
             return
-        await asyncio.sleep(max(0.0, began + self.min_gap - asyncio.get_running_loop().time()))
+        await asyncio.sleep(max(0.0, began + self.MIN_GAP - asyncio.get_running_loop().time()))
 
     async def stop(self) -> None:
         if self._task is not None:

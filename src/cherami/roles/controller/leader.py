@@ -63,7 +63,8 @@ class Leader:
     ) -> None:
         """``ctx.clock`` (monotonic seconds) times the acting window (the fencing rule of
         ownership.py), retention's and rolling's passes; tests advance it, not sleep."""
-        self.clock, self.timing = ctx.clock, ctx.timing
+        self.clock = ctx.clock
+        self.timing = ctx.timing
         self.controller = controller
         self.metadata = metadata
         self.id = controller_id
@@ -100,8 +101,7 @@ class Leader:
         # extents of lost hosts being replaced since (monotonic), sealed, opened since
         self._replacing: tuple[float, int, int] | None = None
         self._young: dict[str, str] = {}  # open extents made in the last ROLL_CHECK_ALL -> queue
-        tick = self.timing.leader_tick  # woken by changes: twice a tick at most (each
-        self._periodic = Periodic("controller tick", tick, self._lead, tick / 2)  # write did)
+        self._periodic = Periodic("controller tick", self.timing.leader_tick, self._lead)
         self._watch: ChangeWatch | None = None
 
     def start(self) -> None:
