@@ -29,6 +29,7 @@ T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_REQUEST_BYTES = 64 << 20  # a request body beyond this is 413 message_too_large
 _json = msgspec.json.Encoder()
+_json_decoder = msgspec.json.Decoder()
 log = logging.getLogger("cherami.http")
 
 
@@ -151,6 +152,36 @@ def error_response(err: CheramiError) -> web.Response:
     if isinstance(err, Throttled):
         response.headers["Retry-After"] = err.retry_after_header
     return response
+
+
+# the request's WebSocketResponse once it is prepared
+UPGRADED: web.RequestKey[web.WebSocketResponse] = web.RequestKey("upgraded", web.WebSocketResponse)
+INTERNAL_ERROR = 1011  # the WebSocket close code of an unexpected server error
+
+
+async def upgrade(request: web.Request, ws: web.WebSocketResponse) -> None:
+    """Prepare ``ws`` (the HTTP upgrade) and mark the request upgraded: an error raised
+    after this point closes the WebSocket (``after_upgrade``), it is never an HTTP
+    answer written into a connection that now speaks WebSocket frames."""
+    await ws.prepare(request)
+    request[UPGRADED] = ws
+
+
+async def after_upgrade(request: web.Request, answer: web.StreamResponse) -> web.StreamResponse:
+    """``answer`` as it is, unless the request was upgraded and ``answer`` is an error
+    answer made for it (a handler that failed after its upgrade): then the WebSocket is
+    closed with 1011 and the error's code as its reason, and that is the answer."""
+    ws: web.WebSocketResponse | None = request.get(UPGRADED)
+    if ws is None or answer is ws:
+        return answer
+    code = "internal"
+    if isinstance(answer, web.Response) and isinstance(answer.body, bytes):
+        try:
+            code = str(_json_decoder.decode(answer.body)["error"]["code"])[:100]
+        except (msgspec.DecodeError, KeyError, TypeError):
+            pass
+    await ws.close(code=INTERNAL_ERROR, message=code.encode())
+    return ws
 
 
 def internal_error() -> web.Response:

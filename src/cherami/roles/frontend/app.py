@@ -16,6 +16,7 @@ from cherami.httpbase import (
     MAX_REQUEST_BYTES,
     Handler,
     RouteNotFound,
+    after_upgrade,
     body_deadline,
     error_response,
     internal_error,
@@ -49,6 +50,11 @@ STREAMS: web.AppKey[Any] = web.AppKey("streams")  # its StreamHandlers (open str
 
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error as its documented answer; after a WebSocket upgrade, as a close (1011)."""
+    return await after_upgrade(request, await _answered(request, handler))
+
+
+async def _answered(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         try:
             return await handler(request)

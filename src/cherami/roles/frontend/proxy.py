@@ -15,6 +15,7 @@ from aiohttp import WSMsgType, web
 
 from cherami.context import DEFAULT, ProcessContext
 from cherami.errors import CheramiError, TooManyStreams, Unavailable, error_from_code
+from cherami.httpbase import upgrade
 from cherami.membership import INPUTHOST, OUTPUTHOST, RecentHosts
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import OPEN, Host
@@ -181,7 +182,7 @@ class Router:
         except (aiohttp.ClientError, OSError, TimeoutError) as err:
             raise Unavailable(f"host {address} did not answer: {err}") from err
         client = web.WebSocketResponse(max_msg_size=64 << 20, heartbeat=30)
-        await client.prepare(request)
+        await upgrade(request, client)
         pumps = [
             asyncio.create_task(_pump(client, upstream)),
             asyncio.create_task(_pump(upstream, client)),

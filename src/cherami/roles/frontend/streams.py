@@ -25,7 +25,7 @@ from cherami.errors import (
     TooManyStreams,
     Unauthorized,
 )
-from cherami.httpbase import HttpLimits, limits
+from cherami.httpbase import HttpLimits, limits, upgrade
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import Group, Queue, check_competing
 from cherami.roles.frontend.auth import ApiKey, KeyRing
@@ -176,7 +176,7 @@ class StreamHandlers:
         self, request: web.Request, queue: Queue, inputs: InputHostClient
     ) -> web.StreamResponse:
         ws = web.WebSocketResponse(max_msg_size=WS_MAX_MSG, heartbeat=30)
-        await ws.prepare(request)
+        await upgrade(request, ws)
         self.open.add(ws)
         slots = asyncio.Semaphore(MAX_BATCHES_IN_FLIGHT)
         tasks: set[asyncio.Task[None]] = set()
@@ -271,7 +271,7 @@ class StreamHandlers:
         if outputs is not None:  # before the upgrade: its errors are HTTP answers
             await outputs.load(group.queue, group.name)
         ws = web.WebSocketResponse(max_msg_size=WS_MAX_MSG, heartbeat=30)
-        await ws.prepare(request)
+        await upgrade(request, ws)
         self.open.add(ws)
         stream = None if outputs is None else await outputs.open_stream(group, ws)
         if stream is None:
