@@ -87,6 +87,10 @@ def test_every_role_process_reports_what_it_holds(cluster: LocalCluster) -> None
     # the 4 messages of the publish went through its append rounds
     assert total(stores, "cherami_storehost_append_round_messages_sum") >= 4
     assert total(stores, "cherami_storehost_open_extents") >= 1
+    # a cluster's own connections all say a good hello: none refused, and the series is there
+    assert [
+        v for (n, _), v in stores.items() if n == "cherami_storehost_refused_connections_total"
+    ] == [0]
 
 
 def store_id(cluster: LocalCluster) -> str:

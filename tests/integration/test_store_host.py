@@ -186,14 +186,47 @@ async def test_a_long_read_on_a_store_host_that_stops_answering_fails_soon(
         await proc.stop()
 
 
+async def test_silent_connections_are_capped_and_closed_after_the_hello_timeout() -> None:
+    """A flood of connects that say nothing: past ``max_greeting`` of them waiting for
+    their hello, one more is closed at once; each of the others is closed when its hello
+    time is up, which frees the cap again. Every one is counted refused (/metrics)."""
+    service = StoreHostService(
+        MemoryExtentStore(), key=derive_key(SECRET), hello_timeout=1.0, max_greeting=20
+    )
+    await service.start()
+    host, port = service.address.rsplit(":", 1)
+    try:
+        conns = [await asyncio.open_connection(host, int(port)) for _ in range(20)]
+        deadline = time.monotonic() + 10
+        while service.connections() < 20 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert service.connections() == 20
+        extra, _ = await asyncio.open_connection(host, int(port))
+        assert await asyncio.wait_for(extra.read(), 0.9) == b""  # before the others' time
+        assert service.refused == 1
+        for reader, _ in conns:  # each closed by the server, without a byte
+            assert await asyncio.wait_for(reader.read(), 10) == b""
+        assert service.refused == 21
+        late, late_writer = await asyncio.open_connection(host, int(port))
+        while service.connections() < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert service.connections() == 1  # the cap freed: it waits for its hello
+        late_writer.close()
+        for _, writer in conns:
+            writer.close()
+    finally:
+        await service.stop()
+
+
 async def test_connections_that_send_no_hello_hold_little_and_leave_nothing(
     tmp_path: Path,
 ) -> None:
     """Each connection to a store host's port allocated a 256 KiB read buffer before its
     hello, so connects that sent nothing took a store host from 50 to 540 MB. Now one
     holds a few KiB until it has said its hello, and nothing stays once it is gone
-    (measured with tracemalloc, with the store host's server in this process)."""
-    service = StoreHostService(MemoryExtentStore(), key=derive_key(SECRET))
+    (measured with tracemalloc, with the store host's server in this process; its cap
+    of connections yet to say their hello raised above the 300 it opens)."""
+    service = StoreHostService(MemoryExtentStore(), key=derive_key(SECRET), max_greeting=400)
     await service.start()
     host, port = service.address.rsplit(":", 1)
     tracemalloc.start()

@@ -39,6 +39,7 @@ HELLO_SIZE = len(MAGIC) + 16 + 8 + 32
 WELCOME_SIZE = 32
 SKEW = 120.0  # seconds a hello's time may differ from the store host's clock
 HELLO_TIMEOUT = 5.0  # a connection that sends no hello by then is closed
+MAX_GREETING = 256  # connections a store host holds before their hello; more are closed
 INTERNAL_HEADER = "X-Cherami-Internal"
 SECRET_ENV = "CHERAMI_CLUSTER_SECRET"
 SECRET_FILE_ENV = "CHERAMI_CLUSTER_SECRET_FILE"

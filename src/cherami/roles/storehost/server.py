@@ -39,6 +39,7 @@ UNKNOWN_COMMIT_WAIT = 1.0
 DISK_CHECK = 0.1  # seconds between looks at the free disk (one statvfs)
 DISK_STEP = 256 << 10  # bytes appended after which it is looked at again sooner
 T = TypeVar("T")
+REFUSALS_LOGGED = 10.0  # seconds between log lines of refused connections
 
 
 def _append_op(request: w.Append) -> AppendOp:
@@ -50,6 +51,22 @@ def _append_op(request: w.Append) -> AppendOp:
         return AppendOp.of_packed(request.extent, request.first_seq, packed, request.size)
     records = w.unpack_records(request.records)
     return AppendOp(request.extent, request.first_seq, records, request.delivery_ms)
+
+
+class _Refusals:
+    """How many refusals a log line names: the first at once, then the others of each
+    REFUSALS_LOGGED seconds in one line (a flood of connects logs a line, not thousands)."""
+
+    def __init__(self) -> None:
+        self.unlogged, self.logged_at = 0, -REFUSALS_LOGGED
+
+    def due(self, now: float) -> int:
+        """One more refusal: how many to log now (0: not yet)."""
+        self.unlogged += 1
+        if now - self.logged_at < REFUSALS_LOGGED:
+            return 0
+        many, self.unlogged, self.logged_at = self.unlogged, 0, now
+        return many
 
 
 @dataclass(slots=True)
@@ -131,17 +148,24 @@ class StoreHostService:
         tls: ssl.SSLContext | None = None,
         data_dir: str | None = None,
         disk_usage: Callable[[], DiskUsage] | None = None,
+        hello_timeout: float = h.HELLO_TIMEOUT,
+        max_greeting: int = h.MAX_GREETING,
     ) -> None:
         """``key``: the cluster key connections must prove (default: this process's,
         wire/handshake.py); ``tls``: serve over TLS with this context (wire/tls.py);
         ``data_dir``: where the store writes, whose free disk is guarded (loadmeter.py);
         ``disk_usage``: (free, total) bytes of a disk that is not ``data_dir``'s (an
-        in-process store host's, inprocess.py)."""
+        in-process store host's, inprocess.py); ``hello_timeout``: how long a connection
+        may take to say its hello; ``max_greeting``: how many connections may be waiting
+        to say it (one more is closed at once)."""
         self.store = store
         self._disk = _DiskGuard(data_dir, store, disk_usage)
         self._tls = tls
         self._hellos = h.HelloChecker(key if key is not None else h.cluster_key())
         self.refused = 0  # connections closed without a valid cluster hello
+        self._hello_timeout, self._max_greeting = hello_timeout, max_greeting
+        self._greeting = 0  # connections that have not said their hello yet
+        self._refusals = _Refusals()
         self._host, self._port = host, port
         self._server: asyncio.Server | None = None
         self._writes = ThreadPoolExecutor(1, thread_name_prefix="cherami-store-write")
@@ -216,7 +240,14 @@ class StoreHostService:
         assert task is not None
         self._conns.add(task)
         try:
-            welcomed, grant = await self._welcomed(reader, writer)
+            if self._greeting >= self._max_greeting:  # a flood of silent connects
+                self._refuse(writer, f"{self._greeting} connections yet to say their hello")
+                return
+            self._greeting += 1
+            try:
+                welcomed, grant = await self._welcomed(reader, writer)
+            finally:
+                self._greeting -= 1
             if not welcomed:
                 return
             while True:
@@ -249,7 +280,7 @@ class StoreHostService:
         nonce = grant = None
         key = self._hellos.key
         try:
-            async with asyncio.timeout(h.HELLO_TIMEOUT):
+            async with asyncio.timeout(self._hello_timeout):
                 data = bytes(await reader.read_frame())  # the preamble: HELLO_SIZE bytes
                 if data.startswith(h.GRANT_MAGIC):
                     token = bytes(await reader.read_frame())  # at most MAX_TOKEN bytes
@@ -261,15 +292,22 @@ class StoreHostService:
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, ProtocolError):
             pass
         if nonce is None:
-            self.refused += 1
-            log.warning(
-                "refused a connection from %s: no valid cluster hello or read grant",
-                writer.get_extra_info("peername"),
-            )
+            self._refuse(writer, "no valid cluster hello or read grant")
             return False, None
         reader.max_frame = MAX_FRAME
         writer.write(h.welcome(key, nonce))
         return True, grant
+
+    def _refuse(self, writer: FrameWriter, why: str) -> None:
+        """Count a connection refused (it is closed by its caller) and log it: a line
+        at most every REFUSALS_LOGGED seconds, naming how many since the last."""
+        self.refused += 1
+        many = self._refusals.due(time.monotonic())
+        if many:
+            log.warning(
+                "refused %d connection(s), the last from %s: %s",
+                many, writer.get_extra_info("peername"), why,
+            )  # fmt: skip
 
     async def _commit_loop(self) -> None:
         while True:
