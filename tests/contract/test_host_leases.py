@@ -150,3 +150,39 @@ async def test_a_renewal_racing_a_takeover_never_both_win(
         if not renewed:  # o1 lost its session: it begins again, as an output host does
             s1 = await _session(first, "o1")
     assert outcomes  # which wins depends on the timing; never both
+
+
+async def test_fenced_levels_of_many_units_in_one_write_skip_the_stale_fences(
+    meta: MetadataStore,
+) -> None:
+    """An output host's flush writes the levels of every unit it holds in one call: the
+    units whose lease moved on are refused (their levels not written), the others land,
+    and a level never moves backward there either."""
+    await meta.insert_queue(Queue(name="q", config=QueueConfig(), created_at=time.time()))
+    s1 = await _session(meta, "o1")
+    old = await meta.take_units([A, B], "o1", s1, 0)
+    assert old is not None
+    s2 = await _session(meta, "o2")
+    new = await meta.take_units([B], "o2", s2, 30)  # B moved to o2; A is still o1's epoch
+    assert new == {B: old[B] + 1}
+
+    def level(extent: str, acked: int) -> AckLevel:
+        return AckLevel(queue="q", group="g", extent=extent, level=bytes([acked]), acked=acked)
+
+    refused = await meta.put_fenced_ack_levels([
+        (Fence(lease=A, epoch=old[A]), [level("e1", 3)]),
+        (Fence(lease=B, epoch=old[B]), [level("e2", 7)]),  # o1's stale fence of B
+    ])  # fmt: skip
+    assert refused == {Fence(lease=B, epoch=old[B])}
+    assert {a.extent: a.acked for a in await meta.get_ack_levels("q", "g")} == {"e1": 3}
+    refused = await meta.put_fenced_ack_levels([
+        (Fence(lease=A, epoch=old[A]), [level("e1", 2)]),  # behind: stays at 3
+        (Fence(lease=B, epoch=new[B]), [level("e2", 7)]),
+        (Fence(lease="group:q/g/nobody", epoch=1), [level("e9", 1)]),  # no such lease
+    ])  # fmt: skip
+    assert refused == {Fence(lease="group:q/g/nobody", epoch=1)}
+    levels = await meta.get_ack_levels("q", "g")
+    assert {a.extent: (a.acked, a.level) for a in levels} == {
+        "e1": (3, b"\x03"), "e2": (7, b"\x07"),
+    }  # fmt: skip
+    assert await meta.put_fenced_ack_levels([]) == set()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol
 
 from cherami.metadata.models import (
@@ -185,6 +185,15 @@ class MetadataStore(Protocol):
         """Upsert all of them in one transaction. A level never moves backward: an
         update with a smaller ``acked`` than the stored one changes nothing. With a
         ``fence``, raises Fenced (and writes nothing) when its epoch is stale."""
+
+    async def put_fenced_ack_levels(
+        self, writes: Sequence[tuple[Fence, list[AckLevel]]]
+    ) -> set[Fence]:
+        """Each fence's levels upserted as ``put_ack_levels`` would, all of them in one
+        transaction: an output host's flush of many groups' acks is one write, not one
+        per unit. Returns the fences whose epoch is stale; their levels are not written
+        (the others' are)."""
+        ...
 
     async def delete_ack_levels(self, queue: str, group: str, extents: list[str]) -> None: ...
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -97,6 +97,25 @@ def _host(row: Row) -> Host:
         id=id_, role=role, address=address, heartbeat_at=heartbeat_at, zone=zone,
         load=None if load is None else msgspec.convert(load, LoadReport),
     )  # fmt: skip
+
+
+_PUT_ACK_LEVEL = (
+    "INSERT INTO ack_levels VALUES (%s, %s, %s, %s, %s, %s) "
+    "ON CONFLICT (queue, grp, extent) DO UPDATE SET "
+    # a level never moves backward; a merged DLQ range only grows, and lands even when
+    # the level it came with is behind the stored one (a merge reads the group's levels
+    # while its consumers go on acking)
+    "level = CASE WHEN excluded.acked >= ack_levels.acked THEN excluded.level "
+    "ELSE ack_levels.level END, acked = GREATEST(excluded.acked, ack_levels.acked), "
+    "lim = CASE WHEN ack_levels.lim IS NULL OR excluded.lim > ack_levels.lim "
+    "THEN excluded.lim ELSE ack_levels.lim END "
+    "WHERE excluded.acked >= ack_levels.acked OR excluded.lim > ack_levels.lim "
+    "OR (ack_levels.lim IS NULL AND excluded.lim IS NOT NULL)"
+)
+
+
+def _level_row(a: AckLevel) -> tuple[Any, ...]:
+    return (a.queue, a.group, a.extent, a.level, a.acked, a.limit)
 
 
 async def _check_fence(cur: psycopg.AsyncCursor[Row], fence: Fence | None) -> None:
@@ -381,23 +400,32 @@ class PostgresMetadataStore(PostgresLeases, BulkReads):
         ]
 
     async def put_ack_levels(self, levels: list[AckLevel], fence: Fence | None = None) -> None:
-        query = (
-            "INSERT INTO ack_levels VALUES (%s, %s, %s, %s, %s, %s) "
-            "ON CONFLICT (queue, grp, extent) DO UPDATE SET "
-            # a level never moves backward; a merged DLQ range only grows, and lands
-            # even when the level it came with is behind the stored one (a merge
-            # reads the group's levels while its consumers go on acking)
-            "level = CASE WHEN excluded.acked >= ack_levels.acked THEN excluded.level "
-            "ELSE ack_levels.level END, acked = GREATEST(excluded.acked, ack_levels.acked), "
-            "lim = CASE WHEN ack_levels.lim IS NULL OR excluded.lim > ack_levels.lim "
-            "THEN excluded.lim ELSE ack_levels.lim END "
-            "WHERE excluded.acked >= ack_levels.acked OR excluded.lim > ack_levels.lim "
-            "OR (ack_levels.lim IS NULL AND excluded.lim IS NOT NULL)"
-        )
-        rows = [(a.queue, a.group, a.extent, a.level, a.acked, a.limit) for a in levels]
         async with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
             await _check_fence(cur, fence)
-            await cur.executemany(query, rows)
+            await cur.executemany(_PUT_ACK_LEVEL, [_level_row(a) for a in levels])
+
+    async def put_fenced_ack_levels(
+        self, writes: Sequence[tuple[Fence, list[AckLevel]]]
+    ) -> set[Fence]:
+        if not writes:
+            return set()
+        names = sorted({fence.lease for fence, _ in writes})
+        async with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
+            # every lease row locked as one fenced write locks it (_check_fence), in
+            # name order as a takeover locks them (no deadlock between the two)
+            await cur.execute(
+                "SELECT name, epoch FROM leases WHERE name = ANY(%s) ORDER BY name FOR KEY SHARE",
+                (names,),
+            )
+            epochs = {name: epoch for name, epoch in await cur.fetchall()}
+            refused = {fence for fence, _ in writes if epochs.get(fence.lease) != fence.epoch}
+            rows = sorted(
+                (_level_row(a) for fence, levels in writes if fence not in refused for a in levels),
+                key=lambda row: row[:3],
+            )
+            if rows:
+                await cur.executemany(_PUT_ACK_LEVEL, rows)
+        return refused
 
     async def delete_ack_levels(self, queue: str, group: str, extents: list[str]) -> None:
         if extents:

@@ -9,7 +9,7 @@ import asyncio
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -50,6 +50,24 @@ from cherami.metadata.sqlite_schema import (
 T = TypeVar("T")
 
 _json = msgspec.json.Encoder()
+
+
+_PUT_ACK_LEVEL = (
+    "INSERT INTO ack_levels VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (queue, grp, extent) "
+    "DO UPDATE SET "
+    # a level never moves backward; a merged DLQ range only grows, and lands even
+    # behind the stored level (a merge reads levels while consumers go on acking)
+    "level = CASE WHEN excluded.acked >= ack_levels.acked THEN excluded.level "
+    "ELSE ack_levels.level END, acked = max(excluded.acked, ack_levels.acked), "
+    "lim = CASE WHEN ack_levels.lim IS NULL OR excluded.lim > ack_levels.lim "
+    "THEN excluded.lim ELSE ack_levels.lim END "
+    "WHERE excluded.acked >= ack_levels.acked OR excluded.lim > ack_levels.lim "
+    "OR (ack_levels.lim IS NULL AND excluded.lim IS NOT NULL)"
+)
+
+
+def _level_row(a: AckLevel) -> tuple[Any, ...]:
+    return (a.queue, a.group, a.extent, a.level, a.acked, a.limit)
 
 
 class SqliteMetadataStore(SqliteLeases, BulkReads):
@@ -349,24 +367,25 @@ class SqliteMetadataStore(SqliteLeases, BulkReads):
         ]
 
     async def put_ack_levels(self, levels: list[AckLevel], fence: Fence | None = None) -> None:
-        sql = (
-            "INSERT INTO ack_levels VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (queue, grp, extent) "
-            "DO UPDATE SET "
-            # a level never moves backward; a merged DLQ range only grows, and lands even
-            # behind the stored level (a merge reads levels while consumers go on acking)
-            "level = CASE WHEN excluded.acked >= ack_levels.acked THEN excluded.level "
-            "ELSE ack_levels.level END, acked = max(excluded.acked, ack_levels.acked), "
-            "lim = CASE WHEN ack_levels.lim IS NULL OR excluded.lim > ack_levels.lim "
-            "THEN excluded.lim ELSE ack_levels.lim END "
-            "WHERE excluded.acked >= ack_levels.acked OR excluded.lim > ack_levels.lim "
-            "OR (ack_levels.lim IS NULL AND excluded.lim IS NOT NULL)"
-        )
-        await self._write(
-            lambda: self._tx(
-                [(sql, (a.queue, a.group, a.extent, a.level, a.acked, a.limit)) for a in levels],
-                fence,
-            )
-        )
+        statements = [(_PUT_ACK_LEVEL, _level_row(a)) for a in levels]
+        await self._write(lambda: self._tx(statements, fence))
+
+    async def put_fenced_ack_levels(
+        self, writes: Sequence[tuple[Fence, list[AckLevel]]]
+    ) -> set[Fence]:
+        def put() -> set[Fence]:
+            refused: set[Fence] = set()
+            for fence, levels in writes:
+                row = self._db.execute(
+                    "SELECT epoch FROM leases WHERE name = ?", (fence.lease,)
+                ).fetchone()
+                if row is None or row[0] != fence.epoch:
+                    refused.add(fence)
+                    continue
+                self._db.executemany(_PUT_ACK_LEVEL, [_level_row(a) for a in levels])
+            return refused
+
+        return await self._write(put) if writes else set()
 
     async def delete_ack_levels(self, queue: str, group: str, extents: list[str]) -> None:
         sql = "DELETE FROM ack_levels WHERE queue = ? AND grp = ? AND extent = ?"

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from cherami.errors import Fenced, Unavailable
 from cherami.metadata.base import MetadataStore
-from cherami.metadata.models import Fence
+from cherami.metadata.models import AckLevel, Fence
 from cherami.roles.outputhost.groupconsumer import GroupConsumer
 from cherami.roles.outputhost.redelivery import write as write_parked
 
@@ -154,8 +154,20 @@ class AckCommitter:
                 else:
                     by_fence.setdefault(fence, set()).add(extent)
             writes += [(consumer, fence, extents) for fence, extents in by_fence.items()]
-        errors = await asyncio.gather(*(self._write_levels([c], f, e) for c, f, e in writes))
-        for (consumer, _, extents), err in zip(writes, errors, strict=True):
+        # units with levels alone to write go together, every fence's in one write (a
+        # write per unit, a transaction each, was 4,000 after a power loss at 1,000
+        # queues); those with parked rows as before (rows before the levels past them).
+        # Both sorts, and the levels, are taken here, before any wait: no row can be
+        # parked in between
+        together = [w for w in writes if not w[0].parked.pending]
+        alone = [w for w in writes if w[0].parked.pending]
+        levels = [(fence, c.dirty_levels(extents)) for c, fence, extents in together]
+        together_errors, alone_errors = await asyncio.gather(
+            self._write_together(together, levels),
+            asyncio.gather(*(self._write_levels([c], f, e) for c, f, e in alone)),
+        )
+        errors = [*together_errors, *alone_errors]
+        for (consumer, _, extents), err in zip([*together, *alone], errors, strict=True):
             if err is None:
                 continue
             failed.setdefault(consumer.key, {}).update(dict.fromkeys(extents, err))
@@ -166,6 +178,35 @@ class AckCommitter:
             if consumer.unwritten():
                 self._unwritten.add(consumer.key)
         return failed
+
+    async def _write_together(
+        self,
+        writes: list[tuple[GroupConsumer, Fence, set[str]]],
+        levels: list[tuple[Fence, list[AckLevel]]],
+    ) -> list[Exception | None]:
+        """Write ``levels`` (each of ``writes``' fence) in one write; per write, None or
+        why it failed (Fenced: its lease moved on)."""
+        batch = [(fence, rows) for fence, rows in levels if rows]
+        if not batch:
+            return [None] * len(writes)
+        try:
+            refused = await self.metadata.put_fenced_ack_levels(batch)
+        except Exception as err:
+            for consumer, _, extents in writes:  # write them again next time
+                consumer.unwritten_again(extents)
+            log.error("ack level flush failed: %s", err)
+            why = err if isinstance(err, Unavailable) else None
+            return [why or Unavailable(f"ack levels could not be written: {err}")] * len(writes)
+        if refused:
+            log.info("ack levels of %d unit(s) not written: their leases moved on", len(refused))
+        outcomes: list[Exception | None] = []
+        for consumer, fence, extents in writes:
+            if fence in refused:
+                consumer.unwritten_again(extents)
+                outcomes.append(Fenced(f"lease {fence.lease} moved past epoch {fence.epoch}"))
+            else:
+                outcomes.append(None)
+        return outcomes
 
     async def _write_levels(
         self, consumers: list[GroupConsumer], fence: Fence | None, extents: set[str] | None
