@@ -216,3 +216,20 @@ def test_publish_with_an_ordering_key(server: ServerProcess) -> None:
     ]  # fmt: skip
     bad = cherami(server, "publish", queue, "x", "--key", "x" * 129)
     assert bad.returncode == 1 and "key" in bad.stderr, bad.stderr
+
+
+def test_consuming_a_stream_mode_group_is_a_one_line_error(server: ServerProcess) -> None:
+    """A stream-mode group is read by offsets (the Spark source): ``cherami consume`` of
+    one printed nothing and exited 0, as if the group were empty, though it held a
+    message. It says why, on one line, and exits 1."""
+    queue, group = unique("q"), unique("g")
+    ok(server, "queue", "create", queue)
+    ok(server, "group", "create", queue, group, "--type", "stream")
+    ok(server, "publish", queue, "x")
+    result = cherami(server, "consume", queue, group, "--wait", "1")
+    assert_one_line_error(
+        result,
+        f"error: invalid_request: group {group} is a stream-mode group: it is read by "
+        "offsets (the Spark source, docs/spark.md), not by receive or a consume stream",
+    )
+    assert result.returncode == 1
