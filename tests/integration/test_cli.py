@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from cherami import Client
+from tests.support.blackhole import free_port
 from tests.support.server import ServerProcess, unique
 
 
@@ -233,3 +234,25 @@ def test_consuming_a_stream_mode_group_is_a_one_line_error(server: ServerProcess
         "offsets (the Spark source, docs/spark.md), not by receive or a consume stream",
     )
     assert result.returncode == 1
+
+
+def test_publish_to_a_wrong_url_fails_within_seconds_saying_why() -> None:
+    """``cherami --url WRONG publish QUEUE BODY`` waited 30 s in silence (its publish
+    retried as if a known server were restarting). A host name that does not resolve is
+    a usage error (exit 2) that says to check the URL; a port nobody listens on is
+    ``unavailable`` (exit 5), after the 2 s an idempotent call gets. The same from stdin,
+    which streams."""
+    refused = f"http://127.0.0.1:{free_port()}"
+    cases = [
+        ("http://no-such-host.invalid:8080", 2,
+         "error: invalid_config: http://no-such-host.invalid:8080: cannot resolve the host "
+         "(check the URL): "),
+        (refused, 5, f"error: unavailable: {refused}: Cannot connect to host"),
+    ]  # fmt: skip
+    for url, code, says in cases:
+        for body, stdin in ((("hello",), None), ((), "hello\n")):
+            started = time.monotonic()
+            result = cherami(None, "--url", url, "publish", "orders", *body, stdin=stdin)
+            assert time.monotonic() - started < 10, (url, body, "too slow")
+            assert_one_line_error(result, says)
+            assert result.returncode == code, (url, body, result.stderr)
