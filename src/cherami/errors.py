@@ -36,9 +36,9 @@ class InvalidRequest(CheramiError):
 
 class ConfigError(InvalidRequest):
     """A setting a process was started with is wrong: a command-line flag, a ``CHERAMI_*``
-    variable or the config file. Raised before anything is served, never answered over
-    HTTP: the CLI prints it as one line and exits 2, as for its other usage errors. An
-    ``InvalidRequest`` still, for callers that catch that."""
+    variable or the config file, or a client's URL whose host name does not resolve.
+    Never answered over HTTP: the CLI prints it as one line and exits 2, as for its other
+    usage errors. An ``InvalidRequest`` still, for callers that catch that."""
 
     code = "invalid_config"
 

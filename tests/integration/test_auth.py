@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.server import ServerProcess, keyed_node
+from tests.support.server import ServerProcess, keyed_node, unique
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +85,30 @@ def test_the_console_and_api_explorer_pages_hold_no_data(secured: ServerProcess)
         assert http.get("/v1/queues").status_code == 401
         listed = http.get("/v1/queues", headers=_h("admin-key")).text
         assert "console-secret-q" in listed
+
+
+def _cli(*args: str, env_key: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``cherami ARGS`` with no CHERAMI_* variable but CHERAMI_API_KEY=``env_key``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHERAMI_")}
+    if env_key is not None:
+        env["CHERAMI_API_KEY"] = env_key
+    return subprocess.run(
+        [sys.executable, "-m", "cherami.cli.main", *args],
+        capture_output=True, text=True, timeout=60, env=env, check=False,
+    )  # fmt: skip
+
+
+def test_the_cli_takes_api_key_before_the_command_too(secured: ServerProcess) -> None:
+    """``cherami --api-key K queue create Q`` sends K, as ``--url`` before the command
+    sends to that URL; given there, it beats CHERAMI_API_KEY, and the command's own
+    --api-key beats it. Each key's answer differs (none 401, prod-key 403, admin-key
+    201), so each run shows which key was sent."""
+    url, q = secured.url, unique("orders")
+    no_key = _cli("--url", url, "queue", "create", q)
+    assert no_key.returncode == 6 and "error: unauthorized" in no_key.stderr, no_key.stderr
+    producer = _cli("--url", url, "--api-key", "prod-key", "queue", "create", q)
+    assert producer.returncode == 6 and "error: forbidden" in producer.stderr, producer.stderr
+    admin = _cli("--url", url, "--api-key", "admin-key", "queue", "create", q, env_key="wrong")
+    assert admin.returncode == 0, admin.stderr
+    own = _cli("--api-key", "wrong", "queue", "show", q, "--url", url, "--api-key", "admin-key")
+    assert own.returncode == 0 and q in own.stdout, own.stderr

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from cherami import Client
+from tests.support.blackhole import free_port
 from tests.support.server import ServerProcess, unique
 
 
@@ -216,3 +217,42 @@ def test_publish_with_an_ordering_key(server: ServerProcess) -> None:
     ]  # fmt: skip
     bad = cherami(server, "publish", queue, "x", "--key", "x" * 129)
     assert bad.returncode == 1 and "key" in bad.stderr, bad.stderr
+
+
+def test_consuming_a_stream_mode_group_is_a_one_line_error(server: ServerProcess) -> None:
+    """A stream-mode group is read by offsets (the Spark source): ``cherami consume`` of
+    one printed nothing and exited 0, as if the group were empty, though it held a
+    message. It says why, on one line, and exits 1."""
+    queue, group = unique("q"), unique("g")
+    ok(server, "queue", "create", queue)
+    ok(server, "group", "create", queue, group, "--type", "stream")
+    ok(server, "publish", queue, "x")
+    result = cherami(server, "consume", queue, group, "--wait", "1")
+    assert_one_line_error(
+        result,
+        f"error: invalid_request: group {group} is a stream-mode group: it is read by "
+        "offsets (the Spark source, docs/spark.md), not by receive or a consume stream",
+    )
+    assert result.returncode == 1
+
+
+def test_publish_to_a_wrong_url_fails_within_seconds_saying_why() -> None:
+    """``cherami --url WRONG publish QUEUE BODY`` waited 30 s in silence (its publish
+    retried as if a known server were restarting). A host name that does not resolve is
+    a usage error (exit 2) that says to check the URL; a port nobody listens on is
+    ``unavailable`` (exit 5), after the 2 s an idempotent call gets. The same from stdin,
+    which streams."""
+    refused = f"http://127.0.0.1:{free_port()}"
+    cases = [
+        ("http://no-such-host.invalid:8080", 2,
+         "error: invalid_config: http://no-such-host.invalid:8080: cannot resolve the host "
+         "(check the URL): "),
+        (refused, 5, f"error: unavailable: {refused}: Cannot connect to host"),
+    ]  # fmt: skip
+    for url, code, says in cases:
+        for body, stdin in ((("hello",), None), ((), "hello\n")):
+            started = time.monotonic()
+            result = cherami(None, "--url", url, "publish", "orders", *body, stdin=stdin)
+            assert time.monotonic() - started < 10, (url, body, "too slow")
+            assert_one_line_error(result, says)
+            assert result.returncode == code, (url, body, result.stderr)

@@ -82,3 +82,48 @@ async def test_a_host_name_that_does_not_resolve_fails_at_once() -> None:
         async with asyncio.timeout(10):  # the publish retry window is 30 s
             with pytest.raises(CheramiError, match="cannot resolve the host"):
                 await c.publish("orders", ["x"])
+
+
+async def test_a_publish_to_a_server_never_reached_fails_within_the_idempotent_window() -> None:
+    """A refused connection made ``publish`` retry for its 30 s ``retry_seconds``, in
+    silence, though nothing says a server is there: a wrong port, or a node not started.
+    A server never reached gets what an idempotent call gives it (2 s here)."""
+    async with AsyncClient(f"http://127.0.0.1:{free_port()}") as c:
+        started = time.monotonic()
+        with pytest.raises(Unavailable, match="Cannot connect"):
+            await c.publish("orders", ["x"])
+        assert time.monotonic() - started < 5, "retried as if the server had been reached"
+
+
+async def test_a_publish_rides_out_a_refused_connection_once_the_server_answered() -> None:
+    """Once the server has answered, a refused connection is an outage (a restart), and
+    a publish keeps sending its batch for ``retry_seconds``, as before: here an outage of
+    1 s, five times the client's idempotent window."""
+    from aiohttp import web
+
+    async def publish(request: web.Request) -> web.Response:
+        return web.json_response({"ids": ["id-1"]})
+
+    app = web.Application()
+    app.router.add_post("/v1/queues/{queue}/messages", publish)
+    port = free_port()
+
+    async def serve() -> web.AppRunner:
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        return runner
+
+    runner = await serve()
+    async with AsyncClient(f"http://127.0.0.1:{port}", idempotent_retry_seconds=0.2) as c:
+        assert await c.publish("orders", ["x"]) == ["id-1"]
+        await runner.cleanup()
+        sending = asyncio.create_task(c.publish("orders", ["y"]))
+        await asyncio.sleep(1.0)  # the outage (not a wait for anything)
+        assert not sending.done(), "gave up within the idempotent window"
+        runner = await serve()
+        try:
+            async with asyncio.timeout(10):
+                assert await sending == ["id-1"]
+        finally:
+            await runner.cleanup()

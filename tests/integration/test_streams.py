@@ -8,6 +8,7 @@ import time
 import aiohttp
 import pytest
 
+from cherami import Client
 from cherami.client.asyncclient import AsyncClient
 from cherami.client.models import OutgoingMessage
 from cherami.errors import GroupNotFound, MessageTooLarge, QueueNotFound
@@ -386,4 +387,32 @@ async def test_a_consumer_used_without_async_with_acks_what_it_acks(
         assert stats["acked"] == 20 and stats["backlog"] == 0
     finally:
         await c.close()
+    assert sorted(seen) == sorted(f"m{i}" for i in range(20))
+
+
+def test_the_sync_consumer_used_without_with_acks_what_it_acks(server: ServerProcess) -> None:
+    """The blocking client's ``c = client.consumer(q, g); for m in c: c.ack(m)`` had the
+    async consumer's fault: no flush task without ``with``, so no ack was sent. Its first
+    get opens it now. The stats are read while it is still open: its ``close`` flushes the
+    acks, which would hide a consumer that never sent them."""
+    q = unique()
+    with Client(server.url) as client:
+        client.create_queue(q)
+        client.create_group(q, "g")
+        client.publish(q, [f"m{i}" for i in range(20)])
+        c = client.consumer(q, "g", credit=50)
+        seen = []
+        try:
+            for m in c:
+                seen.append(m.text)
+                c.ack(m)
+                if len(seen) == 20:
+                    break
+            deadline = time.monotonic() + 10
+            while (stats := client.get_group(q, "g")["stats"])["acked"] != 20:
+                assert time.monotonic() < deadline, f"the acks were not sent: {stats}"
+                time.sleep(0.05)
+            assert (stats["backlog"], stats["in_flight"]) == (0, 0)
+        finally:
+            c.close()
     assert sorted(seen) == sorted(f"m{i}" for i in range(20))

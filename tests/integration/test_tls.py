@@ -92,6 +92,18 @@ async def test_a_node_serves_https_and_wss_with_the_test_ca(
     assert done.returncode == 0, done.stderr
     assert "tls-node" in done.stdout
 
+    # --tls-ca before the command is used too, and beats CHERAMI_TLS_CA: the other CA
+    # given there fails a verification the environment's CA would pass
+    for ca, code in ((certs.ca, 0), (certs.other_ca, 5)):
+        before = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "cherami.cli.main", "--tls-ca", str(ca), "--url", node.url,
+             "queue", "list"],
+            capture_output=True, text=True, timeout=60, env=env, check=False,
+        )  # fmt: skip
+        assert before.returncode == code, before.stderr
+    assert "certificate verify failed" in before.stderr
+
 
 @pytest.mark.postgres
 async def test_a_cluster_runs_tls_on_every_listener_and_internal_link(

@@ -25,7 +25,7 @@ from cherami.client.models import (
     receipt_list,
 )
 from cherami.client.stream import Publisher, StreamConsumer
-from cherami.errors import CheramiError, Throttled, Unavailable, error_from_response
+from cherami.errors import ConfigError, Throttled, Unavailable, error_from_response
 from cherami.wire import tls
 
 PUBLISH_BATCH = 1000
@@ -49,6 +49,10 @@ class _TimedOut(Unavailable):
 
 class _Dropped(Unavailable):
     """The connection broke after the call was sent: resent only when it only reads."""
+
+
+class _Unreachable(Unavailable):
+    """No connection was made (refused, no route): nothing was sent."""
 
 
 def connection_defaults(url: str | None, api_key: str | None) -> tuple[str, str | None]:
@@ -84,6 +88,9 @@ class AsyncClient:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
+        # the server has answered once: a connection refused after that is an outage
+        # (a restart) that publish rides out; before it, most likely a wrong URL
+        self._reached = False
         self._closer: AsyncGenerator[None, None] | None = None  # see _closed_with_the_loop
 
     @property
@@ -144,6 +151,7 @@ class AsyncClient:
                 method, self.url + path, data=data, params=params,
                 headers={"Content-Type": "application/json"} if data is not None else None,
             ) as resp:  # fmt: skip
+                self._reached = True
                 raw = await resp.read()
                 if resp.status >= 400:
                     raise error_from_response(resp.status, raw)
@@ -152,10 +160,10 @@ class AsyncClient:
             raise _TimedOut(f"{self.url}: request timed out") from err
         except aiohttp.ClientConnectorError as err:
             if isinstance(err.os_error, socket.gaierror):  # a name that does not resolve
-                raise CheramiError(
+                raise ConfigError(
                     f"{self.url}: cannot resolve the host (check the URL): {err}"
                 ) from None
-            raise Unavailable(f"{self.url}: {err}") from err
+            raise _Unreachable(f"{self.url}: {err}") from err
         except aiohttp.ClientError as err:
             raise _Dropped(f"{self.url}: {err}") from err
 
@@ -271,8 +279,12 @@ class AsyncClient:
         return ids
 
     async def _retrying(self, retry_seconds: float, method: str, path: str, body: Any) -> Any:
+        """``request`` sent again while refused 503 or 429 (see ``publish``). A server
+        never reached is given what an idempotent call gives it, not ``retry_seconds``:
+        a wrong URL or a node not started made ``cherami publish`` wait 30 s in silence."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + retry_seconds
+        unreached_deadline = loop.time() + min(retry_seconds, self.idempotent_retry_seconds)
         throttled_deadline = loop.time() + self.throttled_retry_seconds
         pause = 0.1
         while True:
@@ -284,8 +296,9 @@ class AsyncClient:
                     raise
                 await asyncio.sleep(wait)
                 continue
-            except Unavailable:
-                if loop.time() + pause > deadline:
+            except Unavailable as err:
+                unreached = isinstance(err, _Unreachable) and not self._reached
+                if loop.time() + pause > (unreached_deadline if unreached else deadline):
                     raise
             await asyncio.sleep(pause)
             pause = min(2 * pause, 1.0)
