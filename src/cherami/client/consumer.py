@@ -28,6 +28,8 @@ from cherami.client.models import Received
 from cherami.errors import CheramiError, NotFound, Unavailable
 from cherami.wire import stream as f
 
+OPEN_PATIENCE = 30.0  # seconds a first open tries again while the server answers 503
+
 if TYPE_CHECKING:
     from cherami.client.asyncclient import AsyncClient
 
@@ -115,9 +117,25 @@ class StreamConsumer:
         sent then, and every message came back after its visibility timeout)."""
         if self._flusher is not None:
             return
-        await self._reroute()
+        await self._first_route()
         self._flusher = self._spawn(self._flush_loop(), "consumer flush")
         self._refresher = self._spawn(self._refresh_loop(), "consumer route refresh")
+
+    async def _first_route(self) -> None:
+        """The first connect, tried again with back-off for up to OPEN_PATIENCE while a
+        server that answered refuses it as unavailable (a 503 at the upgrade: the group's
+        extents not placed yet, in a cluster just made or restarting). A server never
+        reached fails at once (most likely a wrong URL), as any other refusal does."""
+        loop = asyncio.get_running_loop()
+        deadline, pause = loop.time() + OPEN_PATIENCE, 0.1
+        while True:
+            try:
+                return await self._reroute()
+            except Unavailable:
+                if not self._client.reached or loop.time() + pause > deadline:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, 1.0)
 
     def _spawn(self, work: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
         return keep(self._tasks, work, f"consumer: {what}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
@@ -18,7 +18,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from cherami.errors import AlreadyExists, Fenced, GroupNotFound, QueueNotFound
+from cherami.errors import AlreadyExists, GroupNotFound, QueueNotFound
 from cherami.metadata.base import page_clause
 from cherami.metadata.bulk import BulkReads
 from cherami.metadata.models import (
@@ -39,7 +39,7 @@ from cherami.metadata.models import (
     Redelivery,
 )
 from cherami.metadata.postgres_failover import FailoverPool, failover_conninfo
-from cherami.metadata.postgres_leases import PostgresLeases
+from cherami.metadata.postgres_leases import PostgresLeases, _check_fence
 from cherami.metadata.postgres_notify import ChangeListener
 from cherami.metadata.postgres_schema import check_schema, migrate, with_search_path
 from cherami.metadata.properties import find_properties, select_properties, write_properties
@@ -97,40 +97,6 @@ def _host(row: Row) -> Host:
         id=id_, role=role, address=address, heartbeat_at=heartbeat_at, zone=zone,
         load=None if load is None else msgspec.convert(load, LoadReport),
     )  # fmt: skip
-
-
-_PUT_ACK_LEVEL = (
-    "INSERT INTO ack_levels VALUES (%s, %s, %s, %s, %s, %s) "
-    "ON CONFLICT (queue, grp, extent) DO UPDATE SET "
-    # a level never moves backward; a merged DLQ range only grows, and lands even when
-    # the level it came with is behind the stored one (a merge reads the group's levels
-    # while its consumers go on acking)
-    "level = CASE WHEN excluded.acked >= ack_levels.acked THEN excluded.level "
-    "ELSE ack_levels.level END, acked = GREATEST(excluded.acked, ack_levels.acked), "
-    "lim = CASE WHEN ack_levels.lim IS NULL OR excluded.lim > ack_levels.lim "
-    "THEN excluded.lim ELSE ack_levels.lim END "
-    "WHERE excluded.acked >= ack_levels.acked OR excluded.lim > ack_levels.lim "
-    "OR (ack_levels.lim IS NULL AND excluded.lim IS NOT NULL)"
-)
-
-
-def _level_row(a: AckLevel) -> tuple[Any, ...]:
-    return (a.queue, a.group, a.extent, a.level, a.acked, a.limit)
-
-
-async def _check_fence(cur: psycopg.AsyncCursor[Row], fence: Fence | None) -> None:
-    """Inside a transaction: raise Fenced unless the lease is still in the fence's
-    epoch. The row lock holds a takeover back until the transaction ends (a takeover
-    locks the row FOR UPDATE first: postgres_leases.py), so no write of an old holder
-    lands after a new holder has taken the lease. KEY SHARE, not SHARE: the holder's
-    own renewal (an update of no key column) does not wait for its fenced writes; with
-    SHARE a leader with dozens of them under way at once could not renew at all."""
-    if fence is None:
-        return
-    await cur.execute("SELECT epoch FROM leases WHERE name = %s FOR KEY SHARE", (fence.lease,))
-    row = await cur.fetchone()
-    if row is None or row[0] != fence.epoch:
-        raise Fenced(f"lease {fence.lease} moved past epoch {fence.epoch}")
 
 
 def _config(value: msgspec.Struct) -> Jsonb:
@@ -398,34 +364,6 @@ class PostgresMetadataStore(PostgresLeases, BulkReads):
             AckLevel(queue=queue, group=group, extent=e, level=lv, acked=n, limit=lim)
             for e, lv, n, lim in rows
         ]
-
-    async def put_ack_levels(self, levels: list[AckLevel], fence: Fence | None = None) -> None:
-        async with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
-            await _check_fence(cur, fence)
-            await cur.executemany(_PUT_ACK_LEVEL, [_level_row(a) for a in levels])
-
-    async def put_fenced_ack_levels(
-        self, writes: Sequence[tuple[Fence, list[AckLevel]]]
-    ) -> set[Fence]:
-        if not writes:
-            return set()
-        names = sorted({fence.lease for fence, _ in writes})
-        async with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
-            # every lease row locked as one fenced write locks it (_check_fence), in
-            # name order as a takeover locks them (no deadlock between the two)
-            await cur.execute(
-                "SELECT name, epoch FROM leases WHERE name = ANY(%s) ORDER BY name FOR KEY SHARE",
-                (names,),
-            )
-            epochs = {name: epoch for name, epoch in await cur.fetchall()}
-            refused = {fence for fence, _ in writes if epochs.get(fence.lease) != fence.epoch}
-            rows = sorted(
-                (_level_row(a) for fence, levels in writes if fence not in refused for a in levels),
-                key=lambda row: row[:3],
-            )
-            if rows:
-                await cur.executemany(_PUT_ACK_LEVEL, rows)
-        return refused
 
     async def delete_ack_levels(self, queue: str, group: str, extents: list[str]) -> None:
         if extents:

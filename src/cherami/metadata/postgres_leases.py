@@ -1,18 +1,22 @@
 """The PostgreSQL store's leases (postgres.py): a lease with its own expiry
 (``try_lease``), and the output hosts' host leases with the units they cover
-(hostleases.py). Expiry is judged by the server's clock, shared by all hosts. A take
+(hostleases.py), and the fenced writes' check (``_check_fence``) with the ack levels
+written under fences. Expiry is judged by the server's clock, shared by all hosts. A take
 locks the unit rows, then the host rows of their holders (always in that order, each in
 name order: two takes never wait on each other in a cycle), so no renewal of a session
 it ends commits between its look and its write; a fenced write's share lock on a unit
-row (postgres.py) holds a take of that unit back until the write ends."""
+row holds a take of that unit back until the write ends."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 
+from cherami.errors import Fenced
 from cherami.metadata.hostleases import HostRow, UnitRow, holders_to_lock, plan_take
+from cherami.metadata.models import AckLevel, Fence
 from cherami.metadata.postgres_failover import EPOCH_FLOOR
 from cherami.metadata.postgres_schema import NOW
 
@@ -30,6 +34,40 @@ def held_leases(where: str) -> str:
     the leases table), by either rule: a lease's own expiry, or its holder's host lease
     in the session it names. What tests that read a cluster's leases ask too."""
     return _HOLDERS.format(where=where, now=NOW)
+
+
+_PUT_ACK_LEVEL = (
+    "INSERT INTO ack_levels VALUES (%s, %s, %s, %s, %s, %s) "
+    "ON CONFLICT (queue, grp, extent) DO UPDATE SET "
+    # a level never moves backward; a merged DLQ range only grows, and lands even when
+    # the level it came with is behind the stored one (a merge reads the group's levels
+    # while its consumers go on acking)
+    "level = CASE WHEN excluded.acked >= ack_levels.acked THEN excluded.level "
+    "ELSE ack_levels.level END, acked = GREATEST(excluded.acked, ack_levels.acked), "
+    "lim = CASE WHEN ack_levels.lim IS NULL OR excluded.lim > ack_levels.lim "
+    "THEN excluded.lim ELSE ack_levels.lim END "
+    "WHERE excluded.acked >= ack_levels.acked OR excluded.lim > ack_levels.lim "
+    "OR (ack_levels.lim IS NULL AND excluded.lim IS NOT NULL)"
+)
+
+
+def _level_row(a: AckLevel) -> tuple[Any, ...]:
+    return (a.queue, a.group, a.extent, a.level, a.acked, a.limit)
+
+
+async def _check_fence(cur: psycopg.AsyncCursor[Row], fence: Fence | None) -> None:
+    """Inside a transaction: raise Fenced unless the lease is still in the fence's
+    epoch. The row lock holds a takeover back until the transaction ends (a takeover
+    locks the row FOR UPDATE first: ``try_lease``, ``take_units``), so no write of an old holder
+    lands after a new holder has taken the lease. KEY SHARE, not SHARE: the holder's
+    own renewal (an update of no key column) does not wait for its fenced writes; with
+    SHARE a leader with dozens of them under way at once could not renew at all."""
+    if fence is None:
+        return
+    await cur.execute("SELECT epoch FROM leases WHERE name = %s FOR KEY SHARE", (fence.lease,))
+    row = await cur.fetchone()
+    if row is None or row[0] != fence.epoch:
+        raise Fenced(f"lease {fence.lease} moved past epoch {fence.epoch}")
 
 
 class PostgresLeases:
@@ -180,3 +218,31 @@ class PostgresLeases:
             (),
         )
         return tuple(tuple(row) for row in rows)
+
+    async def put_ack_levels(self, levels: list[AckLevel], fence: Fence | None = None) -> None:
+        async with self._connection() as conn, conn.transaction(), conn.cursor() as cur:
+            await _check_fence(cur, fence)
+            await cur.executemany(_PUT_ACK_LEVEL, [_level_row(a) for a in levels])
+
+    async def put_fenced_ack_levels(
+        self, writes: Sequence[tuple[Fence, list[AckLevel]]]
+    ) -> set[Fence]:
+        if not writes:
+            return set()
+        names = sorted({fence.lease for fence, _ in writes})
+        async with self._connection() as conn, conn.transaction(), conn.cursor() as cur:
+            # every lease row locked as one fenced write locks it (_check_fence), in
+            # name order as a takeover locks them (no deadlock between the two)
+            await cur.execute(
+                "SELECT name, epoch FROM leases WHERE name = ANY(%s) ORDER BY name FOR KEY SHARE",
+                (names,),
+            )
+            epochs = {name: epoch for name, epoch in await cur.fetchall()}
+            refused = {fence for fence, _ in writes if epochs.get(fence.lease) != fence.epoch}
+            rows = sorted(
+                (_level_row(a) for fence, levels in writes if fence not in refused for a in levels),
+                key=lambda row: row[:3],
+            )
+            if rows:
+                await cur.executemany(_PUT_ACK_LEVEL, rows)
+        return refused
