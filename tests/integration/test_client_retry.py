@@ -127,3 +127,44 @@ async def test_a_publish_rides_out_a_refused_connection_once_the_server_answered
                 assert await sending == ["id-1"]
         finally:
             await runner.cleanup()
+
+
+async def test_a_first_consume_open_rides_out_503_at_the_upgrade() -> None:
+    """A consumer's first open, refused 503 at the upgrade by a server that answers (a
+    group whose extents no output host holds yet: a cluster just made, or restarting),
+    tries again with back-off instead of failing at once (a fault test's consumer failed
+    so under load). A stand-in server refuses the first three upgrades."""
+    from aiohttp import web
+
+    refused = 0
+
+    async def consumers(request: web.Request) -> web.Response:
+        return web.json_response({"output_hosts": [], "refresh_seconds": 30})
+
+    async def consume(request: web.Request) -> web.StreamResponse:
+        nonlocal refused
+        if refused < 3:
+            refused += 1
+            return web.json_response({"error": {"code": "unavailable", "message": "x"}}, status=503)
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for _ in ws:  # the consumer's credit and settlements: nothing to answer
+            pass
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/queues/{queue}/groups/{group}/consumers", consumers)
+    app.router.add_get("/v1/queues/{queue}/groups/{group}/consume", consume)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        async with AsyncClient(f"http://127.0.0.1:{port}") as c:
+            consumer = c.consumer("orders", "workers")
+            async with asyncio.timeout(20):
+                await consumer.open()  # before: Unavailable('Invalid response status')
+            assert refused == 3
+            await consumer.close()
+    finally:
+        await runner.cleanup()

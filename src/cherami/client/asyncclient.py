@@ -94,6 +94,12 @@ class AsyncClient:
         self._closer: AsyncGenerator[None, None] | None = None  # see _closed_with_the_loop
 
     @property
+    def reached(self) -> bool:
+        """Whether the server has answered this client once (any answer): a connection
+        refused after that is an outage to ride out, before it most likely a wrong URL."""
+        return self._reached
+
+    @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
