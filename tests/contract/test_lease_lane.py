@@ -7,13 +7,15 @@ changed hands twice in the middle of the replacement. Against the local PostgreS
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import psycopg
 import pytest
 
-from cherami.metadata.models import Fence
+from cherami.metadata.models import AckLevel, Fence, Queue, QueueConfig
 from cherami.metadata.postgres import PostgresMetadataStore, _check_fence
+from cherami.metadata.postgres_leases import _PUT_ACK_LEVEL
 from tests.contract.conftest import POSTGRES_URL
 
 pytestmark = pytest.mark.postgres
@@ -75,4 +77,47 @@ async def test_a_holder_renews_beside_its_fenced_writes_a_takeover_waits_for_the
         assert await asyncio.wait_for(taking, 10) == epoch + 1
     finally:
         await writer.close()
+        await store.close()
+
+
+async def test_a_queue_deleted_beside_a_fenced_flush_of_its_levels_waits_for_it(
+    pg_schema: str,
+) -> None:
+    """An output host's flush holds its units' lease rows (FOR KEY SHARE), then upserts
+    their ack levels. ``delete_queue`` deleted the queue's ack levels first and its leases
+    last: beside such a flush each waited on the other until PostgreSQL aborted one as a
+    deadlock (a whole flush of many groups failed). It takes the leases first now, so it
+    waits for the flush and the flush goes through."""
+    store = await PostgresMetadataStore.connect(POSTGRES_URL, pg_schema)
+    url = f"{POSTGRES_URL}&options=-csearch_path%3D{pg_schema}"
+    flush = await psycopg.AsyncConnection.connect(url)
+    watch = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    unit = "group:q/g/e1"
+    try:
+        await store.insert_queue(Queue(name="q", config=QueueConfig(), created_at=time.time()))
+        session = await store.begin_host_lease("o1", 30)
+        assert session is not None
+        taken = await store.take_units([unit], "o1", session, 30)
+        assert taken is not None
+        level = AckLevel(queue="q", group="g", extent="e1", level=b"\x01", acked=1)
+        await store.put_fenced_ack_levels([(Fence(lease=unit, epoch=taken[unit]), [level])])
+        await flush.execute("BEGIN")
+        await flush.execute(
+            "SELECT name, epoch FROM leases WHERE name = ANY(%s) ORDER BY name FOR KEY SHARE",
+            ([unit],),
+        )
+        deleting = asyncio.ensure_future(store.delete_queue("q"))
+        deadline = time.monotonic() + 10
+        blocked = "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
+        while (await (await watch.execute(blocked, (flush.info.backend_pid,))).fetchone()) != (1,):
+            assert time.monotonic() < deadline, "the delete never waited for the flush"
+            await asyncio.sleep(0.02)  # the delete under way, held back by the flush's locks
+        later = (level.queue, level.group, level.extent, b"\x02", 2, None)
+        await asyncio.wait_for(flush.execute(_PUT_ACK_LEVEL, later), 10)  # before: a deadlock
+        await flush.execute("COMMIT")
+        await asyncio.wait_for(deleting, 10)
+        assert await store.get_ack_levels("q", "g") == []
+    finally:
+        await flush.close()
+        await watch.close()
         await store.close()

@@ -229,15 +229,18 @@ class PostgresMetadataStore(PostgresLeases, BulkReads):
             raise QueueNotFound(f"no queue {name}")
 
     async def delete_queue(self, name: str) -> None:
+        # its leases first: a write under one of their fences (an output host's flush of
+        # many units' ack levels) holds the lease rows and then upserts ack levels; taken
+        # in the other order the two waited on each other until PostgreSQL broke the cycle
         await self._tx(
             [
+                queue_leases(name, "%s"),
                 ("DELETE FROM queues WHERE name = %s", (name,)),
                 ("DELETE FROM groups WHERE queue = %s", (name,)),
                 ("DELETE FROM ack_levels WHERE queue = %s", (name,)),
                 ("DELETE FROM redeliveries WHERE queue = %s", (name,)),
                 ("DELETE FROM queue_properties WHERE queue = %s", (name,)),
                 ("UPDATE extents SET status = %s WHERE queue = %s", (DELETED, name)),
-                queue_leases(name, "%s"),
             ]
         )
 
