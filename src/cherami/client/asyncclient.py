@@ -165,7 +165,10 @@ class AsyncClient:
         except TimeoutError as err:
             raise _TimedOut(f"{self.url}: request timed out") from err
         except aiohttp.ClientConnectorError as err:
-            if isinstance(err.os_error, socket.gaierror):  # a name that does not resolve
+            # a name that never resolved is a wrong URL; once the server answered, one that
+            # stops resolving (a service with no ready host, a resolver down) is an outage
+            unresolved = isinstance(err.os_error, socket.gaierror) and not self._reached
+            if unresolved and err.os_error.errno != socket.EAI_AGAIN:
                 raise ConfigError(
                     f"{self.url}: cannot resolve the host (check the URL): {err}"
                 ) from None
