@@ -131,7 +131,8 @@ class StoreClient:
             except asyncio.IncompleteReadError:
                 raise Unavailable(
                     f"store {self.store_id} at {self.address} refused this process's cluster "
-                    "hello (a different cluster secret?)"
+                    "hello (a different cluster secret, or too many connections yet to say "
+                    "theirs?)"
                 ) from None
             except (OSError, TimeoutError) as err:
                 raise Unavailable(f"store {self.store_id} at {self.address}: {err}") from err

@@ -219,6 +219,8 @@ class StoreHostService:
             self._server = await start_framed_server(
                 self.serve_connection, self._host, self._port, h.HELLO_SIZE, grants.MAX_TOKEN,
                 ssl=self._tls,
+                # a TLS handshake comes before the hello: bounded by the hello's time too
+                ssl_handshake_timeout=self._hello_timeout if self._tls else None,
             )  # fmt: skip
 
     async def stop(self) -> None:
