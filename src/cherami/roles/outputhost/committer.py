@@ -68,14 +68,22 @@ class AckCommitter:
         self._task = asyncio.create_task(self._flush_loop())
 
     async def stop(self) -> None:
-        """Stop the loop and write what is left."""
+        """Stop the loop and write what is left: a write the stop cut short is written
+        again (its levels were taken from the groups; they are marked unwritten again),
+        and the settlements that waited for it are answered by this last flush."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        waiters, self._flushed = self._flushed, {}
         try:
-            await self.flush_once()
+            failed = await self.flush_once()
         except Exception as err:
             log.error("last ack level flush failed: %s", err)
+            for waiter in waiters.values():
+                if not waiter.done():
+                    waiter.set_exception(Unavailable(f"ack levels not written: {err}"))
+            return
+        _answer(waiters, failed)
 
     def mark(self, key: str) -> None:
         """The group has levels or rows to write (the set of the moment: a flush swaps it)."""
@@ -111,10 +119,12 @@ class AckCommitter:
                 pass
             self._wake.clear()
             waiters, self._flushed = self._flushed, {}
-            failed = await self.flush_once()
-            for key, waiter in waiters.items():
-                if not waiter.done():
-                    waiter.set_result(failed.get(key, {}))
+            try:
+                failed = await self.flush_once()
+            except asyncio.CancelledError:  # stopped mid-write: the last flush answers them
+                self._flushed = waiters | self._flushed
+                raise
+            _answer(waiters, failed)
 
     async def flush_once(self) -> Failed:
         """Persist the changed ack levels and parked rows: unfenced groups (one process
@@ -129,6 +139,9 @@ class AckCommitter:
         self._writing = keys
         try:
             return await self._flush(keys)
+        except asyncio.CancelledError:  # stopped mid-write: the last flush takes them
+            self._unwritten |= keys
+            raise
         finally:
             self._writing = set()
 
@@ -162,10 +175,15 @@ class AckCommitter:
         together = [w for w in writes if not w[0].parked.pending]
         alone = [w for w in writes if w[0].parked.pending]
         levels = [(fence, c.dirty_levels(extents)) for c, fence, extents in together]
-        together_errors, alone_errors = await asyncio.gather(
-            self._write_together(together, levels),
-            asyncio.gather(*(self._write_levels([c], f, e) for c, f, e in alone)),
-        )
+        try:
+            together_errors, alone_errors = await asyncio.gather(
+                self._write_together(together, levels),
+                asyncio.gather(*(self._write_levels([c], f, e) for c, f, e in alone)),
+            )
+        except asyncio.CancelledError:  # stopped mid-write: the last flush writes them
+            for consumer, _, extents in together:
+                consumer.unwritten_again(extents)
+            raise
         errors = [*together_errors, *alone_errors]
         for (consumer, _, extents), err in zip([*together, *alone], errors, strict=True):
             if err is None:
@@ -222,6 +240,10 @@ class AckCommitter:
             await write_parked(self.metadata, parked, fence, extents)
             if rows:
                 await self.metadata.put_ack_levels(rows, fence=fence)
+        except asyncio.CancelledError:  # stopped mid-write: the last flush writes them
+            for consumer in consumers:
+                consumer.unwritten_again(extents)
+            raise
         except Exception as err:
             for consumer in consumers:  # write them again next time
                 consumer.unwritten_again(extents)
@@ -230,3 +252,10 @@ class AckCommitter:
                 return err
             return Unavailable(f"ack levels could not be written: {err}")
         return None
+
+
+def _answer(waiters: dict[str, asyncio.Future[dict[str, Exception]]], failed: Failed) -> None:
+    """Tell the settlements that waited for a flush how their groups' writes went."""
+    for key, waiter in waiters.items():
+        if not waiter.done():
+            waiter.set_result(failed.get(key, {}))
