@@ -172,11 +172,13 @@ class ConsumerRouting:
         receipts: list[str],
         local: LocalSettle,
         body_for: Callable[[list[str]], Any],
+        path: str | None = None,
     ) -> Settled:
         """Apply a settlement (ack, nack, extend) where each receipt was issued: here,
         or by the output host its tag names. A receipt of a host that is not alive is
         stale. A host's error answer (503 while its extents move) is the answer, once
-        every part has been tried."""
+        every part has been tried. ``path``: the settle's path at the output hosts, when
+        the request is not itself that settle (a receive giving back what it took)."""
         router = self._routed(request)
         if router is None:
             return await local(receipts)
@@ -194,7 +196,7 @@ class ConsumerRouting:
                 calls.append(local(part))
             else:
                 body = _json.encode(body_for(part))
-                calls.append(self._settle_at(router, request, address, body))
+                calls.append(self._settle_at(router, request, address, body, path))
         applied = 0
         error: CheramiError | None = None
         for result in await asyncio.gather(*calls, return_exceptions=True):
@@ -210,9 +212,10 @@ class ConsumerRouting:
         return applied, stale
 
     async def _settle_at(
-        self, router: Router, request: web.Request, address: str, body: bytes
+        self, router: Router, request: web.Request, address: str, body: bytes, path: str | None
     ) -> Settled:
-        reply = await router.send("POST", address, _direct_path(request), body, _headers(request))
+        path = _direct_path(request) if path is None else f"{path}?{DIRECT}=1"
+        reply = await router.send("POST", address, path, body, _headers(request))
         raw = reply.body if isinstance(reply.body, bytes) else b""
         if reply.status != 200:
             raise error_from_response(reply.status, raw)

@@ -33,6 +33,7 @@ class Metrics:
         self._refused: dict[tuple[str, str], int] = {}
         self._publish_seconds: dict[str, Histogram] = {}
         self.connections: Callable[[], int] = lambda: 0  # open streams (build_app sets it)
+        self.receiving = 0  # receive requests being answered here now (long polls too)
 
     def published(self, queue: str, n: int, seconds: float | None = None) -> None:
         self._published[queue] = self._published.get(queue, 0) + n
@@ -221,4 +222,9 @@ class _Scrape:
             "cherami_stream_connections", "Open publish and consume WebSocket streams", []
         )
         connections.add_metric([], self.m.connections())
-        self.out += [*process_families(), connections]
+        receiving = gauge(
+            "cherami_receives_waiting",
+            "Receive requests this process is answering now (long polls waiting)", [],
+        )  # fmt: skip
+        receiving.add_metric([], self.m.receiving)
+        self.out += [*process_families(), connections, receiving]

@@ -3,6 +3,7 @@ settle over a cluster's output hosts)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from cherami.errors import CheramiError
 from cherami.httpbase import decode, json_response
 from cherami.metadata.models import Group, check_competing
 from cherami.roles.frontend import schemas as s
@@ -20,6 +22,15 @@ from cherami.roles.frontend.convert import received, to_messages
 from cherami.roles.frontend.metrics import Metrics
 from cherami.roles.frontend.throttle import Throttle
 from cherami.roles.outputhost.client import OutputHostClient, Settlement
+
+log = logging.getLogger("cherami.frontend.messages")
+_received = msgspec.json.Decoder(s.ReceiveResponse)
+
+
+def caller_gone(request: web.Request) -> bool:
+    """Whether the connection the request came on has closed: its answer reaches no one."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 class MessageHandlers:
@@ -53,6 +64,13 @@ class MessageHandlers:
         return json_response(s.PublishResponse(ids))
 
     async def receive(self, request: web.Request) -> web.Response:
+        self.metrics.receiving += 1
+        try:
+            return await self._receive(request)
+        finally:
+            self.metrics.receiving -= 1
+
+    async def _receive(self, request: web.Request) -> web.Response:
         group = check_competing(await self.lookup.group_record(request, "consume"))
         body = await decode(request, s.ReceiveRequest)
 
@@ -63,7 +81,38 @@ class MessageHandlers:
             request, group, body.wait_seconds,
             lambda wait: self._receive_here(group, waiting(wait)), waiting,
         )  # fmt: skip
-        return routed or await self._receive_here(group, body)
+        reply = routed or await self._receive_here(group, body)
+        if reply.status == 200 and caller_gone(request):
+            await self._give_back(request, group, reply)
+        return reply
+
+    async def _give_back(self, request: web.Request, group: Group, reply: web.Response) -> None:
+        """The caller left before the answer (a client that gave up on a long poll, or a
+        frontend whose forward timed out while this output host was slow): what the
+        receive took would stay invisible for its visibility timeout (60 s by default)
+        with no consumer holding it (on a loaded cluster, every group a pass of
+        receives asked at once). It is nacked with no delay instead (its delivery
+        counted), so the next receive gets it at once."""
+        if not isinstance(reply.body, bytes):
+            return
+        try:
+            receipts = [m.receipt for m in _received.decode(reply.body).messages]
+        except msgspec.DecodeError:
+            return  # not a receive's answer: nothing was taken
+        if not receipts:
+            return
+        try:
+            n, _ = await self._settle(
+                request, group, receipts, Settlement("nack", 0.0),
+                lambda part: s.NackRequest(receipts=part, delay_seconds=0.0),
+                path=request.path.rsplit("/", 1)[0] + "/nack",  # at the group's holders
+            )  # fmt: skip
+        except CheramiError as err:  # they come back after their visibility timeout
+            log.info("receive of %s/%s: its caller left; %d messages not given back: %s",
+                     group.queue, group.name, len(receipts), err)  # fmt: skip
+            return
+        log.info("receive of %s/%s: its caller left before the answer; %d of its %d "
+                 "messages given back", group.queue, group.name, n, len(receipts))  # fmt: skip
 
     async def _receive_here(self, group: Group, body: s.ReceiveRequest) -> web.Response:
         if self.outputs is None:  # a direct receive to a host that serves no group
@@ -82,6 +131,7 @@ class MessageHandlers:
         how: Settlement,
         body_for: Callable[[list[str]], Any],
         durable: bool = True,
+        path: str | None = None,
     ) -> tuple[int, list[str]]:
         """Settle by receipt: here, or at the output host each receipt names. With
         ``durable``, answered once what was applied is persisted."""
@@ -91,7 +141,7 @@ class MessageHandlers:
                 return 0, part
             return await self.outputs.settle(group, part, how, durable)
 
-        return await self.routing.settle(request, receipts, local, body_for)
+        return await self.routing.settle(request, receipts, local, body_for, path)
 
     async def ack(self, request: web.Request) -> web.Response:
         group = await self.lookup.group_record(request, "consume")
