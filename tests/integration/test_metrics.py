@@ -118,7 +118,15 @@ def test_help_and_units(server: ServerProcess) -> None:
         if family.type == "counter":
             assert all(s.name.endswith("_total") for s in family.samples), family.name
         if family.type in ("gauge", "histogram") and family.name != "cherami_host_up":
-            units = ("_seconds", "_messages", "_bytes", "_extents", "_connections", "_groups")
+            units = (
+                "_seconds",
+                "_messages",
+                "_bytes",
+                "_extents",
+                "_connections",
+                "_groups",
+                "_requests",
+            )
             assert family.name.endswith(units), family.name
 
 

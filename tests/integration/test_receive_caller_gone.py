@@ -42,11 +42,11 @@ async def _wait_for(what: str, check: object, deadline: float = DEADLINE) -> Non
 
 
 async def _receives_waiting(url: str) -> float:
-    """The process's ``cherami_receives_waiting`` gauge (its /metrics)."""
+    """The process's ``cherami_waiting_receive_requests`` gauge (its /metrics)."""
     async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as resp:
         text = await resp.text()
-    found = re.search(r"^cherami_receives_waiting (\S+)$", text, re.M)
-    assert found, "no cherami_receives_waiting in /metrics"
+    found = re.search(r"^cherami_waiting_receive_requests (\S+)$", text, re.M)
+    assert found, "no cherami_waiting_receive_requests in /metrics"
     return float(found.group(1))
 
 

@@ -223,7 +223,7 @@ class _Scrape:
         )
         connections.add_metric([], self.m.connections())
         receiving = gauge(
-            "cherami_receives_waiting",
+            "cherami_waiting_receive_requests",
             "Receive requests this process is answering now (long polls waiting)", [],
         )  # fmt: skip
         receiving.add_metric([], self.m.receiving)
