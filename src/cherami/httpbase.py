@@ -103,16 +103,22 @@ async def body_deadline(request: web.Request, handler: Handler) -> web.StreamRes
         timer.cancel()
 
 
-def _body_late(request: web.Request, seconds: float) -> None:
+def caller_gone(request: web.Request) -> bool:
+    """Whether the connection the request came on has closed: its answer reaches no one."""
     transport = request.transport
-    if request.content.is_eof() or transport is None or transport.is_closing():
+    return transport is None or transport.is_closing()
+
+
+def _body_late(request: web.Request, seconds: float) -> None:
+    if request.content.is_eof() or caller_gone(request):
         return
     request[BODY_TIMED_OUT] = True  # a read it fails is this, not a client gone away
     log.info(
         "%s %s from %s: the request body did not arrive within %g s; connection closed",
         request.method, request.path, request.remote, seconds,
     )  # fmt: skip
-    transport.close()
+    assert request.transport is not None  # not gone (above)
+    request.transport.close()
 
 
 class ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]

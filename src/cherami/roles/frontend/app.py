@@ -18,6 +18,7 @@ from cherami.httpbase import (
     RouteNotFound,
     after_upgrade,
     body_deadline,
+    caller_gone,
     error_response,
     internal_error,
     json_response,
@@ -81,8 +82,7 @@ async def _answered(request: web.Request, handler: Handler) -> web.StreamRespons
             return answer
         raise
     except ConnectionError as err:
-        transport = request.transport
-        if transport is not None and not transport.is_closing():
+        if not caller_gone(request):
             log.exception("unhandled error on %s %s", request.method, request.path)
             return internal_error()
         # the client went away mid-request: its doing, worth one line, not a traceback

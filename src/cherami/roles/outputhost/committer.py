@@ -240,13 +240,11 @@ class AckCommitter:
             await write_parked(self.metadata, parked, fence, extents)
             if rows:
                 await self.metadata.put_ack_levels(rows, fence=fence)
-        except asyncio.CancelledError:  # stopped mid-write: the last flush writes them
-            for consumer in consumers:
+        except BaseException as err:
+            for consumer in consumers:  # written again next time (or by a stop's last flush)
                 consumer.unwritten_again(extents)
-            raise
-        except Exception as err:
-            for consumer in consumers:  # write them again next time
-                consumer.unwritten_again(extents)
+            if not isinstance(err, Exception):
+                raise  # cancelled: stopped mid-write
             log.error("ack level flush failed: %s", err)
             if isinstance(err, Unavailable):
                 return err

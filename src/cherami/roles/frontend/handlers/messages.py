@@ -12,7 +12,7 @@ import msgspec
 from aiohttp import web
 
 from cherami.errors import CheramiError
-from cherami.httpbase import decode, json_response
+from cherami.httpbase import caller_gone, decode, json_response
 from cherami.metadata.models import Group, check_competing
 from cherami.roles.frontend import schemas as s
 from cherami.roles.frontend.auth import KeyRing
@@ -25,12 +25,6 @@ from cherami.roles.outputhost.client import OutputHostClient, Settlement
 
 log = logging.getLogger("cherami.frontend.messages")
 _received = msgspec.json.Decoder(s.ReceiveResponse)
-
-
-def caller_gone(request: web.Request) -> bool:
-    """Whether the connection the request came on has closed: its answer reaches no one."""
-    transport = request.transport
-    return transport is None or transport.is_closing()
 
 
 class MessageHandlers:
