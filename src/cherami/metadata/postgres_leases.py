@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 
 from cherami.errors import Fenced
+from cherami.metadata.acklevels import level_row, put_ack_level_sql
 from cherami.metadata.hostleases import HostRow, UnitRow, holders_to_lock, plan_take
 from cherami.metadata.models import AckLevel, Fence
 from cherami.metadata.postgres_failover import EPOCH_FLOOR
@@ -36,23 +37,7 @@ def held_leases(where: str) -> str:
     return _HOLDERS.format(where=where, now=NOW)
 
 
-_PUT_ACK_LEVEL = (
-    "INSERT INTO ack_levels VALUES (%s, %s, %s, %s, %s, %s) "
-    "ON CONFLICT (queue, grp, extent) DO UPDATE SET "
-    # a level never moves backward; a merged DLQ range only grows, and lands even when
-    # the level it came with is behind the stored one (a merge reads the group's levels
-    # while its consumers go on acking)
-    "level = CASE WHEN excluded.acked >= ack_levels.acked THEN excluded.level "
-    "ELSE ack_levels.level END, acked = GREATEST(excluded.acked, ack_levels.acked), "
-    "lim = CASE WHEN ack_levels.lim IS NULL OR excluded.lim > ack_levels.lim "
-    "THEN excluded.lim ELSE ack_levels.lim END "
-    "WHERE excluded.acked >= ack_levels.acked OR excluded.lim > ack_levels.lim "
-    "OR (ack_levels.lim IS NULL AND excluded.lim IS NOT NULL)"
-)
-
-
-def _level_row(a: AckLevel) -> tuple[Any, ...]:
-    return (a.queue, a.group, a.extent, a.level, a.acked, a.limit)
+_PUT_ACK_LEVEL = put_ack_level_sql("%s")
 
 
 async def _check_fence(cur: psycopg.AsyncCursor[Row], fence: Fence | None) -> None:
@@ -222,7 +207,7 @@ class PostgresLeases:
     async def put_ack_levels(self, levels: list[AckLevel], fence: Fence | None = None) -> None:
         async with self._connection() as conn, conn.transaction(), conn.cursor() as cur:
             await _check_fence(cur, fence)
-            await cur.executemany(_PUT_ACK_LEVEL, [_level_row(a) for a in levels])
+            await cur.executemany(_PUT_ACK_LEVEL, [level_row(a) for a in levels])
 
     async def put_fenced_ack_levels(
         self, writes: Sequence[tuple[Fence, list[AckLevel]]]
@@ -240,7 +225,7 @@ class PostgresLeases:
             epochs = {name: epoch for name, epoch in await cur.fetchall()}
             refused = {fence for fence, _ in writes if epochs.get(fence.lease) != fence.epoch}
             rows = sorted(
-                (_level_row(a) for fence, levels in writes if fence not in refused for a in levels),
+                (level_row(a) for fence, levels in writes if fence not in refused for a in levels),
                 key=lambda row: row[:3],
             )
             if rows:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from cherami.errors import AlreadyExists, Fenced, GroupNotFound, QueueNotFound
+from cherami.metadata.acklevels import level_row, put_ack_level_sql
 from cherami.metadata.base import page_clause
 from cherami.metadata.bulk import BulkReads, Statement
 from cherami.metadata.models import (
@@ -52,22 +53,7 @@ T = TypeVar("T")
 _json = msgspec.json.Encoder()
 
 
-_PUT_ACK_LEVEL = (
-    "INSERT INTO ack_levels VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (queue, grp, extent) "
-    "DO UPDATE SET "
-    # a level never moves backward; a merged DLQ range only grows, and lands even
-    # behind the stored level (a merge reads levels while consumers go on acking)
-    "level = CASE WHEN excluded.acked >= ack_levels.acked THEN excluded.level "
-    "ELSE ack_levels.level END, acked = max(excluded.acked, ack_levels.acked), "
-    "lim = CASE WHEN ack_levels.lim IS NULL OR excluded.lim > ack_levels.lim "
-    "THEN excluded.lim ELSE ack_levels.lim END "
-    "WHERE excluded.acked >= ack_levels.acked OR excluded.lim > ack_levels.lim "
-    "OR (ack_levels.lim IS NULL AND excluded.lim IS NOT NULL)"
-)
-
-
-def _level_row(a: AckLevel) -> tuple[Any, ...]:
-    return (a.queue, a.group, a.extent, a.level, a.acked, a.limit)
+_PUT_ACK_LEVEL = put_ack_level_sql("?")
 
 
 class SqliteMetadataStore(SqliteLeases, BulkReads):
@@ -367,7 +353,7 @@ class SqliteMetadataStore(SqliteLeases, BulkReads):
         ]
 
     async def put_ack_levels(self, levels: list[AckLevel], fence: Fence | None = None) -> None:
-        statements = [(_PUT_ACK_LEVEL, _level_row(a)) for a in levels]
+        statements = [(_PUT_ACK_LEVEL, level_row(a)) for a in levels]
         await self._write(lambda: self._tx(statements, fence))
 
     async def put_fenced_ack_levels(
@@ -382,7 +368,7 @@ class SqliteMetadataStore(SqliteLeases, BulkReads):
                 if row is None or row[0] != fence.epoch:
                     refused.add(fence)
                     continue
-                self._db.executemany(_PUT_ACK_LEVEL, [_level_row(a) for a in levels])
+                self._db.executemany(_PUT_ACK_LEVEL, [level_row(a) for a in levels])
             return refused
 
         return await self._write(put) if writes else set()
