@@ -802,6 +802,30 @@ async def test_a_dead_hosts_units_are_taken_within_dead_after_and_a_tick(
     assert len(b.held) == 4 and ticks <= timing.DEFAULT.lease_ttl / 0.5 + 2
 
 
+async def test_a_few_queues_changed_among_many_are_read_queue_by_queue(
+    meta: SqliteMetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More than BULK_AFTER queues changed, but a small share of those known (queues
+    being made in a big cluster): read queue by queue, not the whole catalog at every
+    tick (which cost every output host O(queues) a tick while queues were made)."""
+    monkeypatch.setattr(catalog, "BULK_SHARE", 2, raising=False)
+    n = catalog.BULK_AFTER + 8
+    for i in range(3 * n):
+        await _queue(meta, f"q{i}", ["g"], [PLAIN])
+    every = ("list_queues", "get_queue", "list_every_group", "list_extents_in")
+    counting = _Counting(meta, every)
+    a = ExtentOwnership(_Outputs(), counting, "outputhost-a", ProcessContext(clock=_Clock()))  # type: ignore[arg-type]
+    await _alive(meta, a.id)
+    await a.tick()  # the first reads everything
+    assert "list_every_group()" in counting.reads
+    counting.reads.clear()
+    await _successors_of(meta, [f"q{i}" for i in range(n)])  # n of 3n changed
+    await a.tick()
+    assert "list_every_group()" not in counting.reads  # before: read in bulk (n > 32)
+    assert len([r for r in counting.reads if r.startswith("get_queue")]) == n
+    assert len(a.held) == 3 * n + n
+
+
 async def test_a_tick_after_many_queues_changed_reads_the_catalog_in_bulk(
     meta: SqliteMetadataStore,
 ) -> None:
