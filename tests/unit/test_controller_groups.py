@@ -59,3 +59,20 @@ async def test_a_metadata_outage_is_not_read_as_no_such_group(tmp_path: Path) ->
         assert made and (await store.get_queue(group.dlq)).name == group.dlq
     finally:
         await store.close()
+
+
+async def test_no_spare_store_is_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cluster's queues with as many replicas as store hosts: the warning came at every
+    queue made (its groups' dead-letter queues too), 30,000 lines for 10,000 queues."""
+    store = SqliteMetadataStore(str(tmp_path / "meta.db"))
+    try:
+        controller = ControllerService(store, _Stores(), _no_input_host, manage_extents=False)  # type: ignore[arg-type]
+        with caplog.at_level("WARNING", logger="cherami.controller"):
+            for name in ("a", "b", "c"):
+                await controller.create_queue(name, QueueConfig(replicas=1, min_replicas=1))
+        said = [r.getMessage() for r in caplog.records if "store hosts:" in r.getMessage()]
+        assert len(said) == 1 and said[0].startswith("queue a has 1 replicas on 1 store hosts")
+    finally:
+        await store.close()

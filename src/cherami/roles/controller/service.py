@@ -80,6 +80,7 @@ class ControllerService:
         self.store_view = StoreView(metadata, stores, live_stores)
         self.default_min_extents = default_min_extents
         self._restarts_stores = restarts_stores  # a node: a store host that dies comes back
+        self._warned_no_spare: set[int] = set()  # store counts warned of (no spare store)
         self.placed = Placements()  # placements the hosts' load reports do not show yet
         # open extents with fewer replicas than their queue's (extent id -> queue)
         self.degraded: dict[str, str] = {}
@@ -452,12 +453,18 @@ class ControllerService:
                 self.degraded.pop(extent_id, None)
 
     def _warn_without_spare_store(self, name: str, config: QueueConfig) -> None:
-        # in a cluster nothing restarts a store host that went down (a node does)
+        """In a cluster nothing restarts a store host that went down (a node does). Said
+        once a process for each number of store hosts: at every queue (three with its
+        groups' dead-letter queues) it was 30,000 warnings for 10,000 queues."""
         stores = len(self.stores.ids())
-        if not self._restarts_stores and config.min_replicas == config.replicas == stores:
+        if self._restarts_stores or not config.min_replicas == config.replicas == stores:
+            return
+        if stores not in self._warned_no_spare:
+            self._warned_no_spare.add(stores)
             log.warning(
                 "queue %s has %d replicas on %d store hosts: publishing to it stops while "
-                "any store host is down; run %d store hosts or set min_replicas below %d",
+                "any store host is down; run %d store hosts or set min_replicas below %d "
+                "(said once: queues made alike after it are not named)",
                 name, stores, stores, stores + 1, stores,
             )  # fmt: skip
 
