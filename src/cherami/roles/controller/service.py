@@ -454,17 +454,15 @@ class ControllerService:
 
     def _warn_without_spare_store(self, name: str, config: QueueConfig) -> None:
         """In a cluster nothing restarts a store host that went down (a node does). Said
-        once a process for each number of store hosts: at every queue (three with its
-        groups' dead-letter queues) it was 30,000 warnings for 10,000 queues."""
+        once a process (at every queue made, it was 30,000 lines at 10,000 queues)."""
         stores = len(self.stores.ids())
         if self._restarts_stores or not config.min_replicas == config.replicas == stores:
             return
         if stores not in self._warned_no_spare:
             self._warned_no_spare.add(stores)
             log.warning(
-                "queue %s has %d replicas on %d store hosts: publishing to it stops while "
-                "any store host is down; run %d store hosts or set min_replicas below %d "
-                "(said once: queues made alike after it are not named)",
+                "queue %s has %d replicas on %d store hosts: publishing to it stops while any "
+                "store host is down; run %d store hosts or set min_replicas below %d (said once)",
                 name, stores, stores, stores + 1, stores,
             )  # fmt: skip
 
