@@ -1,11 +1,22 @@
-"""Contract: reads of many queues at once (``MetadataStore.queues_with_extents``), on
+"""Contract: reads of many queues at once (``MetadataStore.queues_with_extents``,
+``groups_of``), on
 SQLite and PostgreSQL (the ``meta`` fixture, conftest.py)."""
 
 from __future__ import annotations
 
 from cherami.metadata import bulk
 from cherami.metadata.base import MetadataStore
-from cherami.metadata.models import DELETED, FAILING, OPEN, SEALED, Extent, Queue, QueueConfig
+from cherami.metadata.models import (
+    DELETED,
+    FAILING,
+    OPEN,
+    SEALED,
+    Extent,
+    Group,
+    GroupConfig,
+    Queue,
+    QueueConfig,
+)  # fmt: skip
 
 
 def _queue(name: str, min_extents: int = 1) -> Queue:
@@ -61,3 +72,14 @@ async def test_more_queues_than_one_statement_asks_for(meta: MetadataStore) -> N
     assert {q.name: [e.id for e in extents] for q, extents in read if extents} == {
         name: [f"e{n}"] for n, name in enumerate(names) if n % 7 == 0
     }
+
+
+async def test_the_groups_of_more_queues_than_one_statement_asks_for(meta: MetadataStore) -> None:
+    names = [f"q{n:04d}" for n in range(bulk.NAMES_AT_ONCE + 3)]
+    for name in names:
+        await meta.insert_queue(_queue(name))
+        group = Group(queue=name, name="g", config=GroupConfig(), created_at=1.0, start_ms=0,
+                      dlq=f"{name}.g.dlq")  # fmt: skip
+        await meta.insert_group(group)
+    read = await meta.groups_of([*reversed(names), "zzz"])
+    assert [(g.queue, g.name, extents) for g, extents in read] == [(n, "g", []) for n in names]

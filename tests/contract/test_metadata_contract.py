@@ -166,6 +166,16 @@ async def test_every_merged_dead_letter_extent_in_one_read(meta: MetadataStore) 
     ])  # fmt: skip
     merged = [("q1", "b", "q1.b.d1"), ("q1", "b", "q1.b.d2"), ("q2", "a", "q2.a.d2")]
     assert await meta.list_merged_extents() == merged
+    # the groups of the queues named, each with its merged extents (the same rule)
+    read = await meta.groups_of({"q1", "gone"})
+    assert [(g.name, g.dlq, extents) for g, extents in read] == [
+        ("a", "q1.a.dlq", []), ("b", "q1.b.dlq", ["q1.b.d1", "q1.b.d2"]),
+    ]  # fmt: skip
+    assert read[0][0] == await meta.get_group("q1", "a")
+    assert [(g.queue, g.name) for g, _ in await meta.groups_of(["q2", "q1"])] == [
+        ("q1", "a"), ("q1", "b"), ("q2", "a"), ("q2", "b"),
+    ]  # fmt: skip
+    assert await meta.groups_of([]) == []
     await meta.set_extent_status("q1.b.d1", SEALED, sealed_seq=3)  # any status: its row is there
     assert await meta.list_merged_extents() == merged
     await meta.delete_group("q2", "a")

@@ -10,11 +10,12 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from cherami.metadata.cancelled import CancelledMessages, Statement
-from cherami.metadata.models import AckLevel, Extent, Queue
+from cherami.metadata.models import AckLevel, Extent, Group, Queue
 
 __all__ = ["BulkReads", "Statement"]
 
 QUEUE_COLUMNS = "name, config, created_at, dlq_of, timers, keyed"
+GROUP_COLUMNS = "queue, name, config, created_at, start_ms, dlq"
 EXTENT_COLUMNS = "id, queue, kind, status, input_host, stores, created_at, sealed_seq, predecessor"
 NAMES_AT_ONCE = 500  # names a statement asks for (SQLite allows 32,766 parameters)
 
@@ -23,6 +24,7 @@ class BulkReads(CancelledMessages):
     # a row of QUEUE_COLUMNS or EXTENT_COLUMNS as the store returns it, decoded
     _queue_of: Callable[[tuple[Any, ...]], Queue]
     _extent_of: Callable[[tuple[Any, ...]], Extent]
+    _group_of: Callable[[tuple[Any, ...]], Group]  # a row of GROUP_COLUMNS
 
     def _one_of(self, values: list[str]) -> tuple[str, tuple[Any, ...]]:
         """``IN`` the values, as this store's parameters take a list."""
@@ -56,13 +58,31 @@ class BulkReads(CancelledMessages):
             found += [(q, extents[q.name]) for q in queues]
         return found
 
+    async def groups_of(self, names: Collection[str]) -> list[tuple[Group, list[str]]]:
+        found: list[tuple[Group, list[str]]] = []
+        ordered = sorted(set(names))
+        for at in range(0, len(ordered), NAMES_AT_ONCE):
+            named, args = self._one_of(ordered[at : at + NAMES_AT_ONCE])
+            rows = await self._read_all(
+                f"SELECT {GROUP_COLUMNS} FROM groups WHERE queue {named} ORDER BY queue, name",
+                args,
+            )
+            merged: dict[tuple[str, str], list[str]] = {}
+            for queue, group, extent in await self._merged(f"AND a.queue {named} ", args):
+                merged.setdefault((queue, group), []).append(extent)
+            found += [(g, merged.get((g.queue, g.name), [])) for g in map(self._group_of, rows)]
+        return found
+
     async def list_merged_extents(self) -> list[tuple[str, str, str]]:
+        return await self._merged("", ())
+
+    async def _merged(self, where: str, args: tuple[Any, ...]) -> list[tuple[str, str, str]]:
         rows = await self._read_all(
             "SELECT a.queue, a.grp, a.extent FROM ack_levels a "
             "JOIN groups g ON g.queue = a.queue AND g.name = a.grp "
             "JOIN extents e ON e.id = a.extent AND e.queue = g.dlq "
-            "WHERE a.lim IS NOT NULL ORDER BY a.queue, a.grp, a.extent",
-            (),
+            f"WHERE a.lim IS NOT NULL {where}ORDER BY a.queue, a.grp, a.extent",
+            args,
         )
         return [(queue, group, extent) for queue, group, extent in rows]
 

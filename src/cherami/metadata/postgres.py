@@ -105,6 +105,7 @@ def _config(value: msgspec.Struct) -> Jsonb:
 
 class PostgresMetadataStore(PostgresLeases, BulkReads):
     _queue_of, _extent_of = staticmethod(_queue), staticmethod(_extent)  # bulk.py
+    _group_of = staticmethod(_group)
 
     def __init__(self, pool: Pool, conninfo: str = "", schema: str = "") -> None:
         self._pool = pool

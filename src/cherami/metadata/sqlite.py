@@ -62,6 +62,7 @@ class SqliteMetadataStore(SqliteLeases, BulkReads):
     while one writes); ``self._db``: the connection of its thread; leases expire by ``clock``."""
 
     _queue_of, _extent_of = staticmethod(queue_row), staticmethod(extent_row)  # bulk.py
+    _group_of = staticmethod(group_row)
 
     def __init__(self, path: str, clock: Callable[[], float] = time.time) -> None:
         self._local, self.clock = threading.local(), clock
