@@ -96,9 +96,12 @@ def run(queues: int, groups: int, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         cluster = _Cluster(args.postgres, Path(tmp) / "cluster")
         with cluster as local:
-            created = asyncio.run(_create(local.url, queues, groups, args.concurrency))
             procs = {name: str(p.pid) for name, p in local.procs.items()}
             pids = list(procs.values())
+            each = {name: _cpu_seconds([pid]) for name, pid in procs.items()}
+            created = asyncio.run(_create(local.url, queues, groups, args.concurrency))
+            # the CPU each role spent a queue made (ms), in all over its processes
+            making = {n: (_cpu_seconds([p]) - each[n]) * 1000 / queues for n, p in procs.items()}
             time.sleep(args.settle)  # what creating left behind settles
             load = os.getloadavg()[0]
             each = {name: _cpu_seconds([pid]) for name, pid in procs.items()}
@@ -114,7 +117,7 @@ def run(queues: int, groups: int, args: argparse.Namespace) -> dict[str, Any]:
             p50, p99 = asyncio.run(_latency(local.url))
     return {
         "create_s": created, "idle_cpu_pct": cpu, "rss_mb": rss, "metadata_per_s": calls,
-        "by_role": _by_role(each), "load": (load, os.getloadavg()[0]),
+        "by_role": _by_role(each), "making": _role_sums(making), "load": (load, os.getloadavg()[0]),
         "lease_reads_per_s": reads,
         "lease_writes_per_s": writes, "p50": p50, "p99": p99,
     }  # fmt: skip
@@ -126,6 +129,15 @@ def _by_role(each: dict[str, float]) -> str:
     for name, pct in each.items():
         roles.setdefault(name.rsplit("-", 1)[0], []).append(pct)
     return ", ".join(f"{role} {min(v):.1f}-{max(v):.1f}" for role, v in roles.items())
+
+
+def _role_sums(each: dict[str, float]) -> str:
+    """A figure summed over each role's processes."""
+    roles: dict[str, float] = {}
+    for name, value in each.items():
+        role = name.rsplit("-", 1)[0]
+        roles[role] = roles.get(role, 0.0) + value
+    return ", ".join(f"{role} {v:.1f}" for role, v in roles.items())
 
 
 def main(args: argparse.Namespace) -> None:
@@ -148,3 +160,5 @@ def main(args: argparse.Namespace) -> None:
         )
         print(f"  idle CPU by role (% of a core; load average {r['load'][0]:.1f} -> "
               f"{r['load'][1]:.1f}): {r['by_role']}", flush=True)  # fmt: skip
+        print(f"  CPU to create, ms a queue, each role's processes together: {r['making']}",
+              flush=True)  # fmt: skip
