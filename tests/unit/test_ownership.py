@@ -806,12 +806,11 @@ async def test_a_dead_hosts_units_are_taken_within_dead_after_and_a_tick(
 
 
 async def test_a_few_queues_changed_among_many_are_read_by_name(
-    meta: SqliteMetadataStore, monkeypatch: pytest.MonkeyPatch
+    meta: SqliteMetadataStore,
 ) -> None:
-    """More than BULK_AFTER queues changed, but a small share of those known (queues
+    """More than BULK_AFTER queues changed, but less than half of those known (queues
     being made in a big cluster): those queues read by name, not the whole catalog at
     every tick (which cost every output host O(queues) a tick while queues were made)."""
-    monkeypatch.setattr(catalog, "BULK_SHARE", 2, raising=False)
     n = catalog.BULK_AFTER + 8
     for i in range(3 * n):
         await _queue(meta, f"q{i}", ["g"], [PLAIN])

@@ -23,13 +23,13 @@ from cherami.metadata.models import FAILING, OPEN, SEALED, STREAM, Extent, Group
 # tick took 5-8 s with 100 on a loaded machine
 READS_AT_ONCE = 8
 # more queues than this changed since the last tick, and more than one in BULK_SHARE of
-# those known: read the whole catalog in bulk (four statements, but every queue's rows
-# decoded: about 20 us a queue here, against 0.5-1 ms for a queue read alone in its 3-5
-# calls). With BULK_AFTER alone, a cluster of 10,000 queues being made 16 at a time read
-# all 30,000 queue rows (with the dead-letter queues) at every tick of every output
-# host, and its creation slowed as it grew
+# those known: read the whole catalog (four statements, but every queue's rows decoded);
+# fewer are read by name (four statements per 500, only their rows decoded). With one in
+# 40, the whole catalog was still 31% of an output host's CPU while 600 queues were made
+# (ticks name dozens of queues then); with BULK_AFTER alone, a cluster of 10,000 queues
+# being made read all 30,000 queue rows at every tick of every output host
 BULK_AFTER = 32
-BULK_SHARE = 40
+BULK_SHARE = 2
 READABLE = (OPEN, FAILING, SEALED)  # the statuses of the extents a group may still read
 WHOLE = "*"  # the extent of a unit that is the whole group
 
