@@ -3,11 +3,11 @@ each unit with its extent's kind, and every group, kept up by the metadata's cha
 
 A tick reads again only the queues the log names since the last (a queue's record,
 groups, extents or merged dead-letter ranges): an idle catalog costs one query, the
-queues changed four statements together (``queues_with_extents`` and ``groups_of``, per
-500 names; three to five calls a queue before). When many queues changed (a power loss names every
-queue, as the input hosts report every extent failing and the leader seals and reopens
-them), or the log cannot say what changed, it reads the whole catalog in four
-statements instead (queues, groups, readable extents, merged ranges): read queue by
+queues changed four statements together (``queues_with_extents`` and ``groups_of``,
+per 500 names; three to five calls a queue before). When many queues changed (a power
+loss names every queue, as the input hosts report every extent failing and the leader
+seals and reopens them), or the log cannot say what changed, it reads the whole
+catalog in four statements instead (queues, groups, readable extents, merged ranges): read queue by
 queue, 8 at a time, 1,000 queues took thousands of calls and a tick of 92 s at load 28,
 and the groups' successors were taken only after it."""
 
@@ -19,8 +19,8 @@ from typing import Any, Protocol, TypeVar
 from cherami.metadata.base import MetadataStore
 from cherami.metadata.models import FAILING, OPEN, SEALED, STREAM, Extent, Group, Queue
 
-# queues read at once when a few changed: read one after another (a few calls each) a
-# tick took 5-8 s with 100 on a loaded machine
+# the groups a tick took loaded at once (ownership.py); queues read one by one, 8 at a
+# time, once took a tick 5-8 s with 100 changed on a loaded machine
 READS_AT_ONCE = 8
 # more queues than this changed since the last tick, and more than one in BULK_SHARE of
 # those known: read the whole catalog (four statements, but every queue's rows decoded);
