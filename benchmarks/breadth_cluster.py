@@ -128,21 +128,22 @@ def run(queues: int, groups: int, args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _roles(each: dict[str, float]) -> dict[str, list[float]]:
+    """A figure of each process, by role (a process is named role-N)."""
+    roles: dict[str, list[float]] = {}
+    for name, value in each.items():
+        roles.setdefault(name.rsplit("-", 1)[0], []).append(value)
+    return roles
+
+
 def _by_role(each: dict[str, float]) -> str:
     """The idle CPU of each role's processes (% of a core), the least and the most."""
-    roles: dict[str, list[float]] = {}
-    for name, pct in each.items():
-        roles.setdefault(name.rsplit("-", 1)[0], []).append(pct)
-    return ", ".join(f"{role} {min(v):.1f}-{max(v):.1f}" for role, v in roles.items())
+    return ", ".join(f"{role} {min(v):.1f}-{max(v):.1f}" for role, v in _roles(each).items())
 
 
 def _role_sums(each: dict[str, float]) -> str:
     """A figure summed over each role's processes."""
-    roles: dict[str, float] = {}
-    for name, value in each.items():
-        role = name.rsplit("-", 1)[0]
-        roles[role] = roles.get(role, 0.0) + value
-    return ", ".join(f"{role} {v:.1f}" for role, v in roles.items())
+    return ", ".join(f"{role} {sum(v):.1f}" for role, v in _roles(each).items())
 
 
 def main(args: argparse.Namespace) -> None:

@@ -129,36 +129,36 @@ class UnitCatalog:
     async def _read_all(self) -> dict[str, QueueUnits]:
         """Every queue's units, in four reads (one statement each)."""
         queues = await self._ask(self.metadata.list_queues())
-        groups = _by_queue(await self._ask(self.metadata.list_every_group()), lambda g: g.queue)
+        groups = await self._ask(self.metadata.list_every_group())
         extents = _by_queue(
             await self._ask(self.metadata.list_extents_in(READABLE)), lambda e: e.queue
         )
         merged: dict[tuple[str, str], list[str]] = {}
         for queue, group, extent in await self._ask(self.metadata.list_merged_extents()):
             merged.setdefault((queue, group), []).append(extent)
-        return {
-            q.name: queue_units(
-                q,
-                groups.get(q.name, []),
-                extents.get(q.name, []),
-                lambda g: merged.get((g.queue, g.name), []),
-            )  # fmt: skip
-            for q in queues
-        }
+        return _assemble(((q, extents.get(q.name, [])) for q in queues), groups, merged)
 
     async def _read_named(self, names: set[str]) -> dict[str, QueueUnits]:
         """The named queues' units (those that exist), in four statements per 500 names
         (three to five calls a queue before: at every tick of every output host, 9 to 15
         a queue made in a cluster, with its groups' dead-letter queues)."""
         found = await self._ask(self.metadata.queues_with_extents(names, READABLE))
-        groups: dict[str, list[Group]] = {}
-        merged: dict[tuple[str, str], list[str]] = {}
-        for group, extents in await self._ask(self.metadata.groups_of(names)):
-            groups.setdefault(group.queue, []).append(group)
-            merged[(group.queue, group.name)] = extents
-        return {
-            q.name: queue_units(
-                q, groups.get(q.name, []), readable, lambda g: merged[(g.queue, g.name)]
-            )
-            for q, readable in found
-        }
+        read = await self._ask(self.metadata.groups_of(names))
+        merged = {(g.queue, g.name): extents for g, extents in read}
+        return _assemble(found, [g for g, _ in read], merged)
+
+
+def _assemble(
+    found: Iterable[tuple[Queue, list[Extent]]],
+    groups: Iterable[Group],
+    merged: dict[tuple[str, str], list[str]],
+) -> dict[str, QueueUnits]:
+    """Each queue's units, from its readable extents, the groups (of any queue) and
+    each group's merged dead-letter extents."""
+    by_queue = _by_queue(groups, lambda g: g.queue)
+    return {
+        q.name: queue_units(
+            q, by_queue.get(q.name, []), readable, lambda g: merged.get((g.queue, g.name), [])
+        )
+        for q, readable in found
+    }
